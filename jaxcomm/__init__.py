@@ -1,0 +1,13 @@
+"""jaxcomm: MPI communication for JAX programs, from inside ``jax.jit``.
+
+``JaxComm(MPI.COMM_WORLD)`` gives a communicator object whose methods
+(``allreduce``, ``bcast``, ``send``, ``recv``, ...) move JAX arrays between
+MPI ranks without copies, eagerly and in compiled code, always in program
+order.
+"""
+
+from ._runtime import set_debug, sync
+from ._version import __version__
+from .comm import JaxComm
+
+__all__ = ["JaxComm", "__version__", "set_debug", "sync"]

@@ -1,0 +1,104 @@
+"""Loads the compiled kernels into JAX and owns process-wide state.
+
+Importing this module checks that the kernels were built against the MPI that
+mpi4py runs, registers every FFI target once, applies ``JAXCOMM_DEBUG`` and
+installs the exit hook that drains pending MPI work before MPI is finalised.
+"""
+
+import atexit
+import os
+import re
+
+import jax
+from mpi4py import MPI
+
+from . import _build_info
+
+
+def _runtime_mpi():
+    """Vendor and version of the MPI library mpi4py has loaded."""
+    text = MPI.Get_library_version()
+    match = re.search(r"MPICH Version:\s*([0-9][0-9.]*)", text)
+    if match:
+        return "MPICH", match.group(1)
+    match = re.search(r"Open MPI v([0-9][0-9.]*)", text)
+    if match:
+        return "Open MPI", match.group(1)
+    return "unknown", text.splitlines()[0] if text else ""
+
+
+def _major_minor(version):
+    return tuple(version.split(".")[:2])
+
+
+def _check_mpi_matches():
+    vendor, version = _runtime_mpi()
+    built = (_build_info.MPI_VENDOR, _build_info.MPI_VERSION)
+    if built[0] == "unknown" or vendor == "unknown":
+        return
+    if vendor != built[0] or _major_minor(version) != _major_minor(built[1]):
+        raise ImportError(
+            f"jaxcomm was built against {built[0]} {built[1]} "
+            f"({_build_info.MPI_C_COMPILER}), but mpi4py is running {vendor} {version}. "
+            "Rebuild jaxcomm against the MPI that mpi4py uses: put that MPI's mpicc first "
+            "on PATH (or set JAXCOMM_MPICC to it) and run "
+            "'pip install --force-reinstall --no-deps --no-cache-dir jaxcomm' from the "
+            "jaxcomm source tree."
+        )
+
+
+_check_mpi_matches()
+
+from . import _kernels_cpu  # noqa: E402  (only once the MPI is known to match)
+
+for _name, _capsule in _kernels_cpu.registrations().items():
+    jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")
+
+
+def set_debug(enabled: bool = True) -> None:
+    """Turn logging of every MPI call made by jaxcomm kernels on or off.
+
+    Each call writes one line to stderr, for example
+    ``r0 | MPI_Send -> 1 tag 0 count 9 float32``. Setting the environment
+    variable ``JAXCOMM_DEBUG=1`` before import turns it on from the start.
+
+    Args:
+        enabled: whether to log.
+    """
+    _kernels_cpu.set_debug(bool(enabled))
+
+
+def sync() -> None:
+    """Wait until every dispatched jaxcomm operation has finished.
+
+    JAX dispatches work asynchronously, so MPI calls from a jitted function may
+    still be running when Python moves on. Call ``sync()`` before handing over
+    to plain mpi4py code that must see their effects (for example before
+    freeing a communicator or finalising MPI).
+    """
+    jax.effects_barrier()
+
+
+def check_thread_level() -> None:
+    """Raise if MPI was initialised below ``MPI_THREAD_MULTIPLE``.
+
+    XLA runs jaxcomm kernels on its own threads while Python goes on, possibly
+    calling MPI through mpi4py at the same time.
+    """
+    provided = MPI.Query_thread()
+    if provided < MPI.THREAD_MULTIPLE:
+        raise RuntimeError(
+            f"jaxcomm needs MPI_THREAD_MULTIPLE, but MPI was initialised with thread "
+            f"level {provided}. Do not lower mpi4py.rc.thread_level (its default, "
+            "'multiple', is what jaxcomm needs) and check that your MPI library "
+            "supports MPI_THREAD_MULTIPLE."
+        )
+
+
+set_debug(os.environ.get("JAXCOMM_DEBUG", "") not in ("", "0"))
+
+
+@atexit.register
+def _drain_before_finalize():
+    if MPI.Is_initialized() and not MPI.Is_finalized():
+        sync()

@@ -1,0 +1,43 @@
+// Broadcast: MPI_Bcast.
+#include <cstring>
+
+#include "common.h"
+
+namespace jaxcomm {
+namespace {
+
+ffi::Error BcastImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
+                     ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle,
+                     int64_t root) {
+  MPI_Comm comm = CommFromHandle(comm_handle);
+  MPI_Datatype dtype;
+  JAXCOMM_RETURN_IF_ERROR(MpiDatatype(x.element_type(), &dtype));
+  int count;
+  JAXCOMM_RETURN_IF_ERROR(CheckedCount(x.element_count(), "MPI_Bcast", &count));
+  const int rank = CommRank(comm);
+  if (DebugEnabled()) {
+    DebugLog(comm, "MPI_Bcast root " + std::to_string(root) + " count " +
+                       std::to_string(count) + " " +
+                       DtypeName(x.element_type()));
+  }
+  // MPI_Bcast works in place, and XLA's input buffer is not ours to write:
+  // the root sends from the output buffer, the one copy this op needs.
+  if (rank == root && count > 0) {
+    std::memcpy(y->untyped_data(), x.untyped_data(), x.size_bytes());
+  }
+  JAXCOMM_MPI_CHECK(MPI_Bcast, y->untyped_data(), count, dtype,
+                    static_cast<int>(root), comm);
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace jaxcomm
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommBcast, jaxcomm::BcastImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .Arg<xla::ffi::Token>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::Token>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Attr<int64_t>("comm")
+                                  .Attr<int64_t>("root"));

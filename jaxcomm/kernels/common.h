@@ -1,0 +1,88 @@
+// Shared pieces of the jaxcomm XLA FFI handlers: datatype and reduction-op
+// tables, the MPI error check, checked count narrowing and debug logging.
+#ifndef JAXCOMM_KERNELS_COMMON_H_
+#define JAXCOMM_KERNELS_COMMON_H_
+
+#include <mpi.h>
+
+#include <climits>
+#include <cstdint>
+#include <string>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace jaxcomm {
+
+namespace ffi = xla::ffi;
+
+// Reduction codes shared with jaxcomm/ops/_base.py (REDUCTION_OPS).
+enum class ReduceOp : int64_t {
+  kSum = 0,
+  kProd = 1,
+  kMin = 2,
+  kMax = 3,
+  kLand = 4,
+  kLor = 5,
+  kLxor = 6,
+  kBand = 7,
+  kBor = 8,
+  kBxor = 9,
+};
+
+// Element type name as NumPy spells it, for logs and error messages.
+const char* DtypeName(ffi::DataType dtype);
+
+// MPI datatype that moves one element of `dtype`. Half-precision types move
+// as 16-bit words; their reductions go through HalfReduceOp.
+ffi::Error MpiDatatype(ffi::DataType dtype, MPI_Datatype* out);
+
+// MPI_Op for a reduction code and element type: a predefined op, or one of
+// the user-defined ops for float16/bfloat16.
+ffi::Error MpiReduceOp(int64_t code, ffi::DataType dtype, MPI_Op* out);
+
+const char* ReduceOpName(int64_t code);
+
+// Converts the attributes every handler gets into MPI handles.
+MPI_Comm CommFromHandle(int64_t handle);
+
+// Rank in `comm`, for log lines and error messages.
+int CommRank(MPI_Comm comm);
+
+// Builds the error returned to XLA when an MPI call fails.
+ffi::Error MpiFailure(const char* function, int code, MPI_Comm comm);
+
+// Element count of a buffer as the int MPI takes, or an error naming `what`.
+ffi::Error CheckedCount(size_t count, const char* function, int* out);
+
+bool DebugEnabled();
+void SetDebug(bool enabled);
+
+// Writes one line to stderr: "r<rank> | <text>".
+void DebugLog(MPI_Comm comm, const std::string& text);
+
+// Copies an MPI_Status into the Python MPI.Status object at `address`
+// (0 means none was requested).
+void StoreStatus(int64_t address, const MPI_Status& status);
+
+}  // namespace jaxcomm
+
+// Runs an MPI call and returns an ffi::Error naming it, the rank and MPI's
+// error string when it fails. Needs `comm` in scope.
+#define JAXCOMM_MPI_CHECK(function, ...)                      \
+  do {                                                        \
+    int jaxcomm_rc_ = function(__VA_ARGS__);                  \
+    if (jaxcomm_rc_ != MPI_SUCCESS) {                         \
+      return ::jaxcomm::MpiFailure(#function, jaxcomm_rc_, comm); \
+    }                                                         \
+  } while (0)
+
+// Propagates a failed ffi::Error.
+#define JAXCOMM_RETURN_IF_ERROR(expr)          \
+  do {                                         \
+    ::xla::ffi::Error jaxcomm_err_ = (expr);   \
+    if (jaxcomm_err_.failure()) {              \
+      return jaxcomm_err_;                     \
+    }                                          \
+  } while (0)
+
+#endif  // JAXCOMM_KERNELS_COMMON_H_

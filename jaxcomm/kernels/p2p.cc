@@ -1,0 +1,119 @@
+// Point to point: MPI_Send, MPI_Recv, MPI_Sendrecv.
+#include "common.h"
+
+namespace jaxcomm {
+namespace {
+
+std::string Peer(int64_t rank) {
+  if (rank == MPI_ANY_SOURCE) return "any";
+  if (rank == MPI_PROC_NULL) return "null";
+  return std::to_string(rank);
+}
+
+std::string Tag(int64_t tag) {
+  return tag == MPI_ANY_TAG ? "any" : std::to_string(tag);
+}
+
+ffi::Error SendImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
+                    int64_t comm_handle, int64_t dest, int64_t tag) {
+  MPI_Comm comm = CommFromHandle(comm_handle);
+  MPI_Datatype dtype;
+  JAXCOMM_RETURN_IF_ERROR(MpiDatatype(x.element_type(), &dtype));
+  int count;
+  JAXCOMM_RETURN_IF_ERROR(CheckedCount(x.element_count(), "MPI_Send", &count));
+  if (DebugEnabled()) {
+    DebugLog(comm, "MPI_Send -> " + Peer(dest) + " tag " + Tag(tag) +
+                       " count " + std::to_string(count) + " " +
+                       DtypeName(x.element_type()));
+  }
+  JAXCOMM_MPI_CHECK(MPI_Send, x.untyped_data(), count, dtype,
+                    static_cast<int>(dest), static_cast<int>(tag), comm);
+  return ffi::Error::Success();
+}
+
+ffi::Error RecvImpl(ffi::Token, ffi::Result<ffi::Token>,
+                    ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle,
+                    int64_t source, int64_t tag, int64_t status_address) {
+  MPI_Comm comm = CommFromHandle(comm_handle);
+  MPI_Datatype dtype;
+  JAXCOMM_RETURN_IF_ERROR(MpiDatatype(y->element_type(), &dtype));
+  int count;
+  JAXCOMM_RETURN_IF_ERROR(CheckedCount(y->element_count(), "MPI_Recv", &count));
+  if (DebugEnabled()) {
+    DebugLog(comm, "MPI_Recv <- " + Peer(source) + " tag " + Tag(tag) +
+                       " count " + std::to_string(count) + " " +
+                       DtypeName(y->element_type()));
+  }
+  MPI_Status status;
+  JAXCOMM_MPI_CHECK(MPI_Recv, y->untyped_data(), count, dtype,
+                    static_cast<int>(source), static_cast<int>(tag), comm,
+                    &status);
+  StoreStatus(status_address, status);
+  return ffi::Error::Success();
+}
+
+ffi::Error SendrecvImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
+                        ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle,
+                        int64_t source, int64_t dest, int64_t sendtag,
+                        int64_t recvtag, int64_t status_address) {
+  MPI_Comm comm = CommFromHandle(comm_handle);
+  MPI_Datatype send_type, recv_type;
+  JAXCOMM_RETURN_IF_ERROR(MpiDatatype(x.element_type(), &send_type));
+  JAXCOMM_RETURN_IF_ERROR(MpiDatatype(y->element_type(), &recv_type));
+  int send_count, recv_count;
+  JAXCOMM_RETURN_IF_ERROR(
+      CheckedCount(x.element_count(), "MPI_Sendrecv", &send_count));
+  JAXCOMM_RETURN_IF_ERROR(
+      CheckedCount(y->element_count(), "MPI_Sendrecv", &recv_count));
+  if (DebugEnabled()) {
+    DebugLog(comm, "MPI_Sendrecv -> " + Peer(dest) + " tag " + Tag(sendtag) +
+                       " count " + std::to_string(send_count) + " " +
+                       DtypeName(x.element_type()) + " <- " + Peer(source) +
+                       " tag " + Tag(recvtag) + " count " +
+                       std::to_string(recv_count) + " " +
+                       DtypeName(y->element_type()));
+  }
+  MPI_Status status;
+  JAXCOMM_MPI_CHECK(MPI_Sendrecv, x.untyped_data(), send_count, send_type,
+                    static_cast<int>(dest), static_cast<int>(sendtag),
+                    y->untyped_data(), recv_count, recv_type,
+                    static_cast<int>(source), static_cast<int>(recvtag), comm,
+                    &status);
+  StoreStatus(status_address, status);
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace jaxcomm
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommSend, jaxcomm::SendImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .Arg<xla::ffi::Token>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::Token>()
+                                  .Attr<int64_t>("comm")
+                                  .Attr<int64_t>("dest")
+                                  .Attr<int64_t>("tag"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommRecv, jaxcomm::RecvImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .Arg<xla::ffi::Token>()
+                                  .Ret<xla::ffi::Token>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Attr<int64_t>("comm")
+                                  .Attr<int64_t>("source")
+                                  .Attr<int64_t>("tag")
+                                  .Attr<int64_t>("status"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommSendrecv, jaxcomm::SendrecvImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .Arg<xla::ffi::Token>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::Token>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Attr<int64_t>("comm")
+                                  .Attr<int64_t>("source")
+                                  .Attr<int64_t>("dest")
+                                  .Attr<int64_t>("sendtag")
+                                  .Attr<int64_t>("recvtag")
+                                  .Attr<int64_t>("status"));

@@ -1,0 +1,25 @@
+"""jaxcomm primitives, one module per op family.
+
+These functions take plain integer parameters; ``jaxcomm.JaxComm`` validates
+user arguments and calls them.
+"""
+
+from .barrier import barrier, barrier_p
+from .bcast import bcast, bcast_p
+from .p2p import recv, recv_p, send, send_p, sendrecv, sendrecv_p
+from .reduction import allreduce, allreduce_p
+
+__all__ = [
+    "allreduce",
+    "allreduce_p",
+    "barrier",
+    "barrier_p",
+    "bcast",
+    "bcast_p",
+    "recv",
+    "recv_p",
+    "send",
+    "send_p",
+    "sendrecv",
+    "sendrecv_p",
+]

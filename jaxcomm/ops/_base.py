@@ -1,0 +1,97 @@
+"""Machinery shared by every jaxcomm primitive.
+
+A jaxcomm primitive carries the ordered ``mpi_effect``: JAX then hands its
+lowering a token, which the FFI call consumes and produces, so every MPI call
+is data-dependent on the one before it in program order. Primitives always
+have multiple results (possibly none), and take their MPI arguments as
+integer parameters that become FFI attributes.
+"""
+
+from functools import partial
+
+import jax
+import numpy as np
+from jax.extend.core import Primitive
+from jax.interpreters import mlir
+from mpi4py import MPI
+
+from .. import _compat
+
+# Reduction codes shared with kernels/common.h (enum ReduceOp).
+REDUCTION_OPS = (
+    ("SUM", MPI.SUM),
+    ("PROD", MPI.PROD),
+    ("MIN", MPI.MIN),
+    ("MAX", MPI.MAX),
+    ("LAND", MPI.LAND),
+    ("LOR", MPI.LOR),
+    ("LXOR", MPI.LXOR),
+    ("BAND", MPI.BAND),
+    ("BOR", MPI.BOR),
+    ("BXOR", MPI.BXOR),
+)
+
+_INTEGER = frozenset(
+    np.dtype(t) for t in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+)
+_FLOAT = frozenset(np.dtype(t) for t in ("float16", jax.numpy.bfloat16, "float32", "float64"))
+_COMPLEX = frozenset(np.dtype(t) for t in ("complex64", "complex128"))
+_BOOL = frozenset([np.dtype(bool)])
+
+SUPPORTED_DTYPES = _INTEGER | _FLOAT | _COMPLEX | _BOOL
+
+# The element types MPI defines each predefined reduction for (MPI 4.1,
+# section 6.9.2); float16 and bfloat16 reduce through jaxcomm's own ops.
+ALLOWED_DTYPES = {
+    "SUM": _INTEGER | _FLOAT | _COMPLEX,
+    "PROD": _INTEGER | _FLOAT | _COMPLEX,
+    "MIN": _INTEGER | _FLOAT,
+    "MAX": _INTEGER | _FLOAT,
+    "LAND": _INTEGER | _BOOL,
+    "LOR": _INTEGER | _BOOL,
+    "LXOR": _INTEGER | _BOOL,
+    "BAND": _INTEGER,
+    "BOR": _INTEGER,
+    "BXOR": _INTEGER,
+}
+
+
+def comm_primitive(name, abstract_eval, target, attrs):
+    """Create the primitive ``<name>_p`` lowered to the FFI target ``target``.
+
+    Args:
+        name: the primitive's name.
+        abstract_eval: maps input avals and params to the list of output avals.
+        target: the FFI target name registered by the kernels module.
+        attrs: names of the params passed to the kernel as int64 attributes.
+    """
+    prim = Primitive(name)
+    prim.multiple_results = True
+    prim.def_impl(partial(_compat.apply_primitive, prim))
+    prim.def_effectful_abstract_eval(
+        lambda *avals, **params: (abstract_eval(*avals, **params), {_compat.mpi_effect})
+    )
+    mlir.register_lowering(prim, partial(_ordered_ffi_lowering, target, attrs), platform="cpu")
+    return prim
+
+
+def _ordered_ffi_lowering(target, attrs, ctx, *args, **params):
+    token = ctx.tokens_in.get(_compat.mpi_effect)
+    token_ctx = ctx.replace(
+        avals_in=[_compat.abstract_token, *ctx.avals_in],
+        avals_out=[_compat.abstract_token, *ctx.avals_out],
+    )
+    lowering = jax.ffi.ffi_lowering(target, has_side_effect=True)
+    token_out, *results = lowering(token_ctx, token, *args, **{k: params[k] for k in attrs})
+    ctx.set_tokens_out(mlir.TokenSet({_compat.mpi_effect: token_out}))
+    return results
+
+
+def same_as_input(aval, **_):
+    """Abstract evaluation of ops whose single output matches their input."""
+    return [jax.core.ShapedArray(aval.shape, aval.dtype)]
+
+
+def no_output(*avals, **_):
+    """Abstract evaluation of ops that only have an effect."""
+    return []

@@ -1,0 +1,43 @@
+"""Point to point: send, recv, sendrecv."""
+
+import jax
+
+from ._base import comm_primitive, no_output, same_as_input
+
+
+def _recv_abstract_eval(*, shape, dtype, **_):
+    return [jax.core.ShapedArray(shape, dtype)]
+
+
+send_p = comm_primitive("send", no_output, "jaxcomm_send", ("comm", "dest", "tag"))
+recv_p = comm_primitive(
+    "recv", _recv_abstract_eval, "jaxcomm_recv", ("comm", "source", "tag", "status")
+)
+sendrecv_p = comm_primitive(
+    "sendrecv",
+    same_as_input,
+    "jaxcomm_sendrecv",
+    ("comm", "source", "dest", "sendtag", "recvtag", "status"),
+)
+
+
+def send(x, *, dest, tag, comm):
+    """Bind ``send_p``: ``MPI_Send`` of ``x``."""
+    send_p.bind(x, dest=dest, tag=tag, comm=comm)
+
+
+def recv(*, shape, dtype, source, tag, status, comm):
+    """Bind ``recv_p``: ``MPI_Recv`` into a new array of ``shape``/``dtype``.
+
+    ``status`` is the address of an ``MPI_Status`` to fill, or 0.
+    """
+    (y,) = recv_p.bind(shape=shape, dtype=dtype, source=source, tag=tag, status=status, comm=comm)
+    return y
+
+
+def sendrecv(x, *, source, dest, sendtag, recvtag, status, comm):
+    """Bind ``sendrecv_p``: ``MPI_Sendrecv``; the result has ``x``'s shape and dtype."""
+    (y,) = sendrecv_p.bind(
+        x, source=source, dest=dest, sendtag=sendtag, recvtag=recvtag, status=status, comm=comm
+    )
+    return y
