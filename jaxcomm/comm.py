@@ -20,6 +20,8 @@ from .ops._base import ALLOWED_DTYPES, REDUCTION_OPS, SUPPORTED_DTYPES
 
 ArrayLike = Any  # a JAX or NumPy array, or a Python scalar
 
+_LOGICAL = ("LAND", "LOR", "LXOR")
+
 # Keeps every MPI.Status handed to jaxcomm alive: compiled code holds the
 # address of its MPI_Status and writes there each time it runs.
 _pinned_statuses: dict[int, MPI.Status] = {}
@@ -138,7 +140,10 @@ class JaxComm:
         self._handle = self._comm.py2f()
         self._rank = self._comm.Get_rank()
         self._size = self._comm.Get_size()
-        self._tag_ub = self._comm.Get_attr(MPI.TAG_UB)
+        # MPI only guarantees TAG_UB on MPI_COMM_WORLD (Open MPI leaves it unset
+        # on split and Cartesian communicators); the bound is the same for all.
+        tag_ub = self._comm.Get_attr(MPI.TAG_UB)
+        self._tag_ub = tag_ub if tag_ub is not None else MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
 
     # Communicator management -------------------------------------------------
 
@@ -224,7 +229,8 @@ class JaxComm:
         Args:
             x: array or scalar, the same shape and dtype on every rank.
             op: a predefined ``MPI.Op``: SUM, PROD, MIN, MAX (numbers), LAND,
-                LOR, LXOR (integers and bool), BAND, BOR, BXOR (integers).
+                LOR, LXOR (integers and bool; integers count as true when
+                nonzero and the result is 0 or 1), BAND, BOR, BXOR (integers).
 
         Returns:
             A new array of ``x``'s shape and dtype.
@@ -236,7 +242,12 @@ class JaxComm:
         """
         handle = self._live()
         x = _as_array(x, "x")
-        return ops.allreduce(x, op=_reduction_code(op, np.dtype(x.dtype)), comm=handle)
+        code = _reduction_code(op, np.dtype(x.dtype))
+        if REDUCTION_OPS[code][0] in _LOGICAL and x.dtype != bool:
+            # MPI leaves a single process's integers as they are; 0/1 inputs
+            # give the same 0/1 answer on any number of ranks.
+            x = (x != 0).astype(x.dtype)
+        return ops.allreduce(x, op=code, comm=handle)
 
     def bcast(self, x: ArrayLike, root: int = 0) -> jax.Array:
         """Send root's ``x`` to every rank.

@@ -1,0 +1,124 @@
+"""JaxComm construction and lifetime, package metadata, docstrings."""
+
+import inspect
+import pathlib
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import jaxcomm
+from jaxcomm import JaxComm
+
+
+def test_version_and_typing_marker():
+    assert isinstance(jaxcomm.__version__, str) and jaxcomm.__version__.count(".") >= 2
+    assert (pathlib.Path(jaxcomm.__file__).parent / "py.typed").exists()
+
+
+def _public_callables():
+    for name in jaxcomm.__all__:
+        obj = getattr(jaxcomm, name)
+        if callable(obj):
+            yield name, obj
+    for name, member in inspect.getmembers(JaxComm):
+        if not name.startswith("_"):
+            yield f"JaxComm.{name}", member
+
+
+@pytest.mark.parametrize("name,obj", list(_public_callables()), ids=lambda v: str(v)[:40])
+def test_public_names_have_docstrings(name, obj):
+    doc = inspect.getdoc(obj.fget if isinstance(obj, property) else obj)
+    assert doc, f"{name} has no docstring"
+    assert doc.splitlines()[0].endswith("."), f"{name}: summary line must be a sentence"
+
+
+def test_mpi_wrapping_methods_name_their_mpi_call():
+    wrapped = {
+        "allreduce": "MPI_Allreduce",
+        "bcast": "MPI_Bcast",
+        "barrier": "MPI_Barrier",
+        "send": "MPI_Send",
+        "recv": "MPI_Recv",
+        "sendrecv": "MPI_Sendrecv",
+    }
+    for method, call in wrapped.items():
+        assert call in getattr(JaxComm, method).__doc__
+
+
+def test_rejects_non_intracomms():
+    with pytest.raises(TypeError, match="Intracomm"):
+        JaxComm("world")
+    with pytest.raises(TypeError, match="Intracomm"):
+        JaxComm(MPI.COMM_NULL)
+    with pytest.raises(TypeError, match="Intracomm"):
+        JaxComm(MPI.Comm(MPI.COMM_WORLD))
+
+
+@pytest.mark.mpi
+def test_clone_properties_and_free():
+    world = MPI.COMM_WORLD
+    jc = JaxComm(world)
+    assert (jc.rank, jc.size) == (world.rank, world.size)
+    assert jc.comm != world
+    assert MPI.Comm.Compare(jc.comm, world) == MPI.CONGRUENT
+    assert "rank" in repr(jc)
+    jc.free()
+    assert jc.freed and "freed" in repr(jc)
+    jc.free()  # twice is harmless
+    with pytest.raises(RuntimeError, match="freed"):
+        jc.allreduce(jnp.ones(2))
+    with pytest.raises(RuntimeError, match="freed"):
+        jc.comm
+
+
+@pytest.mark.mpi
+def test_default_comm_context_manager_and_subcommunicators():
+    world = MPI.COMM_WORLD
+    with JaxComm() as jc:
+        assert jc.size == world.size
+        np.testing.assert_array_equal(jc.allreduce(jnp.ones(2)), np.full(2, world.size))
+    assert jc.freed
+
+    # A split communicator: even and odd ranks reduce separately.
+    half = world.Split(world.rank % 2, world.rank)
+    with JaxComm(half) as jc_half:
+        members = [r for r in range(world.size) if r % 2 == world.rank % 2]
+        assert int(jc_half.allreduce(world.rank)) == sum(members)
+    half.Free()
+
+    # A Cartesian communicator is an Intracomm too.
+    cart = world.Create_cart([world.size], periods=[True])
+    with JaxComm(cart) as jc_cart:
+        assert isinstance(jc_cart.comm, MPI.Cartcomm)
+        left, right = cart.Shift(0, 1)
+        got = jc_cart.sendrecv(jnp.asarray(world.rank), jnp.asarray(0), source=left, dest=right)
+        assert int(got) == left
+    cart.Free()
+
+
+@pytest.mark.mpi
+def test_debug_log_lines(jc, capfd):
+    jaxcomm.set_debug(True)
+    try:
+        jc.allreduce(jnp.ones(9, jnp.float32)).block_until_ready()
+        right, left = (jc.rank + 1) % jc.size, (jc.rank - 1) % jc.size
+        jc.sendrecv(jnp.ones(2), jnp.ones(2), source=left, dest=right).block_until_ready()
+        jc.barrier()
+    finally:
+        jaxcomm.set_debug(False)
+    err = capfd.readouterr().err.splitlines()
+    r = jc.rank
+    assert f"r{r} | MPI_Allreduce op SUM count 9 float32" in err
+    assert (
+        f"r{r} | MPI_Sendrecv -> {right} tag 0 count 2 float64 <- {left} tag any count 2 float64"
+        in err
+    )
+    assert f"r{r} | MPI_Barrier" in err
+    jc.barrier()
+    assert capfd.readouterr().err == ""
+
+
+def test_thread_level_is_multiple():
+    assert MPI.Query_thread() == MPI.THREAD_MULTIPLE
