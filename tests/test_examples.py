@@ -1,0 +1,38 @@
+"""The examples, run in-process on the current ranks (CI also runs them as written)."""
+
+import pathlib
+import runpy
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
+
+
+@pytest.mark.mpi
+def test_global_sum_prints_the_sum_of_ranks(capsys):
+    runpy.run_path(str(EXAMPLES / "global_sum.py"), run_name="__main__")
+    out = capsys.readouterr().out
+    world = MPI.COMM_WORLD
+    if world.rank == 0:
+        values = np.array(out.replace("[", " ").replace("]", " ").split(), dtype=float)
+        np.testing.assert_array_equal(values, np.full(9, float(sum(range(world.size)))))
+    else:
+        assert out == ""
+
+
+@pytest.mark.mpi
+def test_send_recv_swaps_between_two_ranks(capsys):
+    world = MPI.COMM_WORLD
+    if world.size != 2:
+        # Size-based, so every rank takes the same branch.
+        with pytest.raises(SystemExit, match="exactly 2 ranks"):
+            runpy.run_path(str(EXAMPLES / "send_recv.py"), run_name="__main__")
+        return
+    runpy.run_path(str(EXAMPLES / "send_recv.py"), run_name="__main__")
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3 and all(line.startswith(f"r{world.rank} | ") for line in lines)
+    numbers = " ".join(line.split("|", 1)[1] for line in lines)
+    values = np.array(numbers.replace("[", " ").replace("]", " ").split(), dtype=float)
+    np.testing.assert_array_equal(values, np.full(9, float(1 - world.rank)))
