@@ -1,7 +1,10 @@
 """JaxComm construction and lifetime, package metadata, docstrings."""
 
 import inspect
+import os
 import pathlib
+import subprocess
+import sys
 
 import jax.numpy as jnp
 import numpy as np
@@ -122,3 +125,29 @@ def test_debug_log_lines(jc, capfd):
 
 def test_thread_level_is_multiple():
     assert MPI.Query_thread() == MPI.THREAD_MULTIPLE
+
+
+_LAUNCHER_VARS = ("PMI_", "HYDRA_", "MPIR_", "OMPI_", "PMIX_", "PRTE_", "MPI_LOCAL")
+
+
+@pytest.mark.skipif(
+    any(k.startswith(_LAUNCHER_VARS) for k in os.environ),
+    reason="spawns its own singleton MPI process; runs in the plain pytest run",
+)
+def test_exit_with_dispatched_work_does_not_hang(tmp_path):
+    # A program that leaves jitted MPI work behind and simply ends: the exit
+    # hook must drain it before mpi4py finalises MPI.
+    script = tmp_path / "leave_work_behind.py"
+    script.write_text(
+        "import jax, jax.numpy as jnp\n"
+        "from jaxcomm import JaxComm\n"
+        "jc = JaxComm()\n"
+        "f = jax.jit(lambda x: [jc.allreduce(x + i) for i in range(20)])\n"
+        "outs = [f(jnp.ones(100_000)) for _ in range(5)]\n"
+        "print('dispatched', flush=True)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert "dispatched" in done.stdout
