@@ -12,20 +12,19 @@ ffi::Error BcastImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
   MPI_Comm comm = CommFromHandle(comm_handle);
   MPI_Datatype dtype;
   JAXCOMM_RETURN_IF_ERROR(MpiDatatype(x.element_type(), &dtype));
-  int count;
-  JAXCOMM_RETURN_IF_ERROR(CheckedCount(x.element_count(), "MPI_Bcast", &count));
-  const int rank = CommRank(comm);
+  const size_t count = x.element_count();
+  LargeType type;
+  JAXCOMM_RETURN_IF_ERROR(LargeType::Make(dtype, count, comm, &type));
   if (DebugEnabled()) {
-    DebugLog(comm, "MPI_Bcast root " + std::to_string(root) + " count " +
-                       std::to_string(count) + " " +
-                       DtypeName(x.element_type()));
+    DebugLog(comm, "MPI_Bcast root " + std::to_string(root) + " " +
+                       Elements(count, x.element_type()));
   }
   // MPI_Bcast works in place, and XLA's input buffer is not ours to write:
   // the root sends from the output buffer, the one copy this op needs.
-  if (rank == root && count > 0) {
+  if (CommRank(comm) == root && count > 0) {
     std::memcpy(y->untyped_data(), x.untyped_data(), x.size_bytes());
   }
-  JAXCOMM_MPI_CHECK(MPI_Bcast, y->untyped_data(), count, dtype,
+  JAXCOMM_MPI_CHECK(MPI_Bcast, y->untyped_data(), type.count(), type.type(),
                     static_cast<int>(root), comm);
   return ffi::Error::Success();
 }

@@ -51,8 +51,58 @@ int CommRank(MPI_Comm comm);
 // Builds the error returned to XLA when an MPI call fails.
 ffi::Error MpiFailure(const char* function, int code, MPI_Comm comm);
 
-// Element count of a buffer as the int MPI takes, or an error naming `what`.
-ffi::Error CheckedCount(size_t count, const char* function, int* out);
+// Largest count handed to one MPI call: INT_MAX (MPI's int counts) unless
+// lowered, which the tests do to run the large-message paths on small arrays.
+size_t MaxCount();
+void SetMaxCount(size_t count);
+
+// `count` elements of `base` as MPI arguments: (base, count) when count fits
+// MaxCount(), else one element of a derived datatype that spans them all.
+// Frees the derived datatypes when destroyed. For data movement only: MPI's
+// predefined reductions do not apply to derived datatypes (use ForEachChunk).
+class LargeType {
+ public:
+  LargeType() = default;
+  LargeType(const LargeType&) = delete;
+  LargeType& operator=(const LargeType&) = delete;
+  ~LargeType();
+
+  static ffi::Error Make(MPI_Datatype base, size_t count, MPI_Comm comm,
+                         LargeType* out);
+
+  MPI_Datatype type() const { return type_; }
+  int count() const { return count_; }
+
+ private:
+  MPI_Datatype type_ = MPI_DATATYPE_NULL;
+  int count_ = 0;
+  MPI_Datatype owned_[3] = {MPI_DATATYPE_NULL, MPI_DATATYPE_NULL,
+                            MPI_DATATYPE_NULL};
+};
+
+// Calls fn(offset, count) over consecutive pieces of at most MaxCount()
+// elements covering [0, total), at least once (with count 0 when total is 0),
+// and stops at the first error.
+template <typename Fn>
+ffi::Error ForEachChunk(size_t total, Fn&& fn) {
+  const size_t max = MaxCount();
+  size_t offset = 0;
+  do {
+    const size_t n = total - offset < max ? total - offset : max;
+    ffi::Error err = fn(offset, static_cast<int>(n));
+    if (err.failure()) return err;
+    offset += n;
+  } while (offset < total);
+  return ffi::Error::Success();
+}
+
+// Address of element `offset` of a buffer of `dtype`.
+inline void* ElementAt(void* data, ffi::DataType dtype, size_t offset) {
+  return static_cast<char*>(data) + offset * ffi::ByteWidth(dtype);
+}
+
+// "count <n> <dtype>", the tail of most log lines.
+std::string Elements(size_t count, ffi::DataType dtype);
 
 bool DebugEnabled();
 void SetDebug(bool enabled);

@@ -23,4 +23,8 @@ PYBIND11_MODULE(_kernels_cpu, m) {
   m.def("set_debug", &jaxcomm::SetDebug, py::arg("enabled"),
         "Turn the one-line-per-MPI-call log on stderr on or off.");
   m.def("debug_enabled", &jaxcomm::DebugEnabled);
+  m.def("set_max_count", &jaxcomm::SetMaxCount, py::arg("count"),
+        "Cap the count of one MPI call (tests use small caps to exercise the "
+        "large-message paths).");
+  m.def("max_count", &jaxcomm::MaxCount);
 }

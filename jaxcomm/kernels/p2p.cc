@@ -19,14 +19,13 @@ ffi::Error SendImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
   MPI_Comm comm = CommFromHandle(comm_handle);
   MPI_Datatype dtype;
   JAXCOMM_RETURN_IF_ERROR(MpiDatatype(x.element_type(), &dtype));
-  int count;
-  JAXCOMM_RETURN_IF_ERROR(CheckedCount(x.element_count(), "MPI_Send", &count));
+  LargeType type;
+  JAXCOMM_RETURN_IF_ERROR(LargeType::Make(dtype, x.element_count(), comm, &type));
   if (DebugEnabled()) {
-    DebugLog(comm, "MPI_Send -> " + Peer(dest) + " tag " + Tag(tag) +
-                       " count " + std::to_string(count) + " " +
-                       DtypeName(x.element_type()));
+    DebugLog(comm, "MPI_Send -> " + Peer(dest) + " tag " + Tag(tag) + " " +
+                       Elements(x.element_count(), x.element_type()));
   }
-  JAXCOMM_MPI_CHECK(MPI_Send, x.untyped_data(), count, dtype,
+  JAXCOMM_MPI_CHECK(MPI_Send, x.untyped_data(), type.count(), type.type(),
                     static_cast<int>(dest), static_cast<int>(tag), comm);
   return ffi::Error::Success();
 }
@@ -37,15 +36,14 @@ ffi::Error RecvImpl(ffi::Token, ffi::Result<ffi::Token>,
   MPI_Comm comm = CommFromHandle(comm_handle);
   MPI_Datatype dtype;
   JAXCOMM_RETURN_IF_ERROR(MpiDatatype(y->element_type(), &dtype));
-  int count;
-  JAXCOMM_RETURN_IF_ERROR(CheckedCount(y->element_count(), "MPI_Recv", &count));
+  LargeType type;
+  JAXCOMM_RETURN_IF_ERROR(LargeType::Make(dtype, y->element_count(), comm, &type));
   if (DebugEnabled()) {
-    DebugLog(comm, "MPI_Recv <- " + Peer(source) + " tag " + Tag(tag) +
-                       " count " + std::to_string(count) + " " +
-                       DtypeName(y->element_type()));
+    DebugLog(comm, "MPI_Recv <- " + Peer(source) + " tag " + Tag(tag) + " " +
+                       Elements(y->element_count(), y->element_type()));
   }
   MPI_Status status;
-  JAXCOMM_MPI_CHECK(MPI_Recv, y->untyped_data(), count, dtype,
+  JAXCOMM_MPI_CHECK(MPI_Recv, y->untyped_data(), type.count(), type.type(),
                     static_cast<int>(source), static_cast<int>(tag), comm,
                     &status);
   StoreStatus(status_address, status);
@@ -60,23 +58,19 @@ ffi::Error SendrecvImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
   MPI_Datatype send_type, recv_type;
   JAXCOMM_RETURN_IF_ERROR(MpiDatatype(x.element_type(), &send_type));
   JAXCOMM_RETURN_IF_ERROR(MpiDatatype(y->element_type(), &recv_type));
-  int send_count, recv_count;
-  JAXCOMM_RETURN_IF_ERROR(
-      CheckedCount(x.element_count(), "MPI_Sendrecv", &send_count));
-  JAXCOMM_RETURN_IF_ERROR(
-      CheckedCount(y->element_count(), "MPI_Sendrecv", &recv_count));
+  LargeType send, recv;
+  JAXCOMM_RETURN_IF_ERROR(LargeType::Make(send_type, x.element_count(), comm, &send));
+  JAXCOMM_RETURN_IF_ERROR(LargeType::Make(recv_type, y->element_count(), comm, &recv));
   if (DebugEnabled()) {
-    DebugLog(comm, "MPI_Sendrecv -> " + Peer(dest) + " tag " + Tag(sendtag) +
-                       " count " + std::to_string(send_count) + " " +
-                       DtypeName(x.element_type()) + " <- " + Peer(source) +
-                       " tag " + Tag(recvtag) + " count " +
-                       std::to_string(recv_count) + " " +
-                       DtypeName(y->element_type()));
+    DebugLog(comm, "MPI_Sendrecv -> " + Peer(dest) + " tag " + Tag(sendtag) + " " +
+                       Elements(x.element_count(), x.element_type()) + " <- " +
+                       Peer(source) + " tag " + Tag(recvtag) + " " +
+                       Elements(y->element_count(), y->element_type()));
   }
   MPI_Status status;
-  JAXCOMM_MPI_CHECK(MPI_Sendrecv, x.untyped_data(), send_count, send_type,
+  JAXCOMM_MPI_CHECK(MPI_Sendrecv, x.untyped_data(), send.count(), send.type(),
                     static_cast<int>(dest), static_cast<int>(sendtag),
-                    y->untyped_data(), recv_count, recv_type,
+                    y->untyped_data(), recv.count(), recv.type(),
                     static_cast<int>(source), static_cast<int>(recvtag), comm,
                     &status);
   StoreStatus(status_address, status);

@@ -12,17 +12,18 @@ ffi::Error AllreduceImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
   JAXCOMM_RETURN_IF_ERROR(MpiDatatype(x.element_type(), &dtype));
   MPI_Op mpi_op;
   JAXCOMM_RETURN_IF_ERROR(MpiReduceOp(op, x.element_type(), &mpi_op));
-  int count;
-  JAXCOMM_RETURN_IF_ERROR(
-      CheckedCount(x.element_count(), "MPI_Allreduce", &count));
-  if (DebugEnabled()) {
-    DebugLog(comm, std::string("MPI_Allreduce op ") + ReduceOpName(op) +
-                       " count " + std::to_string(count) + " " +
-                       DtypeName(x.element_type()));
-  }
-  JAXCOMM_MPI_CHECK(MPI_Allreduce, x.untyped_data(), y->untyped_data(), count,
-                    dtype, mpi_op, comm);
-  return ffi::Error::Success();
+  // Predefined reductions take no derived datatypes: large arrays reduce in
+  // pieces of at most MaxCount() elements.
+  return ForEachChunk(x.element_count(), [&](size_t offset, int count) {
+    if (DebugEnabled()) {
+      DebugLog(comm, std::string("MPI_Allreduce op ") + ReduceOpName(op) + " " +
+                         Elements(count, x.element_type()));
+    }
+    JAXCOMM_MPI_CHECK(MPI_Allreduce, ElementAt(x.untyped_data(), x.element_type(), offset),
+                      ElementAt(y->untyped_data(), x.element_type(), offset), count, dtype,
+                      mpi_op, comm);
+    return ffi::Error::Success();
+  });
 }
 
 }  // namespace

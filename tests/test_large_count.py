@@ -1,0 +1,103 @@
+"""Large messages: the chunking and derived-datatype paths, forced with a small cap.
+
+Counts above MPI's int limit go through the same code as counts above the
+cap set here, so a cap of a few elements exercises them on small arrays.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import rank_data
+from mpi4py import MPI
+
+import jaxcomm
+from jaxcomm._runtime import _kernels_cpu
+
+CAP = 7
+
+
+@pytest.fixture
+def small_cap():
+    previous = _kernels_cpu.max_count()
+    _kernels_cpu.set_max_count(CAP)
+    try:
+        yield CAP
+    finally:
+        _kernels_cpu.set_max_count(previous)
+
+
+# 6 fits one call, 45 = 6 * 7 + 3 leaves a remainder, 49 = 7 * 7 does not.
+SIZES = [6, 45, 49]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("dtype", ["float32", "int64", "float16", "complex128", "bool"])
+def test_chunked_allreduce_and_bcast(jc, small_cap, n, dtype):
+    dtype = np.dtype(dtype)
+    op = MPI.LOR if dtype == bool else MPI.SUM
+    x = rank_data(jc.rank, (n,), dtype)
+    want = np.zeros(n, dtype)
+    for r in range(jc.size):
+        want = want | rank_data(r, (n,), dtype) if dtype == bool else want + rank_data(r, (n,), dtype)
+    np.testing.assert_array_equal(np.asarray(jc.allreduce(x, op=op)), want)
+    for root in range(jc.size):
+        got = jax.jit(lambda v, root=root: jc.bcast(v, root=root))(jnp.asarray(x))
+        np.testing.assert_array_equal(np.asarray(got), rank_data(root, (n,), dtype))
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", SIZES)
+def test_large_type_p2p_and_status(jc, small_cap, n):
+    right, left = (jc.rank + 1) % jc.size, (jc.rank - 1) % jc.size
+    x = rank_data(jc.rank, (n,), np.float64)
+    status = MPI.Status()
+    y = jc.sendrecv(x, x, source=left, dest=right, status=status)
+    np.testing.assert_array_equal(np.asarray(y), rank_data(left, (n,), np.float64))
+    assert status.Get_count(MPI.DOUBLE) == n
+    if jc.size >= 2:
+        if jc.rank == 0:
+            jc.send(x, 1, tag=4)
+        elif jc.rank == 1:
+            got = jc.recv(x, source=MPI.ANY_SOURCE, tag=4, status=status)
+            np.testing.assert_array_equal(np.asarray(got), rank_data(0, (n,), np.float64))
+            assert (status.source, status.Get_count(MPI.BYTE)) == (0, x.nbytes)
+
+
+@pytest.mark.mpi
+def test_chunks_are_separate_mpi_calls(jc, small_cap, capfd):
+    jaxcomm.set_debug(True)
+    try:
+        jc.allreduce(jnp.ones(50, jnp.float32)).block_until_ready()
+        jc.bcast(jnp.ones(50, jnp.float32), root=0).block_until_ready()
+    finally:
+        jaxcomm.set_debug(False)
+    lines = [line for line in capfd.readouterr().err.splitlines() if line.startswith("r")]
+    counts = [int(line.split("count ")[1].split()[0]) for line in lines if "Allreduce" in line]
+    assert counts == [7] * 7 + [1]
+    # Data movement stays one call, with one derived datatype spanning it all.
+    assert [line for line in lines if "Bcast" in line] == [
+        f"r{jc.rank} | MPI_Bcast root 0 count 50 float32"
+    ]
+
+
+@pytest.mark.mpi
+def test_beyond_what_one_call_can_describe_is_a_clear_error(jc, small_cap):
+    # cap * (cap + 1) - 1 elements is the most one derived datatype spans
+    # (about 2**62 with the real cap).
+    x = jnp.zeros(CAP * (CAP + 1))
+    with pytest.raises(RuntimeError, match="56 elements exceed the 55 elements"):
+        jc.bcast(x, root=0).block_until_ready()
+    np.testing.assert_array_equal(jc.bcast(x[:55], root=0), np.zeros(55))
+
+
+def test_cap_is_clamped():
+    previous = _kernels_cpu.max_count()
+    try:
+        _kernels_cpu.set_max_count(0)
+        assert _kernels_cpu.max_count() == 1
+        _kernels_cpu.set_max_count(2**40)
+        assert _kernels_cpu.max_count() == 2**31 - 1
+    finally:
+        _kernels_cpu.set_max_count(previous)
