@@ -12,7 +12,14 @@ import re
 import jax
 from mpi4py import MPI
 
-from . import _build_info
+try:
+    from . import _build_info
+except ImportError:
+    raise ImportError(
+        f"jaxcomm at {os.path.dirname(__file__)} has no compiled "
+        "kernels: this looks like the source tree. Install jaxcomm (pip install .) and "
+        "import it from another directory."
+    ) from None
 
 
 def _runtime_mpi():

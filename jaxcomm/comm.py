@@ -7,6 +7,7 @@ parameters and delegates to a primitive in ``jaxcomm.ops``.
 from __future__ import annotations
 
 import operator
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -134,7 +135,17 @@ class JaxComm:
         if comm == MPI.COMM_NULL:
             raise ValueError("comm is MPI.COMM_NULL")
         check_thread_level()
-        self._comm: MPI.Intracomm | None = comm.Clone()
+        self._own(comm.Clone())
+
+    @classmethod
+    def _adopt(cls, comm: MPI.Intracomm) -> JaxComm:
+        """Wrap a communicator jaxcomm just created, without another clone."""
+        jc = cls.__new__(cls)
+        jc._own(comm)
+        return jc
+
+    def _own(self, comm: MPI.Intracomm) -> None:
+        self._comm: MPI.Intracomm | None = comm
         # Failures come back to jaxcomm's kernels, which raise them in Python.
         self._comm.Set_errhandler(MPI.ERRORS_RETURN)
         self._handle = self._comm.py2f()
@@ -179,6 +190,163 @@ class JaxComm:
             sync()
             self._comm.Free()
             self._comm = None
+
+    def split(self, color: int, key: int = 0) -> JaxComm | None:
+        """Split into disjoint communicators, one per ``color``.
+
+        Wraps ``MPI_Comm_split`` on this object's private communicator and
+        waits for pending jaxcomm work first (a split is collective). Calls on
+        the new communicator are ordered together with this one's, also in
+        the same jitted function.
+
+        Args:
+            color: ranks passing the same non-negative color share a new
+                communicator; ``MPI.UNDEFINED`` joins none.
+            key: orders ranks within the new communicator (ties keep this
+                communicator's order).
+
+        Returns:
+            A new ``JaxComm``, or ``None`` on ranks that passed ``MPI.UNDEFINED``.
+
+        Raises:
+            TypeError: if ``color`` or ``key`` is not a static int.
+            ValueError: for a negative color other than ``MPI.UNDEFINED``.
+
+        Example:
+            >>> rows = jc.split(color=jc.rank // 2, key=jc.rank)
+        """
+        self._live()
+        color = _static_int(color, "color")
+        key = _static_int(key, "key")
+        if color < 0 and color != MPI.UNDEFINED:
+            raise ValueError(f"color={color} must be non-negative or MPI.UNDEFINED")
+        sync()
+        comm = self._comm.Split(color, key)
+        return None if comm == MPI.COMM_NULL else JaxComm._adopt(comm)
+
+    @classmethod
+    def from_cart(
+        cls,
+        dims: Sequence[int],
+        periods: Sequence[bool] | None = None,
+        *,
+        comm: MPI.Intracomm | None = None,
+        reorder: bool = False,
+    ) -> JaxComm:
+        """Create a ``JaxComm`` over a Cartesian process grid.
+
+        Wraps ``MPI_Cart_create`` (and ``MPI_Dims_create`` for zero entries of
+        ``dims``). Use :meth:`cart_shift` for neighbour ranks and :meth:`shift`
+        to move data between neighbours, as in a halo exchange.
+
+        Args:
+            dims: processes along each axis; a 0 lets MPI choose. The product
+                must equal the size of ``comm``.
+            periods: whether each axis wraps around (default: none does).
+            comm: the communicator to arrange (default ``MPI.COMM_WORLD``).
+            reorder: let MPI renumber ranks to fit the hardware.
+
+        Returns:
+            A ``JaxComm`` whose ``comm`` is an ``MPI.Cartcomm``.
+
+        Raises:
+            TypeError: if ``comm`` is not an ``Intracomm`` or ``dims`` holds non-ints.
+            ValueError: if the grid does not cover ``comm`` exactly or
+                ``periods`` has the wrong length.
+
+        Example:
+            >>> grid = JaxComm.from_cart([0, 0], periods=[True, True])
+            >>> up, down = grid.cart_shift(0)
+        """
+        comm = MPI.COMM_WORLD if comm is None else comm
+        if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
+            raise TypeError(f"comm must be an mpi4py Intracomm, got {type(comm).__name__}")
+        check_thread_level()
+        dims = [_static_int(d, "dims") for d in dims]
+        if not dims or any(d < 0 for d in dims):
+            raise ValueError(f"dims={dims} must be a non-empty list of non-negative ints")
+        size = comm.Get_size()
+        fixed = int(np.prod([d for d in dims if d > 0]))
+        if 0 in dims and size % fixed == 0:
+            dims = MPI.Compute_dims(size, dims)
+        if int(np.prod(dims)) != size:
+            raise ValueError(f"a {dims} grid does not hold the {size} processes of comm")
+        periods = [False] * len(dims) if periods is None else [bool(p) for p in periods]
+        if len(periods) != len(dims):
+            raise ValueError(f"periods has {len(periods)} entries for {len(dims)} dims")
+        return cls._adopt(comm.Create_cart(dims, periods=periods, reorder=bool(reorder)))
+
+    def _cart(self) -> MPI.Cartcomm:
+        self._live()
+        if not isinstance(self._comm, MPI.Cartcomm):
+            raise TypeError("this JaxComm has no Cartesian topology; create it with from_cart")
+        return self._comm
+
+    @property
+    def dims(self) -> tuple[int, ...]:
+        """Processes along each axis of the Cartesian grid."""
+        return tuple(self._cart().dims)
+
+    @property
+    def periods(self) -> tuple[bool, ...]:
+        """Whether each axis of the Cartesian grid wraps around."""
+        return tuple(bool(p) for p in self._cart().periods)
+
+    @property
+    def coords(self) -> tuple[int, ...]:
+        """This rank's coordinates in the Cartesian grid."""
+        return tuple(self._cart().coords)
+
+    def cart_shift(self, direction: int, disp: int = 1) -> tuple[int, int]:
+        """Ranks ``disp`` steps behind and ahead of this one along ``direction``.
+
+        Wraps ``MPI_Cart_shift``. Off the edge of a non-periodic axis the rank
+        is ``MPI.PROC_NULL``.
+
+        Args:
+            direction: the grid axis.
+            disp: the number of steps.
+
+        Returns:
+            ``(source, dest)``: the rank at ``coords - disp`` and the rank at
+            ``coords + disp`` along ``direction``.
+
+        Raises:
+            TypeError: if the communicator is not Cartesian.
+            ValueError: if ``direction`` is not an axis of the grid.
+        """
+        cart = self._cart()
+        direction = _static_int(direction, "direction")
+        if not 0 <= direction < cart.ndim:
+            raise ValueError(f"direction={direction} is not an axis of a {cart.ndim}-d grid")
+        return cart.Shift(direction, _static_int(disp, "disp"))
+
+    def shift(self, x: ArrayLike, direction: int, disp: int = 1, tag: int = 0) -> jax.Array:
+        """Send ``x`` ``disp`` steps along a grid axis; receive the same from behind.
+
+        Wraps ``MPI_Sendrecv`` with the ranks of :meth:`cart_shift`: the result
+        is the ``x`` of the rank at ``coords - disp`` (zeros off the edge of a
+        non-periodic axis). One call per side is a halo exchange.
+
+        Args:
+            x: array or scalar, the same shape and dtype on every rank.
+            direction: the grid axis.
+            disp: the number of steps (negative moves data the other way).
+            tag: message tag.
+
+        Returns:
+            A new array shaped like ``x``.
+
+        Raises:
+            TypeError: if the communicator is not Cartesian, or for bad arrays.
+            ValueError: if ``direction`` is not an axis of the grid.
+
+        Example:
+            >>> halo_above = grid.shift(block[-1], direction=0, disp=1)
+            >>> halo_below = grid.shift(block[0], direction=0, disp=-1)
+        """
+        source, dest = self.cart_shift(direction, disp)
+        return self.sendrecv(x, x, source=source, dest=dest, sendtag=tag, recvtag=tag)
 
     def __enter__(self) -> JaxComm:
         return self
@@ -315,7 +483,8 @@ class JaxComm:
 
         Args:
             x: template for the received array's shape and dtype.
-            source: sending rank, ``MPI.ANY_SOURCE`` or ``MPI.PROC_NULL``.
+            source: sending rank, ``MPI.ANY_SOURCE``, or ``MPI.PROC_NULL``
+                (nothing is received and the result is zeros).
             tag: message tag or ``MPI.ANY_TAG``.
             status: an ``MPI.Status`` to fill with the message's source, tag
                 and size. Eager calls fill it before returning; under ``jit``
@@ -361,7 +530,8 @@ class JaxComm:
         Args:
             sendbuf: array or scalar to send.
             recvbuf: template for the received array (not modified).
-            source: sending rank, ``MPI.ANY_SOURCE`` or ``MPI.PROC_NULL``.
+            source: sending rank, ``MPI.ANY_SOURCE``, or ``MPI.PROC_NULL``
+                (nothing is received and the result is zeros).
             dest: destination rank or ``MPI.PROC_NULL``.
             sendtag: tag of the outgoing message.
             recvtag: tag to match, or ``MPI.ANY_TAG``.

@@ -36,3 +36,13 @@ def test_send_recv_swaps_between_two_ranks(capsys):
     numbers = " ".join(line.split("|", 1)[1] for line in lines)
     values = np.array(numbers.replace("[", " ").replace("]", " ").split(), dtype=float)
     np.testing.assert_array_equal(values, np.full(9, float(1 - world.rank)))
+
+
+@pytest.mark.mpi
+def test_halo_exchange_matches_serial(capsys):
+    runpy.run_path(str(EXAMPLES / "halo_exchange.py"), run_name="__main__")
+    out = capsys.readouterr().out
+    if MPI.COMM_WORLD.rank == 0:
+        assert "max difference from serial" in out
+        # float32 distributed run against a float64 serial one.
+        assert float(out.split()[-1]) < 1e-5

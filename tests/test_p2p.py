@@ -74,9 +74,10 @@ def test_sendrecv_shapes_and_proc_null(jc, shape):
     # A non-periodic shift: the ends talk to MPI.PROC_NULL and keep zeros.
     dest = jc.rank + 1 if jc.rank + 1 < jc.size else MPI.PROC_NULL
     source = jc.rank - 1 if jc.rank > 0 else MPI.PROC_NULL
-    z = jc.sendrecv(x, x, source=source, dest=dest)
-    if jc.rank > 0:
-        np.testing.assert_array_equal(z, rank_data(jc.rank - 1, shape, np.float64))
+    z = jc.sendrecv(x + 1, x, source=source, dest=dest)
+    want = rank_data(jc.rank - 1, shape, np.float64) + 1 if jc.rank > 0 else np.zeros(shape)
+    np.testing.assert_array_equal(z, want)
+    np.testing.assert_array_equal(jc.recv(x, source=MPI.PROC_NULL), np.zeros(shape))
 
 
 @pytest.mark.mpi

@@ -1,4 +1,6 @@
 // Point to point: MPI_Send, MPI_Recv, MPI_Sendrecv.
+#include <cstring>
+
 #include "common.h"
 
 namespace jaxcomm {
@@ -8,6 +10,14 @@ std::string Peer(int64_t rank) {
   if (rank == MPI_ANY_SOURCE) return "any";
   if (rank == MPI_PROC_NULL) return "null";
   return std::to_string(rank);
+}
+
+// A receive from MPI_PROC_NULL leaves the buffer alone, and XLA's output
+// buffer holds garbage: jaxcomm documents zeros.
+void ZeroIfNoSource(int64_t source, ffi::AnyBuffer& y) {
+  if (source == MPI_PROC_NULL && y.size_bytes() > 0) {
+    std::memset(y.untyped_data(), 0, y.size_bytes());
+  }
 }
 
 std::string Tag(int64_t tag) {
@@ -46,6 +56,7 @@ ffi::Error RecvImpl(ffi::Token, ffi::Result<ffi::Token>,
   JAXCOMM_MPI_CHECK(MPI_Recv, y->untyped_data(), type.count(), type.type(),
                     static_cast<int>(source), static_cast<int>(tag), comm,
                     &status);
+  ZeroIfNoSource(source, *y);
   StoreStatus(status_address, status);
   return ffi::Error::Success();
 }
@@ -73,6 +84,7 @@ ffi::Error SendrecvImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
                     y->untyped_data(), recv.count(), recv.type(),
                     static_cast<int>(source), static_cast<int>(recvtag), comm,
                     &status);
+  ZeroIfNoSource(source, *y);
   StoreStatus(status_address, status);
   return ffi::Error::Success();
 }
