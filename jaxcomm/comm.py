@@ -18,6 +18,7 @@ from mpi4py import MPI
 from . import ops
 from ._runtime import check_thread_level, sync
 from .ops._base import ALLOWED_DTYPES, REDUCTION_OPS, SUPPORTED_DTYPES
+from .ops._tree import tree_call
 
 ArrayLike = Any  # a JAX or NumPy array, or a Python scalar
 
@@ -37,6 +38,24 @@ def _as_array(x: ArrayLike, name: str) -> jax.Array:
         raise TypeError(f"{name} must be an array or a scalar, got {type(x).__name__}") from err
     _check_dtype(array.dtype, name)
     return array
+
+
+def _leaves(tree: Any, name: str) -> tuple[list[jax.Array], Any]:
+    """The pytree's leaves as arrays, and its structure."""
+    if tree is None:
+        _as_array(tree, name)  # raises: None is an empty pytree, not an array
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    if not leaves:
+        raise ValueError(f"{name} is a pytree with no arrays")
+    return [_as_array(leaf, name) for leaf in leaves], treedef
+
+
+def _tree_call(leaves, treedef, op_name: str, single, tiled: bool = False, **params):
+    """Run an op on a pytree: directly for one array, else one MPI call per dtype."""
+    if jax.tree_util.treedef_is_leaf(treedef):
+        return single(leaves[0], **params)
+    out = tree_call(tuple(leaves), op_name, tuple(sorted(params.items())), tiled)
+    return jax.tree_util.tree_unflatten(treedef, out)
 
 
 def _check_dtype(dtype, name: str) -> None:
@@ -83,6 +102,14 @@ def _reduction_code(op: Any, dtype: np.dtype) -> int:
         + ", ".join(f"MPI.{name}" for name, _ in REDUCTION_OPS)
         + "; user-defined MPI.Op objects are not supported"
     )
+
+
+def _logical_input(x: jax.Array, code: int) -> jax.Array:
+    if REDUCTION_OPS[code][0] in _LOGICAL and x.dtype != bool:
+        # MPI leaves a single process's integers as they are; 0/1 inputs
+        # give the same 0/1 answer on any number of ranks.
+        return (x != 0).astype(x.dtype)
+    return x
 
 
 def _status_address(status: MPI.Status | None) -> int:
@@ -387,7 +414,7 @@ class JaxComm:
 
     # Collectives -------------------------------------------------------------
 
-    def allreduce(self, x: ArrayLike, op: MPI.Op = MPI.SUM) -> jax.Array:
+    def allreduce(self, x: Any, op: MPI.Op = MPI.SUM) -> Any:
         """Combine ``x`` from every rank with ``op``; every rank gets the result.
 
         Wraps ``MPI_Allreduce``. Works eagerly and under ``jit``, in loops and
@@ -395,48 +422,54 @@ class JaxComm:
         (accumulating each pair in float32).
 
         Args:
-            x: array or scalar, the same shape and dtype on every rank.
+            x: array or scalar, or a pytree of them, the same shapes and
+                dtypes on every rank. A pytree's leaves are packed by dtype and
+                reduced in one MPI call per dtype.
             op: a predefined ``MPI.Op``: SUM, PROD, MIN, MAX (numbers), LAND,
                 LOR, LXOR (integers and bool; integers count as true when
                 nonzero and the result is 0 or 1), BAND, BOR, BXOR (integers).
 
         Returns:
-            A new array of ``x``'s shape and dtype.
+            New arrays of ``x``'s shapes and dtypes, in ``x``'s structure.
 
         Raises:
-            TypeError: for a non-array ``x``, an unsupported dtype, or an op
-                MPI does not define for the dtype (such as SUM on bool).
-            ValueError: for a user-defined ``MPI.Op``.
+            TypeError: for a non-array leaf, an unsupported dtype, or an op
+                MPI does not define for a dtype (such as SUM on bool).
+            ValueError: for a user-defined ``MPI.Op`` or an empty pytree.
+
+        Example:
+            >>> grads = jc.allreduce({"w": gw, "b": gb})  # one MPI call for float32
         """
         handle = self._live()
-        x = _as_array(x, "x")
-        code = _reduction_code(op, np.dtype(x.dtype))
-        if REDUCTION_OPS[code][0] in _LOGICAL and x.dtype != bool:
-            # MPI leaves a single process's integers as they are; 0/1 inputs
-            # give the same 0/1 answer on any number of ranks.
-            x = (x != 0).astype(x.dtype)
-        return ops.allreduce(x, op=code, comm=handle)
+        leaves, treedef = _leaves(x, "x")
+        for leaf in leaves:  # every leaf's dtype must suit op
+            code = _reduction_code(op, np.dtype(leaf.dtype))
+        leaves = [_logical_input(leaf, code) for leaf in leaves]
+        return _tree_call(leaves, treedef, "allreduce", ops.allreduce, op=code, comm=handle)
 
-    def bcast(self, x: ArrayLike, root: int = 0) -> jax.Array:
+    def bcast(self, x: Any, root: int = 0) -> Any:
         """Send root's ``x`` to every rank.
 
-        Wraps ``MPI_Bcast``. Every rank passes an array of the same shape and
-        dtype; only root's values are read. Works eagerly and under ``jit``.
+        Wraps ``MPI_Bcast``. Every rank passes arrays of the same shapes and
+        dtypes; only root's values are read. Works eagerly and under ``jit``.
 
         Args:
-            x: array or scalar.
+            x: array or scalar, or a pytree of them (one MPI call per dtype).
             root: the rank whose ``x`` is broadcast (a static int).
 
         Returns:
-            A new array holding root's ``x``, on every rank.
+            New arrays holding root's ``x``, on every rank, in ``x``'s structure.
 
         Raises:
-            TypeError: for a non-array ``x`` or a non-int or traced ``root``.
+            TypeError: for a non-array leaf or a non-int or traced ``root``.
             ValueError: if ``root`` is not a rank of the communicator.
+
+        Example:
+            >>> params = jc.bcast(params, root=0)  # same initial weights everywhere
         """
         handle = self._live()
-        x = _as_array(x, "x")
-        return ops.bcast(x, root=self._root(root), comm=handle)
+        leaves, treedef = _leaves(x, "x")
+        return _tree_call(leaves, treedef, "bcast", ops.bcast, root=self._root(root), comm=handle)
 
     def barrier(self) -> None:
         """Block until every rank has reached this barrier.

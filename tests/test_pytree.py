@@ -1,0 +1,98 @@
+"""Pytrees: same structure back, one MPI call per dtype."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import jaxcomm
+
+
+def model_tree(rank, leaves=100):
+    """A gradient-like pytree: 60 float32 leaves, 40 int32, mixed shapes."""
+    tree = {"layers": [], "step": jnp.asarray(rank, jnp.int32)}
+    for i in range(leaves // 2):
+        tree["layers"].append(
+            {
+                "w": jnp.full((i % 4 + 1, 3), float(rank + i), jnp.float32),
+                "b": jnp.full((i % 3,), rank * 10 + i, jnp.int32)
+                if i % 5
+                else jnp.full((2,), float(i), jnp.float32),
+            }
+        )
+    return tree
+
+
+def mpi_calls(err, name):
+    return [line for line in err.splitlines() if line.startswith("r") and f"| {name}" in line]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_allreduce_gradient_pytree_costs_one_call_per_dtype(jc, capfd, jit):
+    tree = model_tree(jc.rank)
+    fn = jax.jit(jc.allreduce) if jit else jc.allreduce
+    fn(tree)  # compile outside the counted call
+    capfd.readouterr()
+    jaxcomm.set_debug(True)
+    try:
+        out = jax.block_until_ready(fn(tree))
+    finally:
+        jaxcomm.set_debug(False)
+    calls = mpi_calls(capfd.readouterr().err, "MPI_Allreduce")
+    assert len(jax.tree_util.tree_leaves(tree)) == 101
+    assert len(calls) == 2, calls  # float32 and int32
+    assert jax.tree_util.tree_structure(out) == jax.tree_util.tree_structure(tree)
+    trees = [model_tree(r) for r in range(jc.size)]
+    want = jax.tree_util.tree_map(lambda *xs: sum(np.asarray(x) for x in xs), *trees)
+    for got, expected, leaf in zip(
+        jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(want), jax.tree_util.tree_leaves(tree)
+    ):
+        assert got.dtype == leaf.dtype and got.shape == leaf.shape
+        np.testing.assert_array_equal(np.asarray(got), expected)
+
+
+@pytest.mark.mpi
+def test_bcast_pytree_and_mixed_leaf_kinds(jc):
+    tree = (jnp.arange(3.0) + jc.rank, {"n": np.int64(jc.rank), "flag": jc.rank % 2 == 0}, [2.5])
+    for root in range(jc.size):
+        out = jc.bcast(tree, root=root)
+        np.testing.assert_array_equal(out[0], np.arange(3.0) + root)
+        assert int(out[1]["n"]) == root and bool(out[1]["flag"]) == (root % 2 == 0)
+        assert float(out[2][0]) == 2.5
+        assert isinstance(out[2], list)
+
+
+@pytest.mark.mpi
+def test_pytree_ops_in_fori_loop_and_reduction_rules(jc):
+    @jax.jit
+    def loop(tree):
+        return jax.lax.fori_loop(0, 3, lambda i, t: jc.allreduce(t, op=MPI.MAX), tree)
+
+    out = loop({"a": jnp.full(2, float(jc.rank)), "b": jnp.asarray(-jc.rank)})
+    np.testing.assert_array_equal(out["a"], np.full(2, jc.size - 1.0))
+    assert int(out["b"]) == 0
+    with pytest.raises(TypeError, match="MPI.SUM is not defined for dtype bool"):
+        jc.allreduce({"ok": jnp.ones(2), "bad": jnp.ones(2, bool)})
+    with pytest.raises(ValueError, match="no arrays"):
+        jc.allreduce({})
+
+
+@pytest.mark.mpi
+def test_eager_pytree_calls_reuse_compiled_code(jc):
+    compiles = []
+
+    def listener(event, duration, **_):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(event)
+
+    tree = {"a": jnp.ones(3), "b": [jnp.zeros(2), jnp.ones((), jnp.int32)]}
+    jc.allreduce(tree)
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        for _ in range(5):
+            jax.block_until_ready(jc.allreduce(tree))
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert compiles == []
