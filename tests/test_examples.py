@@ -46,3 +46,13 @@ def test_halo_exchange_matches_serial(capsys):
         assert "max difference from serial" in out
         # float32 distributed run against a float64 serial one.
         assert float(out.split()[-1]) < 1e-5
+
+
+@pytest.mark.mpi
+def test_data_parallel_training_matches_single_process(capsys):
+    runpy.run_path(str(EXAMPLES / "data_parallel.py"), run_name="__main__")
+    out = capsys.readouterr().out
+    if MPI.COMM_WORLD.rank == 0:
+        loss = float(out.split("loss ")[1].split(",")[0])
+        assert loss < 0.1  # it trained (the initial loss is about 1)
+        assert float(out.split()[-1]) < 1e-5
