@@ -84,6 +84,17 @@ def _reduction_code(op: Any, dtype: np.dtype) -> int:
     )
 
 
+def _reduction_operand(x: ArrayLike, op: Any) -> tuple[jax.Array, int]:
+    """``x`` as an array and ``op`` as a reduction code, checked against its dtype."""
+    x = _as_array(x, "x")
+    code = _reduction_code(op, np.dtype(x.dtype))
+    if REDUCTION_OPS[code][0] in _LOGICAL and x.dtype != bool:
+        # MPI leaves a single process's integers as they are; 0/1 inputs
+        # give the same 0/1 answer on any number of ranks.
+        x = (x != 0).astype(x.dtype)
+    return x, code
+
+
 def _status_address(status: MPI.Status | None) -> int:
     if status is None:
         return 0
@@ -241,12 +252,7 @@ class JaxComm:
             ValueError: for a user-defined ``MPI.Op``.
         """
         handle = self._live()
-        x = _as_array(x, "x")
-        code = _reduction_code(op, np.dtype(x.dtype))
-        if REDUCTION_OPS[code][0] in _LOGICAL and x.dtype != bool:
-            # MPI leaves a single process's integers as they are; 0/1 inputs
-            # give the same 0/1 answer on any number of ranks.
-            x = (x != 0).astype(x.dtype)
+        x, code = _reduction_operand(x, op)
         return ops.allreduce(x, op=code, comm=handle)
 
     def bcast(self, x: ArrayLike, root: int = 0) -> jax.Array:
