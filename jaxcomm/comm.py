@@ -104,12 +104,22 @@ def _reduction_code(op: Any, dtype: np.dtype) -> int:
     )
 
 
-def _logical_input(x: jax.Array, code: int) -> jax.Array:
+def _reduction_operand(x: ArrayLike, op: Any) -> tuple[jax.Array, int]:
+    """``x`` as an array and ``op`` as a reduction code, checked against its dtype."""
+    x = _as_array(x, "x")
+    code = _reduction_code(op, np.dtype(x.dtype))
     if REDUCTION_OPS[code][0] in _LOGICAL and x.dtype != bool:
         # MPI leaves a single process's integers as they are; 0/1 inputs
         # give the same 0/1 answer on any number of ranks.
-        return (x != 0).astype(x.dtype)
-    return x
+        x = (x != 0).astype(x.dtype)
+    return x, code
+
+
+def _reduction_leaves(x: Any, op: Any) -> tuple[list[jax.Array], Any, int]:
+    """A pytree's leaves as reduction operands, its structure, and ``op``'s code."""
+    leaves, treedef = _leaves(x, "x")
+    operands = [_reduction_operand(leaf, op) for leaf in leaves]
+    return [leaf for leaf, _ in operands], treedef, operands[0][1]
 
 
 def _status_address(status: MPI.Status | None) -> int:
@@ -441,11 +451,127 @@ class JaxComm:
             >>> grads = jc.allreduce({"w": gw, "b": gb})  # one MPI call for float32
         """
         handle = self._live()
-        leaves, treedef = _leaves(x, "x")
-        for leaf in leaves:  # every leaf's dtype must suit op
-            code = _reduction_code(op, np.dtype(leaf.dtype))
-        leaves = [_logical_input(leaf, code) for leaf in leaves]
+        leaves, treedef, code = _reduction_leaves(x, op)
         return _tree_call(leaves, treedef, "allreduce", ops.allreduce, op=code, comm=handle)
+
+    def reduce(self, x: Any, op: MPI.Op = MPI.SUM, root: int = 0) -> Any:
+        """Combine ``x`` from every rank with ``op`` onto rank ``root``.
+
+        Wraps ``MPI_Reduce``. Every rank gets arrays of ``x``'s shapes and
+        dtypes back: root the reduction, every other rank zeros. Works eagerly
+        and under ``jit``, in loops and conditionals.
+
+        Args:
+            x: array or scalar, or a pytree of them (one MPI call per dtype),
+                the same shapes and dtypes on every rank.
+            op: a predefined ``MPI.Op``, as for :meth:`allreduce`.
+            root: the rank that gets the result (a static int).
+
+        Returns:
+            A new array of ``x``'s shape and dtype: the reduction on root,
+            zeros elsewhere.
+
+        Raises:
+            TypeError: for a non-array ``x``, an unsupported dtype, an op MPI
+                does not define for the dtype, or a non-int or traced ``root``.
+            ValueError: for a user-defined ``MPI.Op`` or a ``root`` that is not
+                a rank of the communicator.
+        """
+        handle = self._live()
+        leaves, treedef, code = _reduction_leaves(x, op)
+        root = self._root(root)
+        return _tree_call(leaves, treedef, "reduce", ops.reduce, op=code, root=root, comm=handle)
+
+    def scan(self, x: ArrayLike, op: MPI.Op = MPI.SUM) -> jax.Array:
+        """Combine ``x`` from ranks ``0..rank`` with ``op`` (inclusive prefix reduction).
+
+        Wraps ``MPI_Scan``: rank ``r`` gets ``x_0 op x_1 op ... op x_r``.
+        Works eagerly and under ``jit``, in loops and conditionals.
+
+        Args:
+            x: array or scalar, the same shape and dtype on every rank.
+            op: a predefined ``MPI.Op``, as for :meth:`allreduce`.
+
+        Returns:
+            A new array of ``x``'s shape and dtype.
+
+        Raises:
+            TypeError: for a non-array ``x``, an unsupported dtype, or an op
+                MPI does not define for the dtype.
+            ValueError: for a user-defined ``MPI.Op``.
+        """
+        handle = self._live()
+        x, code = _reduction_operand(x, op)
+        return ops.scan(x, op=code, comm=handle)
+
+    def exscan(self, x: ArrayLike, op: MPI.Op = MPI.SUM) -> jax.Array:
+        """Combine ``x`` from ranks ``0..rank-1`` with ``op`` (exclusive prefix reduction).
+
+        Wraps ``MPI_Exscan``: rank ``r > 0`` gets ``x_0 op ... op x_{r-1}``.
+        MPI leaves rank 0's result undefined; jaxcomm returns zeros there.
+        Works eagerly and under ``jit``, in loops and conditionals.
+
+        Args:
+            x: array or scalar, the same shape and dtype on every rank.
+            op: a predefined ``MPI.Op``, as for :meth:`allreduce`.
+
+        Returns:
+            A new array of ``x``'s shape and dtype (zeros on rank 0).
+
+        Raises:
+            TypeError: for a non-array ``x``, an unsupported dtype, or an op
+                MPI does not define for the dtype.
+            ValueError: for a user-defined ``MPI.Op``.
+        """
+        handle = self._live()
+        x, code = _reduction_operand(x, op)
+        return ops.exscan(x, op=code, comm=handle)
+
+    def reduce_scatter(
+        self, x: ArrayLike, op: MPI.Op = MPI.SUM, *, tiled: bool = False
+    ) -> jax.Array:
+        """Combine ``x`` from every rank with ``op``; each rank gets its own block.
+
+        Wraps ``MPI_Reduce_scatter_block``. The leading axis of ``x`` is split
+        into ``size`` equal blocks and rank ``r`` gets block ``r`` reduced over
+        all ranks, like ``jax.lax.psum_scatter``. Works eagerly and under
+        ``jit``, in loops and conditionals.
+
+        Args:
+            x: array, the same shape and dtype on every rank.
+            op: a predefined ``MPI.Op``, as for :meth:`allreduce`.
+            tiled: if False, ``x.shape[0]`` must equal the communicator size and
+                rank ``r`` gets the reduction of ``x[r]``, of shape
+                ``x.shape[1:]``. If True, ``x.shape[0]`` must be a multiple
+                ``size * k`` and rank ``r`` gets rows ``r*k:(r+1)*k`` reduced,
+                of shape ``(k, *x.shape[1:])``.
+
+        Returns:
+            A new array of ``x``'s dtype holding this rank's reduced block.
+
+        Raises:
+            TypeError: for a non-array ``x``, an unsupported dtype, an op MPI
+                does not define for the dtype, or a non-bool ``tiled``.
+            ValueError: for a user-defined ``MPI.Op``, or an ``x`` whose leading
+                axis does not fit the communicator size (0-d included).
+        """
+        handle = self._live()
+        x, code = _reduction_operand(x, op)
+        if not isinstance(tiled, (bool, np.bool_)):
+            raise TypeError(f"tiled must be a bool, got {type(tiled).__name__}")
+        size = self._size
+        if tiled and (x.ndim == 0 or x.shape[0] % size):
+            raise ValueError(
+                f"x must have a leading axis that is a multiple of the communicator size "
+                f"{size} for a tiled reduce_scatter, got shape {x.shape}"
+            )
+        if not tiled and (x.ndim == 0 or x.shape[0] != size):
+            raise ValueError(
+                f"x must have a leading axis of length {size} (the communicator size) "
+                f"for reduce_scatter, got shape {x.shape}; pass tiled=True to split a "
+                "longer axis"
+            )
+        return ops.reduce_scatter(x, op=code, size=size, tiled=bool(tiled), comm=handle)
 
     def bcast(self, x: Any, root: int = 0) -> Any:
         """Send root's ``x`` to every rank.

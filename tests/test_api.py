@@ -40,6 +40,10 @@ def test_public_names_have_docstrings(name, obj):
 def test_mpi_wrapping_methods_name_their_mpi_call():
     wrapped = {
         "allreduce": "MPI_Allreduce",
+        "reduce": "MPI_Reduce",
+        "scan": "MPI_Scan",
+        "exscan": "MPI_Exscan",
+        "reduce_scatter": "MPI_Reduce_scatter_block",
         "bcast": "MPI_Bcast",
         "barrier": "MPI_Barrier",
         "send": "MPI_Send",
@@ -106,6 +110,10 @@ def test_debug_log_lines(jc, capfd):
     jaxcomm.set_debug(True)
     try:
         jc.allreduce(jnp.ones(9, jnp.float32)).block_until_ready()
+        jc.reduce(jnp.ones(9, jnp.float32), root=jc.size - 1).block_until_ready()
+        jc.scan(jnp.ones(9, jnp.float32), op=MPI.MAX).block_until_ready()
+        jc.exscan(jnp.ones(9, jnp.int8), op=MPI.BXOR).block_until_ready()
+        jc.reduce_scatter(jnp.ones((jc.size, 2, 3), jnp.float32)).block_until_ready()
         right, left = (jc.rank + 1) % jc.size, (jc.rank - 1) % jc.size
         jc.sendrecv(jnp.ones(2), jnp.ones(2), source=left, dest=right).block_until_ready()
         jc.barrier()
@@ -114,6 +122,10 @@ def test_debug_log_lines(jc, capfd):
     err = capfd.readouterr().err.splitlines()
     r = jc.rank
     assert f"r{r} | MPI_Allreduce op SUM count 9 float32" in err
+    assert f"r{r} | MPI_Reduce op SUM root {jc.size - 1} count 9 float32" in err
+    assert f"r{r} | MPI_Scan op MAX count 9 float32" in err
+    assert f"r{r} | MPI_Exscan op BXOR count 9 int8" in err
+    assert f"r{r} | MPI_Reduce_scatter_block op SUM count 6 float32" in err
     assert (
         f"r{r} | MPI_Sendrecv -> {right} tag 0 count 2 float64 <- {left} tag any count 2 float64"
         in err

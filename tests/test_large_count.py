@@ -31,6 +31,15 @@ def small_cap():
 SIZES = [6, 45, 49]
 
 
+def total(size, n, dtype, op):
+    """The reduction of every rank's rank_data under SUM (LOR for bool)."""
+    want = np.zeros(n, dtype)
+    for r in range(size):
+        data = rank_data(r, (n,), dtype)
+        want = want | data if op == MPI.LOR else want + data
+    return want
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("dtype", ["float32", "int64", "float16", "complex128", "bool"])
@@ -38,13 +47,48 @@ def test_chunked_allreduce_and_bcast(jc, small_cap, n, dtype):
     dtype = np.dtype(dtype)
     op = MPI.LOR if dtype == bool else MPI.SUM
     x = rank_data(jc.rank, (n,), dtype)
-    want = np.zeros(n, dtype)
-    for r in range(jc.size):
-        want = want | rank_data(r, (n,), dtype) if dtype == bool else want + rank_data(r, (n,), dtype)
+    want = total(jc.size, n, dtype, op)
     np.testing.assert_array_equal(np.asarray(jc.allreduce(x, op=op)), want)
     for root in range(jc.size):
         got = jax.jit(lambda v, root=root: jc.bcast(v, root=root))(jnp.asarray(x))
         np.testing.assert_array_equal(np.asarray(got), rank_data(root, (n,), dtype))
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("dtype", ["float32", "int64", "bfloat16", "bool"])
+def test_chunked_reduce_scan_exscan(jc, small_cap, n, dtype):
+    dtype = np.dtype(jnp.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    op = MPI.LOR if dtype == bool else MPI.SUM
+    rank, size = jc.rank, jc.size
+    x = rank_data(rank, (n,), dtype)
+
+    @jax.jit
+    def every_call(v):
+        roots = [jc.reduce(v, op=op, root=root) for root in range(size)]
+        return roots, jc.scan(v, op=op), jc.exscan(v, op=op)
+
+    roots, scan, exscan = every_call(jnp.asarray(x))
+    for root, got in enumerate(roots):
+        want = total(size, n, dtype, op) if rank == root else np.zeros(n, dtype)
+        np.testing.assert_array_equal(np.asarray(got), want)
+    np.testing.assert_array_equal(np.asarray(scan), total(rank + 1, n, dtype, op))
+    np.testing.assert_array_equal(np.asarray(exscan), total(rank, n, dtype, op))
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("block", [(6,), (3, 15), (7, 7)], ids=str)
+@pytest.mark.parametrize("tiled", [False, True], ids=["stacked", "tiled"])
+def test_chunked_reduce_scatter(jc, small_cap, block, tiled):
+    # Each rank's block has one of SIZES elements: 6 goes through
+    # MPI_Reduce_scatter_block, 45 and 49 reduce block by block onto each owner.
+    rank, size = jc.rank, jc.size
+    shape = (size * block[0], *block[1:]) if tiled else (size, *block)
+    n = int(np.prod(shape))
+    x = rank_data(rank, (n,), np.float64).reshape(shape)
+    got = jax.jit(lambda v: jc.reduce_scatter(v, tiled=tiled))(jnp.asarray(x))
+    want = total(size, n, np.float64, MPI.SUM).reshape(size, *block)[rank]
+    np.testing.assert_array_equal(np.asarray(got), want)
 
 
 @pytest.mark.mpi
@@ -79,6 +123,30 @@ def test_chunks_are_separate_mpi_calls(jc, small_cap, capfd):
     # Data movement stays one call, with one derived datatype spanning it all.
     assert [line for line in lines if "Bcast" in line] == [
         f"r{jc.rank} | MPI_Bcast root 0 count 50 float32"
+    ]
+
+
+@pytest.mark.mpi
+def test_chunked_reduction_family_calls(jc, small_cap, capfd):
+    size = jc.size
+    jaxcomm.set_debug(True)
+    try:
+        jc.reduce(jnp.ones(50, jnp.float32), root=size - 1).block_until_ready()
+        jc.scan(jnp.ones(50, jnp.float32)).block_until_ready()
+        jc.exscan(jnp.ones(50, jnp.float32)).block_until_ready()
+        jc.reduce_scatter(jnp.ones((size, 6), jnp.float32)).block_until_ready()
+        jc.reduce_scatter(jnp.ones((size, 10), jnp.float32)).block_until_ready()
+    finally:
+        jaxcomm.set_debug(False)
+    lines = [line.split(" | ")[1] for line in capfd.readouterr().err.splitlines() if " | " in line]
+    pieces = ["count 7 float32"] * 7 + ["count 1 float32"]
+    assert lines[:8] == [f"MPI_Reduce op SUM root {size - 1} {p}" for p in pieces]
+    assert lines[8:16] == [f"MPI_Scan op SUM {p}" for p in pieces]
+    assert lines[16:24] == [f"MPI_Exscan op SUM {p}" for p in pieces]
+    # A block within the cap is one call whatever the whole array's size.
+    assert lines[24] == "MPI_Reduce_scatter_block op SUM count 6 float32"
+    assert lines[25:] == [
+        f"MPI_Reduce op SUM root {r} count {n} float32" for r in range(size) for n in (7, 3)
     ]
 
 

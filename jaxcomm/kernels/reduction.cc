@@ -1,39 +1,169 @@
-// Reductions: MPI_Allreduce.
+// Reductions: MPI_Allreduce, MPI_Reduce, MPI_Scan, MPI_Exscan and
+// MPI_Reduce_scatter_block.
+#include <cstring>
+
 #include "common.h"
 
 namespace jaxcomm {
 namespace {
 
+using ElementwiseCall = int (*)(const void*, void*, int, MPI_Datatype, MPI_Op,
+                                MPI_Comm);
+
+ffi::Error ReductionTypes(ffi::DataType type, int64_t op, MPI_Datatype* dtype,
+                          MPI_Op* mpi_op) {
+  JAXCOMM_RETURN_IF_ERROR(MpiDatatype(type, dtype));
+  return MpiReduceOp(op, type, mpi_op);
+}
+
+std::string OpText(const char* function, int64_t op) {
+  return std::string(function) + " op " + ReduceOpName(op);
+}
+
+// MPI leaves these outputs undefined; jaxcomm documents zeros.
+void Zero(ffi::Result<ffi::AnyBuffer>& y) {
+  if (y->size_bytes() > 0) std::memset(y->untyped_data(), 0, y->size_bytes());
+}
+
+// Allreduce, Scan and Exscan combine element i of every rank's x into element
+// i of y. Predefined reductions take no derived datatypes, so large arrays
+// reduce in independent pieces of at most MaxCount() elements.
+ffi::Error ElementwiseReduction(ElementwiseCall call, const char* name,
+                                ffi::AnyBuffer x,
+                                ffi::Result<ffi::AnyBuffer>& y,
+                                int64_t comm_handle, int64_t op) {
+  MPI_Comm comm = CommFromHandle(comm_handle);
+  const ffi::DataType type = x.element_type();
+  MPI_Datatype dtype;
+  MPI_Op mpi_op;
+  JAXCOMM_RETURN_IF_ERROR(ReductionTypes(type, op, &dtype, &mpi_op));
+  return ForEachChunk(x.element_count(), [&](size_t offset, int count) {
+    if (DebugEnabled()) {
+      DebugLog(comm, OpText(name, op) + " " + Elements(count, type));
+    }
+    const int rc = call(ElementAt(x.untyped_data(), type, offset),
+                        ElementAt(y->untyped_data(), type, offset), count,
+                        dtype, mpi_op, comm);
+    if (rc != MPI_SUCCESS) return MpiFailure(name, rc, comm);
+    return ffi::Error::Success();
+  });
+}
+
+// Reduces `total` elements from `send` on every rank into `recv` on `root`,
+// in pieces of at most MaxCount() elements. `recv` is only written on root.
+ffi::Error ChunkedReduce(MPI_Comm comm, void* send, void* recv, size_t total,
+                         ffi::DataType type, int64_t op, int root) {
+  MPI_Datatype dtype;
+  MPI_Op mpi_op;
+  JAXCOMM_RETURN_IF_ERROR(ReductionTypes(type, op, &dtype, &mpi_op));
+  return ForEachChunk(total, [&](size_t offset, int count) {
+    if (DebugEnabled()) {
+      DebugLog(comm, OpText("MPI_Reduce", op) + " root " +
+                         std::to_string(root) + " " + Elements(count, type));
+    }
+    JAXCOMM_MPI_CHECK(MPI_Reduce, ElementAt(send, type, offset),
+                      ElementAt(recv, type, offset), count, dtype, mpi_op, root,
+                      comm);
+    return ffi::Error::Success();
+  });
+}
+
 ffi::Error AllreduceImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
                          ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle,
                          int64_t op) {
+  return ElementwiseReduction(MPI_Allreduce, "MPI_Allreduce", x, y, comm_handle,
+                              op);
+}
+
+ffi::Error ReduceImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
+                      ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle,
+                      int64_t op, int64_t root) {
   MPI_Comm comm = CommFromHandle(comm_handle);
-  MPI_Datatype dtype;
-  JAXCOMM_RETURN_IF_ERROR(MpiDatatype(x.element_type(), &dtype));
-  MPI_Op mpi_op;
-  JAXCOMM_RETURN_IF_ERROR(MpiReduceOp(op, x.element_type(), &mpi_op));
-  // Predefined reductions take no derived datatypes: large arrays reduce in
-  // pieces of at most MaxCount() elements.
-  return ForEachChunk(x.element_count(), [&](size_t offset, int count) {
-    if (DebugEnabled()) {
-      DebugLog(comm, std::string("MPI_Allreduce op ") + ReduceOpName(op) + " " +
-                         Elements(count, x.element_type()));
+  JAXCOMM_RETURN_IF_ERROR(ChunkedReduce(comm, x.untyped_data(),
+                                        y->untyped_data(), x.element_count(),
+                                        x.element_type(), op,
+                                        static_cast<int>(root)));
+  if (CommRank(comm) != root) Zero(y);
+  return ffi::Error::Success();
+}
+
+ffi::Error ScanImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
+                    ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle,
+                    int64_t op) {
+  return ElementwiseReduction(MPI_Scan, "MPI_Scan", x, y, comm_handle, op);
+}
+
+ffi::Error ExscanImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
+                      ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle,
+                      int64_t op) {
+  JAXCOMM_RETURN_IF_ERROR(
+      ElementwiseReduction(MPI_Exscan, "MPI_Exscan", x, y, comm_handle, op));
+  if (CommRank(CommFromHandle(comm_handle)) == 0) Zero(y);
+  return ffi::Error::Success();
+}
+
+ffi::Error ReduceScatterImpl(ffi::Token, ffi::AnyBuffer x,
+                             ffi::Result<ffi::Token>,
+                             ffi::Result<ffi::AnyBuffer> y,
+                             int64_t comm_handle, int64_t op) {
+  MPI_Comm comm = CommFromHandle(comm_handle);
+  const ffi::DataType type = x.element_type();
+  int size;
+  JAXCOMM_MPI_CHECK(MPI_Comm_size, comm, &size);
+  const size_t block = y->element_count();
+  // MPI reads `size` blocks from x: a mismatched primitive call must not
+  // make it read past the buffer.
+  if (x.element_count() != block * static_cast<size_t>(size)) {
+    return ffi::Error::InvalidArgument(
+        "jaxcomm: reduce_scatter needs " + std::to_string(size) + " blocks of " +
+        std::to_string(block) + " elements, got " +
+        std::to_string(x.element_count()));
+  }
+  if (block > MaxCount()) {
+    // MPI_Reduce_scatter_block takes one count for every block, and a piece of
+    // each block would need a strided derived datatype, which predefined
+    // reductions do not accept: each block is reduced onto its owner instead.
+    for (int r = 0; r < size; ++r) {
+      JAXCOMM_RETURN_IF_ERROR(ChunkedReduce(
+          comm, ElementAt(x.untyped_data(), type, r * block), y->untyped_data(),
+          block, type, op, r));
     }
-    JAXCOMM_MPI_CHECK(MPI_Allreduce, ElementAt(x.untyped_data(), x.element_type(), offset),
-                      ElementAt(y->untyped_data(), x.element_type(), offset), count, dtype,
-                      mpi_op, comm);
     return ffi::Error::Success();
-  });
+  }
+  MPI_Datatype dtype;
+  MPI_Op mpi_op;
+  JAXCOMM_RETURN_IF_ERROR(ReductionTypes(type, op, &dtype, &mpi_op));
+  if (DebugEnabled()) {
+    DebugLog(comm, OpText("MPI_Reduce_scatter_block", op) + " " +
+                       Elements(block, type));
+  }
+  JAXCOMM_MPI_CHECK(MPI_Reduce_scatter_block, x.untyped_data(),
+                    y->untyped_data(), static_cast<int>(block), dtype, mpi_op,
+                    comm);
+  return ffi::Error::Success();
+}
+
+// x in, y out, like x or a block of it; "root" follows for MPI_Reduce.
+auto ReductionBinding() {
+  return ffi::Ffi::Bind()
+      .Arg<ffi::Token>()
+      .Arg<ffi::AnyBuffer>()
+      .Ret<ffi::Token>()
+      .Ret<ffi::AnyBuffer>()
+      .Attr<int64_t>("comm")
+      .Attr<int64_t>("op");
 }
 
 }  // namespace
 }  // namespace jaxcomm
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommAllreduce, jaxcomm::AllreduceImpl,
-                              xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::Token>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::Token>()
-                                  .Ret<xla::ffi::AnyBuffer>()
-                                  .Attr<int64_t>("comm")
-                                  .Attr<int64_t>("op"));
+                              jaxcomm::ReductionBinding());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommReduce, jaxcomm::ReduceImpl,
+                              jaxcomm::ReductionBinding().Attr<int64_t>("root"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommScan, jaxcomm::ScanImpl,
+                              jaxcomm::ReductionBinding());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommExscan, jaxcomm::ExscanImpl,
+                              jaxcomm::ReductionBinding());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommReduceScatter, jaxcomm::ReduceScatterImpl,
+                              jaxcomm::ReductionBinding());

@@ -7,7 +7,18 @@ user arguments and calls them.
 from .barrier import barrier, barrier_p
 from .bcast import bcast, bcast_p
 from .p2p import recv, recv_p, send, send_p, sendrecv, sendrecv_p
-from .reduction import allreduce, allreduce_p
+from .reduction import (
+    allreduce,
+    allreduce_p,
+    exscan,
+    exscan_p,
+    reduce,
+    reduce_p,
+    reduce_scatter,
+    reduce_scatter_p,
+    scan,
+    scan_p,
+)
 
 __all__ = [
     "allreduce",
@@ -16,8 +27,16 @@ __all__ = [
     "barrier_p",
     "bcast",
     "bcast_p",
+    "exscan",
+    "exscan_p",
     "recv",
     "recv_p",
+    "reduce",
+    "reduce_p",
+    "reduce_scatter",
+    "reduce_scatter_p",
+    "scan",
+    "scan_p",
     "send",
     "send_p",
     "sendrecv",
