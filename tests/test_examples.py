@@ -36,3 +36,12 @@ def test_send_recv_swaps_between_two_ranks(capsys):
     numbers = " ".join(line.split("|", 1)[1] for line in lines)
     values = np.array(numbers.replace("[", " ").replace("]", " ").split(), dtype=float)
     np.testing.assert_array_equal(values, np.full(9, float(1 - world.rank)))
+
+
+@pytest.mark.mpi
+def test_scatter_allreduce_grad_prints_the_same_sum_on_every_rank(capsys):
+    runpy.run_path(str(EXAMPLES / "scatter_allreduce_grad.py"), run_name="__main__")
+    world = MPI.COMM_WORLD
+    # Rank r's chunk is [2r, 2r + 1]; the last rank doubles its chunk.
+    want = sum((4 * r + 1) * (2 if r == world.size - 1 else 1) for r in range(world.size))
+    assert capsys.readouterr().out == f"Rank {world.rank} has result {float(want)}\n"
