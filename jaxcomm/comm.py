@@ -50,11 +50,20 @@ def _leaves(tree: Any, name: str) -> tuple[list[jax.Array], Any]:
     return [_as_array(leaf, name) for leaf in leaves], treedef
 
 
-def _tree_call(leaves, treedef, op_name: str, single, tiled: bool = False, **params):
-    """Run an op on a pytree: directly for one array, else one MPI call per dtype."""
+def _tree_call(leaves, treedef, op_name: str, tiled: bool | None = None, **params):
+    """Run ``jaxcomm.ops.<op_name>`` on a pytree's leaves.
+
+    One array goes straight to the op. A pytree's leaves are packed into one
+    buffer per dtype; ops with a ``tiled`` parameter then stack them
+    (``tiled=False``), and ``tiled`` decides whether each leaf's stacked axis is
+    merged into its first axis.
+    """
     if jax.tree_util.treedef_is_leaf(treedef):
-        return single(leaves[0], **params)
-    out = tree_call(tuple(leaves), op_name, tuple(sorted(params.items())), tiled)
+        extra = {} if tiled is None else {"tiled": tiled}
+        return getattr(ops, op_name)(leaves[0], **params, **extra)
+    if tiled is not None:
+        params["tiled"] = False
+    out = tree_call(tuple(leaves), op_name, tuple(sorted(params.items())), bool(tiled))
     return jax.tree_util.tree_unflatten(treedef, out)
 
 
@@ -87,6 +96,27 @@ def _static_int(value: Any, name: str) -> int:
         return operator.index(value)
     except TypeError:
         raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
+
+
+def _static_bool(value: Any, name: str) -> bool:
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TypeError(f"{name} must be a static bool, got {type(value).__name__}")
+
+
+def _leading_axis(x: jax.Array, why: str) -> int:
+    if x.ndim == 0:
+        raise ValueError(f"x must have a leading axis {why}, got a 0-d array")
+    return x.shape[0]
+
+
+def _stackable_leaves(x: Any, tiled: Any) -> tuple[list[jax.Array], Any]:
+    """Leaves for allgather/gather: with ``tiled``, each needs a leading axis."""
+    leaves, treedef = _leaves(x, "x")
+    if _static_bool(tiled, "tiled"):
+        for leaf in leaves:
+            _leading_axis(leaf, "to concatenate along with tiled=True")
+    return leaves, treedef
 
 
 def _reduction_code(op: Any, dtype: np.dtype) -> int:
@@ -414,6 +444,53 @@ class JaxComm:
             raise ValueError(f"root={root} is not a rank of this {self._size}-process communicator")
         return root
 
+    def _per_rank(self, value: Any, name: str) -> list[Any]:
+        """The entries of a static sequence with one entry per rank."""
+        if isinstance(value, jax.core.Tracer):
+            raise TypeError(
+                f"{name} must be a static sequence, but got a traced value; "
+                "pass a Python list or tuple known when the function is traced"
+            )
+        try:
+            items = list(value)
+        except TypeError:
+            raise TypeError(f"{name} must be a sequence, got {type(value).__name__}") from None
+        if len(items) != self._size:
+            raise ValueError(
+                f"{name} has {len(items)} entries; it needs one per rank ({self._size})"
+            )
+        return items
+
+    def _counts(self, value: Any, name: str) -> tuple[int, ...]:
+        """One static, non-negative row count per rank."""
+        items = self._per_rank(value, name)
+        counts = tuple(_static_int(c, f"{name}[{i}]") for i, c in enumerate(items))
+        for i, count in enumerate(counts):
+            if count < 0:
+                raise ValueError(f"{name}[{i}]={count} is negative")
+        return counts
+
+    def _own_rows(self, x: jax.Array, counts: tuple[int, ...]) -> None:
+        rows = _leading_axis(x, "of counts[rank] rows")
+        if rows != counts[self._rank]:
+            raise ValueError(
+                f"x has {rows} rows on rank {self._rank}, but counts[{self._rank}] "
+                f"is {counts[self._rank]}"
+            )
+
+    def _split_rows(self, x: jax.Array, tiled: bool) -> None:
+        rows = _leading_axis(x, "to split among the ranks")
+        if not tiled and rows != self._size:
+            raise ValueError(
+                f"x has leading axis {rows}; with tiled=False it needs one entry "
+                f"per rank ({self._size})"
+            )
+        if tiled and rows % self._size:
+            raise ValueError(
+                f"x has leading axis {rows}, which does not split into {self._size} "
+                "equal chunks"
+            )
+
     def _tag(self, value: Any, name: str, *, any_tag: bool = False) -> int:
         tag = _static_int(value, name)
         if any_tag and tag == MPI.ANY_TAG:
@@ -452,7 +529,7 @@ class JaxComm:
         """
         handle = self._live()
         leaves, treedef, code = _reduction_leaves(x, op)
-        return _tree_call(leaves, treedef, "allreduce", ops.allreduce, op=code, comm=handle)
+        return _tree_call(leaves, treedef, "allreduce", op=code, comm=handle)
 
     def reduce(self, x: Any, op: MPI.Op = MPI.SUM, root: int = 0) -> Any:
         """Combine ``x`` from every rank with ``op`` onto rank ``root``.
@@ -480,7 +557,7 @@ class JaxComm:
         handle = self._live()
         leaves, treedef, code = _reduction_leaves(x, op)
         root = self._root(root)
-        return _tree_call(leaves, treedef, "reduce", ops.reduce, op=code, root=root, comm=handle)
+        return _tree_call(leaves, treedef, "reduce", op=code, root=root, comm=handle)
 
     def scan(self, x: ArrayLike, op: MPI.Op = MPI.SUM) -> jax.Array:
         """Combine ``x`` from ranks ``0..rank`` with ``op`` (inclusive prefix reduction).
@@ -595,7 +672,7 @@ class JaxComm:
         """
         handle = self._live()
         leaves, treedef = _leaves(x, "x")
-        return _tree_call(leaves, treedef, "bcast", ops.bcast, root=self._root(root), comm=handle)
+        return _tree_call(leaves, treedef, "bcast", root=self._root(root), comm=handle)
 
     def barrier(self) -> None:
         """Block until every rank has reached this barrier.
@@ -606,6 +683,304 @@ class JaxComm:
         """
         handle = self._live()
         ops.barrier(comm=handle)
+
+    def allgather(self, x: Any, *, tiled: bool = False) -> Any:
+        """Collect ``x`` from every rank on every rank, in rank order.
+
+        Wraps ``MPI_Allgather``. Every rank passes the same shape and dtype.
+        Works eagerly and under ``jit``, in loops and conditionals.
+
+        Args:
+            x: array or scalar, or a pytree of them (one MPI call per dtype).
+            tiled: as in ``jax.lax.all_gather``: ``False`` stacks the arrays
+                along a new leading axis, ``True`` concatenates them along
+                ``x``'s leading axis.
+
+        Returns:
+            A new array of shape ``(size, *x.shape)``, or
+            ``(size * x.shape[0], *x.shape[1:])`` when ``tiled`` (for a pytree,
+            each leaf so, in ``x``'s structure).
+
+        Raises:
+            TypeError: for a non-array ``x`` or a non-bool ``tiled``.
+            ValueError: for ``tiled=True`` with a 0-d ``x``.
+
+        Example:
+            With 4 ranks, each passing ``jnp.full(2, rank)``:
+
+            >>> jc.allgather(jnp.full(2, jc.rank)).shape
+            (4, 2)
+            >>> jc.allgather(jnp.full(2, jc.rank), tiled=True)
+            Array([0, 0, 1, 1, 2, 2, 3, 3], dtype=int32)
+        """
+        handle = self._live()
+        leaves, treedef = _stackable_leaves(x, tiled)
+        return _tree_call(leaves, treedef, "allgather", _static_bool(tiled, "tiled"),
+                          size=self._size, comm=handle)
+
+    def gather(self, x: Any, root: int = 0, *, tiled: bool = False) -> Any:
+        """Collect ``x`` from every rank on ``root``, in rank order.
+
+        Wraps ``MPI_Gather``. Every rank passes the same shape and dtype and
+        gets the same output shape: root gets the gathered arrays, the other
+        ranks zeros. Works eagerly and under ``jit``.
+
+        Args:
+            x: array or scalar, or a pytree of them (one MPI call per dtype).
+            root: the rank that receives (a static int).
+            tiled: ``False`` stacks along a new leading axis, ``True``
+                concatenates along ``x``'s leading axis (see :meth:`allgather`).
+
+        Returns:
+            A new array of shape ``(size, *x.shape)``, or
+            ``(size * x.shape[0], *x.shape[1:])`` when ``tiled``: the gathered
+            values on root, zeros elsewhere.
+
+        Raises:
+            TypeError: for a non-array ``x``, a non-int or traced ``root`` or a
+                non-bool ``tiled``.
+            ValueError: for a ``root`` out of range, or ``tiled=True`` with a
+                0-d ``x``.
+
+        Example:
+            With 4 ranks, each passing ``jnp.asarray(rank)``:
+
+            >>> jc.gather(jnp.asarray(jc.rank), root=1)
+            Array([0, 1, 2, 3], dtype=int32)   # on rank 1; [0, 0, 0, 0] elsewhere
+        """
+        handle = self._live()
+        leaves, treedef = _stackable_leaves(x, tiled)
+        return _tree_call(leaves, treedef, "gather", _static_bool(tiled, "tiled"),
+                          root=self._root(root), size=self._size, comm=handle)
+
+    def scatter(self, x: ArrayLike, root: int = 0, *, tiled: bool = False) -> jax.Array:
+        """Send one piece of root's ``x`` to each rank: rank ``r`` gets piece ``r``.
+
+        Wraps ``MPI_Scatter``. Every rank passes an array of the same shape
+        and dtype; only root's values are read. Works eagerly and under
+        ``jit``.
+
+        Args:
+            x: array with a leading axis of length ``size`` (``tiled=False``)
+                or a multiple of ``size`` (``tiled=True``).
+            root: the rank whose ``x`` is scattered (a static int).
+            tiled: ``False``: rank ``r`` gets ``x[r]``; ``True``: the leading
+                axis is split into ``size`` equal chunks and rank ``r`` gets
+                chunk ``r`` (as in ``jax.lax.psum_scatter``).
+
+        Returns:
+            A new array of shape ``x.shape[1:]``, or
+            ``(x.shape[0] // size, *x.shape[1:])`` when ``tiled``.
+
+        Raises:
+            TypeError: for a non-array ``x``, a non-int or traced ``root`` or a
+                non-bool ``tiled``.
+            ValueError: for a ``root`` out of range, or a leading axis that
+                does not fit the rules above.
+
+        Example:
+            With 4 ranks:
+
+            >>> jc.scatter(jnp.arange(8.0), root=0, tiled=True)
+            Array([2., 3.], dtype=float32)   # on rank 1: [2r, 2r + 1] on rank r
+        """
+        handle = self._live()
+        x = _as_array(x, "x")
+        tiled = _static_bool(tiled, "tiled")
+        self._split_rows(x, tiled)
+        return ops.scatter(x, root=self._root(root), size=self._size, tiled=tiled, comm=handle)
+
+    def alltoall(self, x: ArrayLike, *, tiled: bool = False) -> jax.Array:
+        """Send block ``r`` of ``x``'s leading axis to rank ``r``, from every rank.
+
+        Wraps ``MPI_Alltoall``. Rank ``r``'s result holds, in rank order, the
+        ``r``-th block of every rank's ``x``. Every rank passes the same shape
+        and dtype. Works eagerly and under ``jit``.
+
+        Args:
+            x: array with a leading axis of length ``size`` (``tiled=False``:
+                block ``r`` is ``x[r]``) or a multiple of ``size``
+                (``tiled=True``: block ``r`` is the ``r``-th of ``size`` equal
+                chunks).
+            tiled: how the leading axis splits into blocks (see above).
+
+        Returns:
+            A new array of ``x``'s shape and dtype.
+
+        Raises:
+            TypeError: for a non-array ``x`` or a non-bool ``tiled``.
+            ValueError: for a leading axis that does not fit the rules above.
+
+        Example:
+            With 4 ranks, each passing ``10 * rank + jnp.arange(4)``:
+
+            >>> jc.alltoall(10 * jc.rank + jnp.arange(4))
+            Array([ 1, 11, 21, 31], dtype=int32)   # on rank 1
+        """
+        handle = self._live()
+        x = _as_array(x, "x")
+        self._split_rows(x, _static_bool(tiled, "tiled"))
+        return ops.alltoall(x, comm=handle)
+
+    def allgatherv(self, x: ArrayLike, counts: Any) -> jax.Array:
+        """Concatenate ``x`` from every rank along its leading axis, on every rank.
+
+        Wraps ``MPI_Allgatherv``: ranks contribute different numbers of
+        rows, given by ``counts``. The trailing dimensions and dtype must
+        match on every rank. Works eagerly and under ``jit``.
+
+        Args:
+            x: array whose leading axis has ``counts[rank]`` rows (possibly 0).
+            counts: static sequence of ``size`` non-negative ints, the rows
+                each rank contributes, identical on every rank.
+
+        Returns:
+            A new array of shape ``(sum(counts), *x.shape[1:])``, the ranks'
+            arrays in rank order.
+
+        Raises:
+            TypeError: for a non-array ``x`` or ``counts`` that is traced or
+                not a sequence of ints.
+            ValueError: for ``counts`` of the wrong length or with negative
+                entries, or an ``x`` without ``counts[rank]`` rows.
+
+        Example:
+            With 3 ranks, rank ``r`` passing ``jnp.full(r, r)``:
+
+            >>> jc.allgatherv(jnp.full(jc.rank, jc.rank), counts=[0, 1, 2])
+            Array([1, 2, 2], dtype=int32)
+        """
+        handle = self._live()
+        x = _as_array(x, "x")
+        counts = self._counts(counts, "counts")
+        self._own_rows(x, counts)
+        return ops.allgatherv(x, counts=counts, comm=handle)
+
+    def gatherv(self, x: ArrayLike, counts: Any, root: int = 0) -> jax.Array:
+        """Concatenate ``x`` from every rank along its leading axis, on ``root``.
+
+        Wraps ``MPI_Gatherv``. Like :meth:`allgatherv`, but only root gets the
+        result; the other ranks get zeros of the same shape. Works eagerly
+        and under ``jit``.
+
+        Args:
+            x: array whose leading axis has ``counts[rank]`` rows (possibly 0).
+            counts: static sequence of ``size`` non-negative ints, the rows
+                each rank contributes, identical on every rank.
+            root: the rank that receives (a static int).
+
+        Returns:
+            A new array of shape ``(sum(counts), *x.shape[1:])``: the ranks'
+            arrays in rank order on root, zeros elsewhere.
+
+        Raises:
+            TypeError: for a non-array ``x``, ``counts`` that is traced or not
+                a sequence of ints, or a non-int or traced ``root``.
+            ValueError: for bad ``counts`` (see :meth:`allgatherv`), an ``x``
+                without ``counts[rank]`` rows, or a ``root`` out of range.
+
+        Example:
+            With 3 ranks, rank ``r`` passing ``jnp.full(r, r)``:
+
+            >>> jc.gatherv(jnp.full(jc.rank, jc.rank), counts=[0, 1, 2], root=2)
+            Array([1, 2, 2], dtype=int32)   # on rank 2; [0, 0, 0] elsewhere
+        """
+        handle = self._live()
+        x = _as_array(x, "x")
+        counts = self._counts(counts, "counts")
+        self._own_rows(x, counts)
+        return ops.gatherv(x, counts=counts, root=self._root(root), comm=handle)
+
+    def scatterv(self, x: ArrayLike, counts: Any, root: int = 0) -> jax.Array:
+        """Split root's ``x`` along its leading axis into pieces of ``counts`` rows.
+
+        Wraps ``MPI_Scatterv``: rank ``r`` gets the ``r``-th piece, of
+        ``counts[r]`` rows. Every rank passes an array of the same shape and
+        dtype; only root's values are read. Works eagerly and under ``jit``.
+
+        Args:
+            x: array with ``sum(counts)`` rows.
+            counts: static sequence of ``size`` non-negative ints, the rows
+                each rank gets, identical on every rank.
+            root: the rank whose ``x`` is scattered (a static int).
+
+        Returns:
+            A new array of shape ``(counts[rank], *x.shape[1:])``.
+
+        Raises:
+            TypeError: for a non-array ``x``, ``counts`` that is traced or not
+                a sequence of ints, or a non-int or traced ``root``.
+            ValueError: for bad ``counts`` (see :meth:`allgatherv`), an ``x``
+                without ``sum(counts)`` rows, or a ``root`` out of range.
+
+        Example:
+            With 3 ranks:
+
+            >>> jc.scatterv(jnp.arange(3), counts=[0, 1, 2], root=0)
+            Array([1, 2], dtype=int32)   # on rank 2; [] on rank 0, [0] on rank 1
+        """
+        handle = self._live()
+        x = _as_array(x, "x")
+        counts = self._counts(counts, "counts")
+        rows = _leading_axis(x, "to split among the ranks")
+        if rows != sum(counts):
+            raise ValueError(f"x has {rows} rows, but counts add up to {sum(counts)}")
+        return ops.scatterv(
+            x, counts=counts, root=self._root(root), rank=self._rank, comm=handle
+        )
+
+    def alltoallv(self, x: ArrayLike, counts: Any) -> jax.Array:
+        """Exchange blocks of rows of different sizes between every pair of ranks.
+
+        Wraps ``MPI_Alltoallv``. ``counts[i][j]`` is the number of rows rank
+        ``i`` sends to rank ``j``: rank ``i``'s ``x`` holds its blocks for
+        ranks 0, 1, ... one after another, and its result holds the blocks it
+        receives from ranks 0, 1, ... one after another. The trailing
+        dimensions and dtype must match on every rank. Works eagerly and
+        under ``jit``.
+
+        Args:
+            x: array with ``sum(counts[rank])`` rows.
+            counts: static ``size`` x ``size`` nested sequence of non-negative
+                ints, identical on every rank.
+
+        Returns:
+            A new array of shape ``(sum(counts[i][rank] for i), *x.shape[1:])``.
+
+        Raises:
+            TypeError: for a non-array ``x`` or ``counts`` that is traced or
+                not a nested sequence of ints.
+            ValueError: for ``counts`` that is not ``size`` x ``size``, has
+                negative entries, or does not give ``x``'s rows.
+
+        Example:
+            With 2 ranks, where rank 0 sends 1 row to itself and 2 to rank 1,
+            and rank 1 sends 3 rows to rank 0 and none to itself:
+
+            >>> counts = [[1, 2], [3, 0]]
+            >>> jc.alltoallv(jnp.full(sum(counts[jc.rank]), jc.rank), counts)
+            Array([0, 1, 1, 1], dtype=int32)   # on rank 0; [0, 0] on rank 1
+        """
+        handle = self._live()
+        x = _as_array(x, "x")
+        rows = self._per_rank(counts, "counts")
+        matrix = [self._counts(row, f"counts[{i}]") for i, row in enumerate(rows)]
+        send = matrix[self._rank]
+        recv = tuple(row[self._rank] for row in matrix)
+        own = _leading_axis(x, "of sum(counts[rank]) rows")
+        if own != sum(send):
+            raise ValueError(
+                f"x has {own} rows on rank {self._rank}, but counts[{self._rank}] "
+                f"adds up to {sum(send)}"
+            )
+        # Counts and displacements, in rows, of every rank's sends and receives.
+        columns = [[row[j] for row in matrix] for j in range(self._size)]
+        max_rows = max(
+            max(max(block), sum(block) - block[-1]) for block in (*matrix, *columns)
+        )
+        return ops.alltoallv(
+            x, sendcounts=send, recvcounts=recv, max_rows=max_rows, comm=handle
+        )
 
     # Point to point ----------------------------------------------------------
 

@@ -49,6 +49,14 @@ def test_mpi_wrapping_methods_name_their_mpi_call():
         "send": "MPI_Send",
         "recv": "MPI_Recv",
         "sendrecv": "MPI_Sendrecv",
+        "allgather": "MPI_Allgather",
+        "gather": "MPI_Gather",
+        "scatter": "MPI_Scatter",
+        "alltoall": "MPI_Alltoall",
+        "allgatherv": "MPI_Allgatherv",
+        "gatherv": "MPI_Gatherv",
+        "scatterv": "MPI_Scatterv",
+        "alltoallv": "MPI_Alltoallv",
     }
     for method, call in wrapped.items():
         assert call in getattr(JaxComm, method).__doc__

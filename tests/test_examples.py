@@ -56,3 +56,12 @@ def test_data_parallel_training_matches_single_process(capsys):
         loss = float(out.split("loss ")[1].split(",")[0])
         assert loss < 0.1  # it trained (the initial loss is about 1)
         assert float(out.split()[-1]) < 1e-5
+
+
+@pytest.mark.mpi
+def test_scatter_allreduce_grad_prints_the_same_sum_on_every_rank(capsys):
+    runpy.run_path(str(EXAMPLES / "scatter_allreduce_grad.py"), run_name="__main__")
+    world = MPI.COMM_WORLD
+    # Rank r's chunk is [2r, 2r + 1]; the last rank doubles its chunk.
+    want = sum((4 * r + 1) * (2 if r == world.size - 1 else 1) for r in range(world.size))
+    assert capsys.readouterr().out == f"Rank {world.rank} has result {float(want)}\n"

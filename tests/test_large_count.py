@@ -169,3 +169,114 @@ def test_cap_is_clamped():
         assert _kernels_cpu.max_count() == 2**31 - 1
     finally:
         _kernels_cpu.set_max_count(previous)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("dtype", ["float16", "float32", "complex128", "bool"])
+def test_gather_family_large_blocks(jc, small_cap, dtype):
+    # Blocks of 45 = 6 * 7 + 3 elements move as one derived-datatype element
+    # each, whose extent must be the whole block for block r to land at r * 45.
+    size, rank, n = jc.size, jc.rank, 45
+    dtype = np.dtype(dtype)
+    x = rank_data(rank, (n,), dtype)
+    big = rank_data(rank, (size * n,), dtype)
+
+    @jax.jit
+    def run(x, big):
+        return (
+            jc.allgather(x, tiled=True),
+            [jc.gather(x, root) for root in range(size)],
+            [jc.scatter(big, root, tiled=True) for root in range(size)],
+            jc.alltoall(big, tiled=True),
+        )
+
+    allgathered, gathered, scattered, exchanged = run(x, big)
+    everyone = np.concatenate([rank_data(r, (n,), dtype) for r in range(size)])
+    np.testing.assert_array_equal(np.asarray(allgathered), everyone)
+    for root in range(size):
+        want = everyone.reshape(size, n) if rank == root else np.zeros((size, n), dtype)
+        np.testing.assert_array_equal(np.asarray(gathered[root]), want)
+        want = np.split(rank_data(root, big.shape, dtype), size)[rank]
+        np.testing.assert_array_equal(np.asarray(scattered[root]), want)
+    want = [np.split(rank_data(i, big.shape, dtype), size)[rank] for i in range(size)]
+    np.testing.assert_array_equal(np.asarray(exchanged), np.concatenate(want))
+
+
+def _large_counts(size):
+    """Rows per rank, past the cap of 7 elements, with an empty rank when size > 1."""
+    return [0 if r % 3 == 1 else 8 + r for r in range(size)]
+
+
+def _large_matrix(size):
+    return [[0 if (i + j) % 3 == 1 else 8 + i + j for j in range(size)] for i in range(size)]
+
+
+def _split(array, counts):
+    return np.split(array, np.cumsum(counts)[:-1])
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("dtype", ["float16", "complex128", "bool"])
+def test_v_ops_past_the_cap(jc, small_cap, dtype):
+    size, rank = jc.size, jc.rank
+    dtype = np.dtype(dtype)
+    counts, matrix = _large_counts(size), _large_matrix(size)
+    x = rank_data(rank, (counts[rank], 2), dtype)
+    whole = rank_data(rank, (sum(counts), 2), dtype)
+    mine = rank_data(rank, (sum(matrix[rank]), 2), dtype)
+
+    @jax.jit
+    def run(x, whole, mine):
+        return (
+            jc.allgatherv(x, counts),
+            [jc.gatherv(x, counts, root) for root in range(size)],
+            [jc.scatterv(whole, counts, root) for root in range(size)],
+            jc.alltoallv(mine, matrix),
+        )
+
+    allgathered, gathered, scattered, received = run(x, whole, mine)
+    everyone = np.concatenate([rank_data(r, (counts[r], 2), dtype) for r in range(size)])
+    np.testing.assert_array_equal(np.asarray(allgathered), everyone)
+    for root in range(size):
+        want = everyone if rank == root else np.zeros_like(everyone)
+        np.testing.assert_array_equal(np.asarray(gathered[root]), want)
+        want = _split(rank_data(root, whole.shape, dtype), counts)[rank]
+        np.testing.assert_array_equal(np.asarray(scattered[root]), want)
+    want = [
+        _split(rank_data(i, (sum(matrix[i]), 2), dtype), matrix[i])[rank] for i in range(size)
+    ]
+    np.testing.assert_array_equal(np.asarray(received), np.concatenate(want))
+
+
+@pytest.mark.mpi
+def test_gather_family_calls_past_the_cap(jc, small_cap, capfd):
+    size, rank = jc.size, jc.rank
+    # Counts and displacements of at most 7 elements: one MPI call each.
+    fits = [7 // size] * size
+    large = _large_counts(size)
+    jaxcomm.set_debug(True)
+    try:
+        jc.allgather(jnp.ones(50, jnp.float32)).block_until_ready()
+        for counts in (fits, large):
+            x = jnp.ones(counts[rank], jnp.float32)
+            whole = jnp.ones(sum(counts), jnp.float32)
+            jc.allgatherv(x, counts).block_until_ready()
+            jc.gatherv(x, counts, root=0).block_until_ready()
+            jc.scatterv(whole, counts, root=0).block_until_ready()
+            jc.alltoallv(whole, [counts] * size).block_until_ready()
+    finally:
+        jaxcomm.set_debug(False)
+    lines = [line for line in capfd.readouterr().err.splitlines() if line.startswith("r")]
+    whole = sum(large)
+    assert lines == [
+        f"r{rank} | MPI_Allgather count 50 float32",
+        f"r{rank} | MPI_Allgatherv count {fits[rank]} float32",
+        f"r{rank} | MPI_Gatherv root 0 count {fits[rank]} float32",
+        f"r{rank} | MPI_Scatterv root 0 count {7 // size * size} float32",
+        f"r{rank} | MPI_Alltoallv count {7 // size * size} float32",
+        # allgatherv: one broadcast from each rank that has rows.
+        *(f"r{rank} | MPI_Bcast root {r} count {c} float32" for r, c in enumerate(large) if c),
+        f"r{rank} | MPI_Alltoallw count {large[rank]} float32",
+        f"r{rank} | MPI_Alltoallw count {whole} float32",
+        f"r{rank} | MPI_Alltoallw count {whole} float32",
+    ]

@@ -96,3 +96,39 @@ def test_eager_pytree_calls_reuse_compiled_code(jc):
     finally:
         jax.monitoring.unregister_event_duration_listener(listener)
     assert compiles == []
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("tiled", [False, True])
+def test_allgather_and_gather_pytrees(jc, capfd, tiled):
+    tree = {"a": jnp.full((2, 3), float(jc.rank)), "b": [jnp.arange(4) + jc.rank], "c": jnp.ones((1,))}
+    jaxcomm.set_debug(True)
+    try:
+        out = jax.block_until_ready(jax.jit(lambda t: jc.allgather(t, tiled=tiled))(tree))
+    finally:
+        jaxcomm.set_debug(False)
+    assert len(mpi_calls(capfd.readouterr().err, "MPI_Allgather")) == 2  # float64 and int64
+    for name, leaf in (("a", tree["a"]), ("c", tree["c"])):
+        stacked = np.stack([np.asarray(leaf) * 0 + (r if name == "a" else 1) for r in range(jc.size)])
+        want = stacked.reshape((-1,) + leaf.shape[1:]) if tiled else stacked
+        np.testing.assert_array_equal(out[name], want)
+    stacked = np.stack([np.arange(4) + r for r in range(jc.size)])
+    np.testing.assert_array_equal(out["b"][0], stacked.reshape(-1) if tiled else stacked)
+    for root in range(jc.size):
+        got = jc.gather(tree, root=root, tiled=tiled)
+        if jc.rank == root:
+            np.testing.assert_array_equal(got["b"][0], out["b"][0])
+        else:
+            np.testing.assert_array_equal(got["a"], np.zeros_like(out["a"]))
+    with pytest.raises(ValueError, match="leading axis"):
+        jc.allgather({"a": jnp.ones(2), "s": jnp.asarray(1.0)}, tiled=True)
+
+
+@pytest.mark.mpi
+def test_reduce_pytree(jc):
+    tree = {"x": jnp.full(3, 1.0 + jc.rank), "n": jnp.asarray(jc.rank)}
+    for root in range(jc.size):
+        got = jc.reduce(tree, op=MPI.MAX, root=root)
+        want_x = np.full(3, float(jc.size)) if jc.rank == root else np.zeros(3)
+        np.testing.assert_array_equal(got["x"], want_x)
+        assert int(got["n"]) == (jc.size - 1 if jc.rank == root else 0)

@@ -206,6 +206,12 @@ int CommRank(MPI_Comm comm) {
   return rank;
 }
 
+int CommSize(MPI_Comm comm) {
+  int size = 0;
+  MPI_Comm_size(comm, &size);
+  return size;
+}
+
 ffi::Error MpiFailure(const char* function, int code, MPI_Comm comm) {
   char text[MPI_MAX_ERROR_STRING];
   int length = 0;

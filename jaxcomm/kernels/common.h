@@ -48,6 +48,9 @@ MPI_Comm CommFromHandle(int64_t handle);
 // Rank in `comm`, for log lines and error messages.
 int CommRank(MPI_Comm comm);
 
+// Number of ranks in `comm`.
+int CommSize(MPI_Comm comm);
+
 // Builds the error returned to XLA when an MPI call fails.
 ffi::Error MpiFailure(const char* function, int code, MPI_Comm comm);
 

@@ -6,6 +6,24 @@ user arguments and calls them.
 
 from .barrier import barrier, barrier_p
 from .bcast import bcast, bcast_p
+from .gather import (
+    allgather,
+    allgather_p,
+    allgatherv,
+    allgatherv_p,
+    alltoall,
+    alltoall_p,
+    alltoallv,
+    alltoallv_p,
+    gather,
+    gather_p,
+    gatherv,
+    gatherv_p,
+    scatter,
+    scatter_p,
+    scatterv,
+    scatterv_p,
+)
 from .p2p import recv, recv_p, send, send_p, sendrecv, sendrecv_p
 from .reduction import (
     allreduce,
@@ -21,14 +39,26 @@ from .reduction import (
 )
 
 __all__ = [
+    "allgather",
+    "allgather_p",
+    "allgatherv",
+    "allgatherv_p",
     "allreduce",
     "allreduce_p",
+    "alltoall",
+    "alltoall_p",
+    "alltoallv",
+    "alltoallv_p",
     "barrier",
     "barrier_p",
     "bcast",
     "bcast_p",
     "exscan",
     "exscan_p",
+    "gather",
+    "gather_p",
+    "gatherv",
+    "gatherv_p",
     "recv",
     "recv_p",
     "reduce",
@@ -37,6 +67,10 @@ __all__ = [
     "reduce_scatter_p",
     "scan",
     "scan_p",
+    "scatter",
+    "scatter_p",
+    "scatterv",
+    "scatterv_p",
     "send",
     "send_p",
     "sendrecv",

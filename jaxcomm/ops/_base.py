@@ -4,7 +4,8 @@ A jaxcomm primitive carries the ordered ``mpi_effect``: JAX then hands its
 lowering a token, which the FFI call consumes and produces, so every MPI call
 is data-dependent on the one before it in program order. Primitives always
 have multiple results (possibly none), and take their MPI arguments as
-integer parameters that become FFI attributes.
+integer parameters that become FFI attributes: ints, or tuples of ints (kept
+hashable in the params) that become int64 array attributes.
 """
 
 from functools import partial
@@ -63,7 +64,8 @@ def comm_primitive(name, abstract_eval, target, attrs):
         name: the primitive's name.
         abstract_eval: maps input avals and params to the list of output avals.
         target: the FFI target name registered by the kernels module.
-        attrs: names of the params passed to the kernel as int64 attributes.
+        attrs: names of the params passed to the kernel as int64 attributes
+            (tuples as int64 arrays, read as ``Span<const int64_t>``).
     """
     prim = Primitive(name)
     prim.multiple_results = True
@@ -82,9 +84,15 @@ def _ordered_ffi_lowering(target, attrs, ctx, *args, **params):
         avals_out=[_compat.abstract_token, *ctx.avals_out],
     )
     lowering = jax.ffi.ffi_lowering(target, has_side_effect=True)
-    token_out, *results = lowering(token_ctx, token, *args, **{k: params[k] for k in attrs})
+    token_out, *results = lowering(
+        token_ctx, token, *args, **{k: _attribute(params[k]) for k in attrs}
+    )
     ctx.set_tokens_out(mlir.TokenSet({_compat.mpi_effect: token_out}))
     return results
+
+
+def _attribute(value):
+    return np.asarray(value, np.int64) if isinstance(value, tuple) else value
 
 
 def same_as_input(aval, **_):

@@ -1,0 +1,397 @@
+// Gather family: MPI_Allgather, MPI_Gather, MPI_Scatter, MPI_Alltoall and the
+// variable-size MPI_Allgatherv, MPI_Gatherv, MPI_Scatterv, MPI_Alltoallv.
+//
+// The fixed-size ops move one rank's block as one LargeType element when it
+// exceeds MaxCount(): the derived type's extent is the whole block, so MPI
+// still finds block r at r block lengths. The *v ops also take int
+// displacements, which no datatype widens; past MaxCount() they fall back to
+// other calls (see each handler).
+#include <cstring>
+#include <vector>
+
+#include "common.h"
+
+namespace jaxcomm {
+namespace {
+
+// MPI leaves the output of non-root ranks untouched, and jaxcomm promises
+// zeros there.
+void Zero(ffi::AnyBuffer& y) {
+  if (y.size_bytes() > 0) std::memset(y.untyped_data(), 0, y.size_bytes());
+}
+
+// Elements in one leading-axis row of an array of shape `dims`.
+size_t RowElements(ffi::Span<const int64_t> dims) {
+  size_t n = 1;
+  for (size_t i = 1; i < dims.size(); ++i) n *= static_cast<size_t>(dims[i]);
+  return n;
+}
+
+// Per-rank blocks of whole rows, stored one after another in rank order, in
+// elements.
+struct Blocks {
+  Blocks(ffi::Span<const int64_t> rows, size_t row_elements) {
+    size_t offset = 0;
+    for (int64_t r : rows) {
+      counts.push_back(static_cast<size_t>(r) * row_elements);
+      displs.push_back(offset);
+      offset += counts.back();
+    }
+  }
+
+  // Whether every count and displacement fits the int arguments of one call.
+  bool FitInt() const {
+    for (size_t i = 0; i < counts.size(); ++i) {
+      if (counts[i] > MaxCount() || displs[i] > MaxCount()) return false;
+    }
+    return true;
+  }
+
+  std::vector<int> IntCounts() const { return {counts.begin(), counts.end()}; }
+  std::vector<int> IntDispls() const { return {displs.begin(), displs.end()}; }
+
+  std::vector<size_t> counts, displs;
+};
+
+// MPI_Alltoallw arguments for blocks of any length at any offset: a non-empty
+// block is one element of a derived datatype that starts at the block's
+// offset, so every int count is 0 or 1 and every int displacement 0.
+class PeerBlocks {
+ public:
+  PeerBlocks() = default;
+  PeerBlocks(const PeerBlocks&) = delete;
+  PeerBlocks& operator=(const PeerBlocks&) = delete;
+  ~PeerBlocks() {
+    for (MPI_Datatype& t : owned_) {
+      if (t != MPI_DATATYPE_NULL) MPI_Type_free(&t);
+    }
+  }
+
+  // Appends the next peer's block: `count` elements of `base`, starting
+  // `offset` elements into the buffer.
+  ffi::Error Add(MPI_Datatype base, size_t offset, size_t count,
+                 MPI_Comm comm) {
+    MPI_Datatype type = base;
+    if (count > 0) {
+      LargeType span;
+      JAXCOMM_RETURN_IF_ERROR(LargeType::Make(base, count, comm, &span));
+      MPI_Aint lb, extent;
+      JAXCOMM_MPI_CHECK(MPI_Type_get_extent, base, &lb, &extent);
+      const int length = span.count();
+      const MPI_Aint displacement = static_cast<MPI_Aint>(offset) * extent;
+      owned_.push_back(MPI_DATATYPE_NULL);
+      JAXCOMM_MPI_CHECK(MPI_Type_create_hindexed, 1, &length, &displacement,
+                        span.type(), &owned_.back());
+      JAXCOMM_MPI_CHECK(MPI_Type_commit, &owned_.back());
+      type = owned_.back();
+    }
+    counts_.push_back(count > 0 ? 1 : 0);
+    displs_.push_back(0);
+    types_.push_back(type);
+    return ffi::Error::Success();
+  }
+
+  const int* counts() const { return counts_.data(); }
+  const int* displs() const { return displs_.data(); }
+  const MPI_Datatype* types() const { return types_.data(); }
+
+ private:
+  std::vector<int> counts_, displs_;
+  std::vector<MPI_Datatype> types_, owned_;
+};
+
+// The *v ops' fallback past MaxCount(): one MPI_Alltoallw, whose per-peer
+// datatypes carry the offsets as MPI_Aint. It stays a collective, so unlike
+// point-to-point messages (every tag belongs to the user) it can never match
+// the user's own sends and receives on this communicator.
+ffi::Error Alltoallw(ffi::AnyBuffer x, const PeerBlocks& send, void* y,
+                     const PeerBlocks& recv, MPI_Comm comm) {
+  if (DebugEnabled()) {
+    DebugLog(comm, "MPI_Alltoallw " + Elements(x.element_count(), x.element_type()));
+  }
+  JAXCOMM_MPI_CHECK(MPI_Alltoallw, x.untyped_data(), send.counts(), send.displs(),
+                    send.types(), y, recv.counts(), recv.displs(), recv.types(),
+                    comm);
+  return ffi::Error::Success();
+}
+
+ffi::Error AllgatherImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
+                         ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle) {
+  MPI_Comm comm = CommFromHandle(comm_handle);
+  MPI_Datatype dtype;
+  JAXCOMM_RETURN_IF_ERROR(MpiDatatype(x.element_type(), &dtype));
+  LargeType block;
+  JAXCOMM_RETURN_IF_ERROR(LargeType::Make(dtype, x.element_count(), comm, &block));
+  if (DebugEnabled()) {
+    DebugLog(comm, "MPI_Allgather " + Elements(x.element_count(), x.element_type()));
+  }
+  JAXCOMM_MPI_CHECK(MPI_Allgather, x.untyped_data(), block.count(), block.type(),
+                    y->untyped_data(), block.count(), block.type(), comm);
+  return ffi::Error::Success();
+}
+
+ffi::Error GatherImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
+                      ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle,
+                      int64_t root) {
+  MPI_Comm comm = CommFromHandle(comm_handle);
+  MPI_Datatype dtype;
+  JAXCOMM_RETURN_IF_ERROR(MpiDatatype(x.element_type(), &dtype));
+  LargeType block;
+  JAXCOMM_RETURN_IF_ERROR(LargeType::Make(dtype, x.element_count(), comm, &block));
+  if (DebugEnabled()) {
+    DebugLog(comm, "MPI_Gather root " + std::to_string(root) + " " +
+                       Elements(x.element_count(), x.element_type()));
+  }
+  JAXCOMM_MPI_CHECK(MPI_Gather, x.untyped_data(), block.count(), block.type(),
+                    y->untyped_data(), block.count(), block.type(),
+                    static_cast<int>(root), comm);
+  if (CommRank(comm) != root) Zero(*y);
+  return ffi::Error::Success();
+}
+
+ffi::Error ScatterImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
+                       ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle,
+                       int64_t root) {
+  MPI_Comm comm = CommFromHandle(comm_handle);
+  MPI_Datatype dtype;
+  JAXCOMM_RETURN_IF_ERROR(MpiDatatype(x.element_type(), &dtype));
+  LargeType block;
+  JAXCOMM_RETURN_IF_ERROR(LargeType::Make(dtype, y->element_count(), comm, &block));
+  if (DebugEnabled()) {
+    DebugLog(comm, "MPI_Scatter root " + std::to_string(root) + " " +
+                       Elements(x.element_count(), x.element_type()));
+  }
+  JAXCOMM_MPI_CHECK(MPI_Scatter, x.untyped_data(), block.count(), block.type(),
+                    y->untyped_data(), block.count(), block.type(),
+                    static_cast<int>(root), comm);
+  return ffi::Error::Success();
+}
+
+ffi::Error AlltoallImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
+                        ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle) {
+  MPI_Comm comm = CommFromHandle(comm_handle);
+  MPI_Datatype dtype;
+  JAXCOMM_RETURN_IF_ERROR(MpiDatatype(x.element_type(), &dtype));
+  LargeType block;
+  JAXCOMM_RETURN_IF_ERROR(
+      LargeType::Make(dtype, x.element_count() / CommSize(comm), comm, &block));
+  if (DebugEnabled()) {
+    DebugLog(comm, "MPI_Alltoall " + Elements(x.element_count(), x.element_type()));
+  }
+  JAXCOMM_MPI_CHECK(MPI_Alltoall, x.untyped_data(), block.count(), block.type(),
+                    y->untyped_data(), block.count(), block.type(), comm);
+  return ffi::Error::Success();
+}
+
+// `counts` holds every rank's rows, so every rank takes the same path.
+ffi::Error AllgathervImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
+                          ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle,
+                          ffi::Span<const int64_t> counts) {
+  MPI_Comm comm = CommFromHandle(comm_handle);
+  MPI_Datatype dtype;
+  JAXCOMM_RETURN_IF_ERROR(MpiDatatype(x.element_type(), &dtype));
+  const Blocks blocks(counts, RowElements(y->dimensions()));
+  if (blocks.FitInt()) {
+    if (DebugEnabled()) {
+      DebugLog(comm, "MPI_Allgatherv " + Elements(x.element_count(), x.element_type()));
+    }
+    JAXCOMM_MPI_CHECK(MPI_Allgatherv, x.untyped_data(),
+                      static_cast<int>(x.element_count()), dtype,
+                      y->untyped_data(), blocks.IntCounts().data(),
+                      blocks.IntDispls().data(), dtype, comm);
+    return ffi::Error::Success();
+  }
+  // Each rank broadcasts its block in turn, which needs no displacement
+  // argument. Broadcast trees share the sending among ranks, where an
+  // MPI_Alltoallw would have each owner send its block size - 1 times.
+  // MPI_Bcast works in place: this rank's block goes to the output first.
+  const int rank = CommRank(comm);
+  if (x.size_bytes() > 0) {
+    std::memcpy(ElementAt(y->untyped_data(), y->element_type(), blocks.displs[rank]),
+                x.untyped_data(), x.size_bytes());
+  }
+  for (size_t r = 0; r < blocks.counts.size(); ++r) {
+    // Every rank knows every count, so all skip the same empty broadcasts.
+    if (blocks.counts[r] == 0) continue;
+    LargeType block;
+    JAXCOMM_RETURN_IF_ERROR(LargeType::Make(dtype, blocks.counts[r], comm, &block));
+    if (DebugEnabled()) {
+      DebugLog(comm, "MPI_Bcast root " + std::to_string(r) + " " +
+                         Elements(blocks.counts[r], x.element_type()));
+    }
+    JAXCOMM_MPI_CHECK(MPI_Bcast,
+                      ElementAt(y->untyped_data(), y->element_type(), blocks.displs[r]),
+                      block.count(), block.type(), static_cast<int>(r), comm);
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error GathervImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
+                       ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle,
+                       ffi::Span<const int64_t> counts, int64_t root) {
+  MPI_Comm comm = CommFromHandle(comm_handle);
+  MPI_Datatype dtype;
+  JAXCOMM_RETURN_IF_ERROR(MpiDatatype(x.element_type(), &dtype));
+  const Blocks blocks(counts, RowElements(y->dimensions()));
+  const int rank = CommRank(comm);
+  if (blocks.FitInt()) {
+    if (DebugEnabled()) {
+      DebugLog(comm, "MPI_Gatherv root " + std::to_string(root) + " " +
+                         Elements(x.element_count(), x.element_type()));
+    }
+    JAXCOMM_MPI_CHECK(MPI_Gatherv, x.untyped_data(),
+                      static_cast<int>(x.element_count()), dtype,
+                      y->untyped_data(), blocks.IntCounts().data(),
+                      blocks.IntDispls().data(), dtype, static_cast<int>(root),
+                      comm);
+  } else {
+    PeerBlocks send, recv;
+    for (size_t p = 0; p < blocks.counts.size(); ++p) {
+      const bool to_root = static_cast<int64_t>(p) == root;
+      JAXCOMM_RETURN_IF_ERROR(send.Add(dtype, 0, to_root ? x.element_count() : 0, comm));
+      JAXCOMM_RETURN_IF_ERROR(recv.Add(dtype, blocks.displs[p],
+                                       rank == root ? blocks.counts[p] : 0, comm));
+    }
+    JAXCOMM_RETURN_IF_ERROR(Alltoallw(x, send, y->untyped_data(), recv, comm));
+  }
+  if (rank != root) Zero(*y);
+  return ffi::Error::Success();
+}
+
+ffi::Error ScattervImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
+                        ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle,
+                        ffi::Span<const int64_t> counts, int64_t root) {
+  MPI_Comm comm = CommFromHandle(comm_handle);
+  MPI_Datatype dtype;
+  JAXCOMM_RETURN_IF_ERROR(MpiDatatype(x.element_type(), &dtype));
+  const Blocks blocks(counts, RowElements(x.dimensions()));
+  if (blocks.FitInt()) {
+    if (DebugEnabled()) {
+      DebugLog(comm, "MPI_Scatterv root " + std::to_string(root) + " " +
+                         Elements(x.element_count(), x.element_type()));
+    }
+    JAXCOMM_MPI_CHECK(MPI_Scatterv, x.untyped_data(), blocks.IntCounts().data(),
+                      blocks.IntDispls().data(), dtype, y->untyped_data(),
+                      static_cast<int>(y->element_count()), dtype,
+                      static_cast<int>(root), comm);
+    return ffi::Error::Success();
+  }
+  const int rank = CommRank(comm);
+  PeerBlocks send, recv;
+  for (size_t p = 0; p < blocks.counts.size(); ++p) {
+    const bool from_root = static_cast<int64_t>(p) == root;
+    JAXCOMM_RETURN_IF_ERROR(send.Add(dtype, blocks.displs[p],
+                                     rank == root ? blocks.counts[p] : 0, comm));
+    JAXCOMM_RETURN_IF_ERROR(recv.Add(dtype, 0, from_root ? y->element_count() : 0, comm));
+  }
+  return Alltoallw(x, send, y->untyped_data(), recv, comm);
+}
+
+// A rank only gets its own row and column of the counts matrix; `max_rows`,
+// the largest count or displacement in the whole matrix, lets every rank
+// take the same path.
+ffi::Error AlltoallvImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
+                         ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle,
+                         ffi::Span<const int64_t> sendcounts,
+                         ffi::Span<const int64_t> recvcounts, int64_t max_rows) {
+  MPI_Comm comm = CommFromHandle(comm_handle);
+  MPI_Datatype dtype;
+  JAXCOMM_RETURN_IF_ERROR(MpiDatatype(x.element_type(), &dtype));
+  const size_t row = RowElements(x.dimensions());
+  const Blocks send_blocks(sendcounts, row), recv_blocks(recvcounts, row);
+  if (static_cast<size_t>(max_rows) * row <= MaxCount()) {
+    if (DebugEnabled()) {
+      DebugLog(comm, "MPI_Alltoallv " + Elements(x.element_count(), x.element_type()));
+    }
+    JAXCOMM_MPI_CHECK(MPI_Alltoallv, x.untyped_data(), send_blocks.IntCounts().data(),
+                      send_blocks.IntDispls().data(), dtype, y->untyped_data(),
+                      recv_blocks.IntCounts().data(), recv_blocks.IntDispls().data(),
+                      dtype, comm);
+    return ffi::Error::Success();
+  }
+  PeerBlocks send, recv;
+  for (size_t p = 0; p < sendcounts.size(); ++p) {
+    JAXCOMM_RETURN_IF_ERROR(
+        send.Add(dtype, send_blocks.displs[p], send_blocks.counts[p], comm));
+    JAXCOMM_RETURN_IF_ERROR(
+        recv.Add(dtype, recv_blocks.displs[p], recv_blocks.counts[p], comm));
+  }
+  return Alltoallw(x, send, y->untyped_data(), recv, comm);
+}
+
+}  // namespace
+}  // namespace jaxcomm
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommAllgather, jaxcomm::AllgatherImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .Arg<xla::ffi::Token>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::Token>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Attr<int64_t>("comm"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommGather, jaxcomm::GatherImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .Arg<xla::ffi::Token>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::Token>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Attr<int64_t>("comm")
+                                  .Attr<int64_t>("root"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommScatter, jaxcomm::ScatterImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .Arg<xla::ffi::Token>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::Token>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Attr<int64_t>("comm")
+                                  .Attr<int64_t>("root"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommAlltoall, jaxcomm::AlltoallImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .Arg<xla::ffi::Token>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::Token>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Attr<int64_t>("comm"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommAllgatherv, jaxcomm::AllgathervImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .Arg<xla::ffi::Token>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::Token>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Attr<int64_t>("comm")
+                                  .Attr<xla::ffi::Span<const int64_t>>("counts"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommGatherv, jaxcomm::GathervImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .Arg<xla::ffi::Token>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::Token>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Attr<int64_t>("comm")
+                                  .Attr<xla::ffi::Span<const int64_t>>("counts")
+                                  .Attr<int64_t>("root"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommScatterv, jaxcomm::ScattervImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .Arg<xla::ffi::Token>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::Token>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Attr<int64_t>("comm")
+                                  .Attr<xla::ffi::Span<const int64_t>>("counts")
+                                  .Attr<int64_t>("root"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommAlltoallv, jaxcomm::AlltoallvImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .Arg<xla::ffi::Token>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::Token>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Attr<int64_t>("comm")
+                                  .Attr<xla::ffi::Span<const int64_t>>("sendcounts")
+                                  .Attr<xla::ffi::Span<const int64_t>>("recvcounts")
+                                  .Attr<int64_t>("max_rows"));

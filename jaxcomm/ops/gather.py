@@ -1,0 +1,111 @@
+"""Gather family: allgather, gather, scatter, alltoall and their variable-size forms.
+
+The fixed-size primitives take ``size`` (the communicator's) and ``tiled`` to
+compute their output shapes. The variable-size ones take per-rank counts of
+leading-axis rows as tuples; the kernels get them as int64 array attributes
+and scale them by the elements of one row.
+"""
+
+import jax
+
+from ._base import comm_primitive, same_as_input
+
+
+def _rows(aval, rows):
+    return [jax.core.ShapedArray((rows, *aval.shape[1:]), aval.dtype)]
+
+
+def _stacked(aval, *, size, tiled, **_):
+    if tiled:
+        shape = (size * aval.shape[0], *aval.shape[1:])
+    else:
+        shape = (size, *aval.shape)
+    return [jax.core.ShapedArray(shape, aval.dtype)]
+
+
+def _split(aval, *, size, tiled, **_):
+    if tiled:
+        return _rows(aval, aval.shape[0] // size)
+    return [jax.core.ShapedArray(aval.shape[1:], aval.dtype)]
+
+
+def _all_rows(aval, *, counts, **_):
+    return _rows(aval, sum(counts))
+
+
+def _own_rows(aval, *, counts, rank, **_):
+    return _rows(aval, counts[rank])
+
+
+def _received_rows(aval, *, recvcounts, **_):
+    return _rows(aval, sum(recvcounts))
+
+
+allgather_p = comm_primitive("allgather", _stacked, "jaxcomm_allgather", ("comm",))
+gather_p = comm_primitive("gather", _stacked, "jaxcomm_gather", ("comm", "root"))
+scatter_p = comm_primitive("scatter", _split, "jaxcomm_scatter", ("comm", "root"))
+alltoall_p = comm_primitive("alltoall", same_as_input, "jaxcomm_alltoall", ("comm",))
+allgatherv_p = comm_primitive("allgatherv", _all_rows, "jaxcomm_allgatherv", ("comm", "counts"))
+gatherv_p = comm_primitive("gatherv", _all_rows, "jaxcomm_gatherv", ("comm", "counts", "root"))
+scatterv_p = comm_primitive("scatterv", _own_rows, "jaxcomm_scatterv", ("comm", "counts", "root"))
+alltoallv_p = comm_primitive(
+    "alltoallv",
+    _received_rows,
+    "jaxcomm_alltoallv",
+    ("comm", "sendcounts", "recvcounts", "max_rows"),
+)
+
+
+def allgather(x, *, size, tiled, comm):
+    """Bind ``allgather_p``: ``MPI_Allgather`` of ``x``, stacked or concatenated."""
+    (y,) = allgather_p.bind(x, size=size, tiled=tiled, comm=comm)
+    return y
+
+
+def gather(x, *, root, size, tiled, comm):
+    """Bind ``gather_p``: ``MPI_Gather`` to ``root``; zeros elsewhere."""
+    (y,) = gather_p.bind(x, root=root, size=size, tiled=tiled, comm=comm)
+    return y
+
+
+def scatter(x, *, root, size, tiled, comm):
+    """Bind ``scatter_p``: ``MPI_Scatter`` of root's ``x`` along its leading axis."""
+    (y,) = scatter_p.bind(x, root=root, size=size, tiled=tiled, comm=comm)
+    return y
+
+
+def alltoall(x, *, comm):
+    """Bind ``alltoall_p``: ``MPI_Alltoall`` of ``size`` equal leading-axis blocks."""
+    (y,) = alltoall_p.bind(x, comm=comm)
+    return y
+
+
+def allgatherv(x, *, counts, comm):
+    """Bind ``allgatherv_p``: ``MPI_Allgatherv``; ``counts`` holds every rank's rows."""
+    (y,) = allgatherv_p.bind(x, counts=counts, comm=comm)
+    return y
+
+
+def gatherv(x, *, counts, root, comm):
+    """Bind ``gatherv_p``: ``MPI_Gatherv`` to ``root``; zeros elsewhere."""
+    (y,) = gatherv_p.bind(x, counts=counts, root=root, comm=comm)
+    return y
+
+
+def scatterv(x, *, counts, root, rank, comm):
+    """Bind ``scatterv_p``: ``MPI_Scatterv``; this ``rank`` gets ``counts[rank]`` rows."""
+    (y,) = scatterv_p.bind(x, counts=counts, root=root, rank=rank, comm=comm)
+    return y
+
+
+def alltoallv(x, *, sendcounts, recvcounts, max_rows, comm):
+    """Bind ``alltoallv_p``: ``MPI_Alltoallv``.
+
+    ``sendcounts`` and ``recvcounts`` are this rank's row and column of the
+    counts matrix; ``max_rows`` is the largest count or displacement (in rows)
+    anywhere in it, so that every rank picks the same large-count path.
+    """
+    (y,) = alltoallv_p.bind(
+        x, sendcounts=sendcounts, recvcounts=recvcounts, max_rows=max_rows, comm=comm
+    )
+    return y
