@@ -84,6 +84,14 @@ def _shape_dtype(x: Any, name: str) -> tuple[tuple[int, ...], np.dtype]:
     return shape, dtype
 
 
+def _template(x: Any, name: str) -> jax.Array:
+    """An array shaped like ``x`` (zeros for a ``jax.ShapeDtypeStruct``)."""
+    if isinstance(x, jax.ShapeDtypeStruct):
+        _check_dtype(x.dtype, name)
+        return jnp.zeros(x.shape, x.dtype)
+    return _as_array(x, name)
+
+
 def _static_int(value: Any, name: str) -> int:
     if isinstance(value, jax.core.Tracer):
         raise TypeError(
@@ -1034,10 +1042,8 @@ class JaxComm:
             ValueError: for a ``source`` or ``tag`` out of range.
         """
         handle = self._live()
-        shape, dtype = _shape_dtype(x, "x")
         result = ops.recv(
-            shape=shape,
-            dtype=dtype,
+            _template(x, "x"),
             source=self._peer(source, "source", any_source=True),
             tag=self._tag(tag, "tag", any_tag=True),
             status=_status_address(status),

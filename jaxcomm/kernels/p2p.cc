@@ -40,7 +40,8 @@ ffi::Error SendImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
   return ffi::Error::Success();
 }
 
-ffi::Error RecvImpl(ffi::Token, ffi::Result<ffi::Token>,
+ffi::Error RecvImpl(ffi::Token, ffi::AnyBuffer /*template*/,
+                    ffi::Result<ffi::Token>,
                     ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle,
                     int64_t source, int64_t tag, int64_t status_address) {
   MPI_Comm comm = CommFromHandle(comm_handle);
@@ -104,6 +105,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommSend, jaxcomm::SendImpl,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommRecv, jaxcomm::RecvImpl,
                               xla::ffi::Ffi::Bind()
                                   .Arg<xla::ffi::Token>()
+                                  .Arg<xla::ffi::AnyBuffer>()
                                   .Ret<xla::ffi::Token>()
                                   .Ret<xla::ffi::AnyBuffer>()
                                   .Attr<int64_t>("comm")

@@ -1,17 +1,13 @@
 """Point to point: send, recv, sendrecv."""
 
-import jax
-
 from ._base import comm_primitive, no_output, same_as_input
 
 
-def _recv_abstract_eval(*, shape, dtype, **_):
-    return [jax.core.ShapedArray(shape, dtype)]
-
-
 send_p = comm_primitive("send", no_output, "jaxcomm_send", ("comm", "dest", "tag"))
+# recv takes its template as an operand, although the kernel never reads it:
+# then transformations see it (a vmapped template makes a batched receive).
 recv_p = comm_primitive(
-    "recv", _recv_abstract_eval, "jaxcomm_recv", ("comm", "source", "tag", "status")
+    "recv", same_as_input, "jaxcomm_recv", ("comm", "source", "tag", "status")
 )
 sendrecv_p = comm_primitive(
     "sendrecv",
@@ -26,12 +22,12 @@ def send(x, *, dest, tag, comm):
     send_p.bind(x, dest=dest, tag=tag, comm=comm)
 
 
-def recv(*, shape, dtype, source, tag, status, comm):
-    """Bind ``recv_p``: ``MPI_Recv`` into a new array of ``shape``/``dtype``.
+def recv(template, *, source, tag, status, comm):
+    """Bind ``recv_p``: ``MPI_Recv`` into a new array shaped like ``template``.
 
     ``status`` is the address of an ``MPI_Status`` to fill, or 0.
     """
-    (y,) = recv_p.bind(shape=shape, dtype=dtype, source=source, tag=tag, status=status, comm=comm)
+    (y,) = recv_p.bind(template, source=source, tag=tag, status=status, comm=comm)
     return y
 
 
