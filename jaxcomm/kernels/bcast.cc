@@ -33,10 +33,5 @@ ffi::Error BcastImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
 }  // namespace jaxcomm
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommBcast, jaxcomm::BcastImpl,
-                              xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::Token>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::Token>()
-                                  .Ret<xla::ffi::AnyBuffer>()
-                                  .Attr<int64_t>("comm")
+                              jaxcomm::ArrayOpBinding()
                                   .Attr<int64_t>("root"));

@@ -42,6 +42,18 @@ ffi::Error MpiReduceOp(int64_t code, ffi::DataType dtype, MPI_Op* out);
 
 const char* ReduceOpName(int64_t code);
 
+// FFI binding of a handler taking the ordering token and one array and
+// returning the token and one array, with the communicator attribute; the
+// caller appends the op's own attributes.
+inline auto ArrayOpBinding() {
+  return ffi::Ffi::Bind()
+      .Arg<ffi::Token>()
+      .Arg<ffi::AnyBuffer>()
+      .Ret<ffi::Token>()
+      .Ret<ffi::AnyBuffer>()
+      .Attr<int64_t>("comm");
+}
+
 // Converts the attributes every handler gets into MPI handles.
 MPI_Comm CommFromHandle(int64_t handle);
 

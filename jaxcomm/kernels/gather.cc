@@ -323,75 +323,35 @@ ffi::Error AlltoallvImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
 }  // namespace jaxcomm
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommAllgather, jaxcomm::AllgatherImpl,
-                              xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::Token>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::Token>()
-                                  .Ret<xla::ffi::AnyBuffer>()
-                                  .Attr<int64_t>("comm"));
+                              jaxcomm::ArrayOpBinding());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommGather, jaxcomm::GatherImpl,
-                              xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::Token>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::Token>()
-                                  .Ret<xla::ffi::AnyBuffer>()
-                                  .Attr<int64_t>("comm")
+                              jaxcomm::ArrayOpBinding()
                                   .Attr<int64_t>("root"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommScatter, jaxcomm::ScatterImpl,
-                              xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::Token>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::Token>()
-                                  .Ret<xla::ffi::AnyBuffer>()
-                                  .Attr<int64_t>("comm")
+                              jaxcomm::ArrayOpBinding()
                                   .Attr<int64_t>("root"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommAlltoall, jaxcomm::AlltoallImpl,
-                              xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::Token>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::Token>()
-                                  .Ret<xla::ffi::AnyBuffer>()
-                                  .Attr<int64_t>("comm"));
+                              jaxcomm::ArrayOpBinding());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommAllgatherv, jaxcomm::AllgathervImpl,
-                              xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::Token>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::Token>()
-                                  .Ret<xla::ffi::AnyBuffer>()
-                                  .Attr<int64_t>("comm")
+                              jaxcomm::ArrayOpBinding()
                                   .Attr<xla::ffi::Span<const int64_t>>("counts"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommGatherv, jaxcomm::GathervImpl,
-                              xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::Token>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::Token>()
-                                  .Ret<xla::ffi::AnyBuffer>()
-                                  .Attr<int64_t>("comm")
+                              jaxcomm::ArrayOpBinding()
                                   .Attr<xla::ffi::Span<const int64_t>>("counts")
                                   .Attr<int64_t>("root"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommScatterv, jaxcomm::ScattervImpl,
-                              xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::Token>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::Token>()
-                                  .Ret<xla::ffi::AnyBuffer>()
-                                  .Attr<int64_t>("comm")
+                              jaxcomm::ArrayOpBinding()
                                   .Attr<xla::ffi::Span<const int64_t>>("counts")
                                   .Attr<int64_t>("root"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommAlltoallv, jaxcomm::AlltoallvImpl,
-                              xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::Token>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::Token>()
-                                  .Ret<xla::ffi::AnyBuffer>()
-                                  .Attr<int64_t>("comm")
+                              jaxcomm::ArrayOpBinding()
                                   .Attr<xla::ffi::Span<const int64_t>>("sendcounts")
                                   .Attr<xla::ffi::Span<const int64_t>>("recvcounts")
                                   .Attr<int64_t>("max_rows"));

@@ -103,23 +103,13 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommSend, jaxcomm::SendImpl,
                                   .Attr<int64_t>("tag"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommRecv, jaxcomm::RecvImpl,
-                              xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::Token>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::Token>()
-                                  .Ret<xla::ffi::AnyBuffer>()
-                                  .Attr<int64_t>("comm")
+                              jaxcomm::ArrayOpBinding()
                                   .Attr<int64_t>("source")
                                   .Attr<int64_t>("tag")
                                   .Attr<int64_t>("status"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommSendrecv, jaxcomm::SendrecvImpl,
-                              xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::Token>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::Token>()
-                                  .Ret<xla::ffi::AnyBuffer>()
-                                  .Attr<int64_t>("comm")
+                              jaxcomm::ArrayOpBinding()
                                   .Attr<int64_t>("source")
                                   .Attr<int64_t>("dest")
                                   .Attr<int64_t>("sendtag")

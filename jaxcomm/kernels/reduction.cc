@@ -144,15 +144,7 @@ ffi::Error ReduceScatterImpl(ffi::Token, ffi::AnyBuffer x,
 }
 
 // x in, y out, like x or a block of it; "root" follows for MPI_Reduce.
-auto ReductionBinding() {
-  return ffi::Ffi::Bind()
-      .Arg<ffi::Token>()
-      .Arg<ffi::AnyBuffer>()
-      .Ret<ffi::Token>()
-      .Ret<ffi::AnyBuffer>()
-      .Attr<int64_t>("comm")
-      .Attr<int64_t>("op");
-}
+auto ReductionBinding() { return ArrayOpBinding().Attr<int64_t>("op"); }
 
 }  // namespace
 }  // namespace jaxcomm
