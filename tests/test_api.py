@@ -171,3 +171,19 @@ def test_exit_with_dispatched_work_does_not_hang(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert "dispatched" in done.stdout
+
+
+def test_kernels_built_for_another_mpi_are_refused(monkeypatch):
+    from jaxcomm import _build_info, _runtime
+
+    vendor, version = _runtime._runtime_mpi()
+    _runtime._check_mpi_matches()  # the installed build matches
+    other = "Open MPI" if vendor == "MPICH" else "MPICH"
+    monkeypatch.setattr(_build_info, "MPI_VENDOR", other)
+    with pytest.raises(ImportError, match=f"built against {other} .* mpi4py is running {vendor}"):
+        _runtime._check_mpi_matches()
+    monkeypatch.setattr(_build_info, "MPI_VENDOR", vendor)
+    major = int(version.split(".")[0])
+    monkeypatch.setattr(_build_info, "MPI_VERSION", f"{major + 1}.0.0")
+    with pytest.raises(ImportError, match="Rebuild jaxcomm against the MPI that mpi4py uses"):
+        _runtime._check_mpi_matches()
