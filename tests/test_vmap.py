@@ -8,7 +8,6 @@ the ``JAXCOMM_DEBUG`` log).
 from functools import partial
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import rank_data
@@ -151,7 +150,8 @@ def test_out_axes(jc, capfd, name):
     fn = partial(op, jc)
     xs = batch_data(jc, shape(jc.size, jc.rank))
     want = loop(fn, xs)
-    got, calls = mpi_calls(capfd, lambda: jax.vmap(fn, in_axes=1, out_axes=-1)(np.moveaxis(xs, 0, 1)))
+    batched = jax.vmap(fn, in_axes=1, out_axes=-1)
+    got, calls = mpi_calls(capfd, lambda: batched(np.moveaxis(xs, 0, 1)))
     assert calls == [call]
     np.testing.assert_array_equal(np.asarray(got), np.moveaxis(want, 0, -1))
 
@@ -185,7 +185,9 @@ def test_vmap_and_jit_compose(jc, capfd, nesting):
     want = loop(fn, xs)
     batched = jax.jit(jax.vmap(fn)) if nesting == "jit-of-vmap" else jax.vmap(jax.jit(fn))
     got, calls = mpi_calls(capfd, lambda: batched(xs))
-    assert calls == ["MPI_Allgather", "MPI_Alltoall", "MPI_Allreduce", "MPI_Allreduce", "MPI_Scatter"]
+    assert calls == [
+        "MPI_Allgather", "MPI_Alltoall", "MPI_Allreduce", "MPI_Allreduce", "MPI_Scatter"
+    ]
     np.testing.assert_allclose(np.asarray(got), want)
 
 
@@ -274,7 +276,8 @@ def test_barrier_under_vmap(jc, capfd):
 
 @pytest.mark.mpi
 def test_pytree_under_vmap(jc, capfd):
-    tree = {"a": batch_data(jc, (2,)), "b": [batch_data(jc, ()).astype(np.int32), batch_data(jc, (3,))]}
+    ints = batch_data(jc, ()).astype(np.int32)
+    tree = {"a": batch_data(jc, (2,)), "b": [ints, batch_data(jc, (3,))]}
     got, calls = mpi_calls(capfd, lambda: jax.vmap(jc.allreduce)(tree))
     assert calls == ["MPI_Allreduce", "MPI_Allreduce"]  # float64 and int32
     for leaf, out in zip(jax.tree.leaves(tree), jax.tree.leaves(got)):

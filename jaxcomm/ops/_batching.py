@@ -57,5 +57,5 @@ def stacked(*, tiled, **_):
 
 
 def split(*, tiled, **_):
-    """scatter, reduce_scatter: the leading axis of ranks' blocks goes, or keeps rows (``tiled``)."""
+    """scatter, reduce_scatter: the leading axis of blocks goes, or holds rows (``tiled``)."""
     return 1, (1 if tiled else 0)
