@@ -8,6 +8,7 @@ the ``JAXCOMM_DEBUG`` log).
 from functools import partial
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import rank_data
@@ -193,8 +194,8 @@ def test_vmap_and_jit_compose(jc, capfd, nesting):
 
 @pytest.mark.mpi
 def test_unbatched_operands(jc, capfd):
-    # An unbatched operand is one value for the whole batch: its op runs once,
-    # unbatched, and vmap broadcasts the result, as the loop would see it.
+    # An operand that is the same for every batch member still travels once
+    # per member, as in the loop.
     def fn(x, y):
         left, right = _ring(jc)
         return jc.allreduce(x) + jc.allgather(y).sum(0) + jc.sendrecv(y, x, left, right)
@@ -218,6 +219,33 @@ def test_sendrecv_batched_on_one_side(jc, capfd):
         got, calls = mpi_calls(capfd, lambda: jax.vmap(fn, in_axes=in_axes)(*args))
         assert calls == ["MPI_Sendrecv"]
         np.testing.assert_array_equal(np.asarray(got), want)
+
+
+@pytest.mark.mpi
+def test_ranks_batching_different_operands_agree(jc, capfd):
+    # Only root's data depends on the batch; the other ranks pass zeros of one
+    # member's shape, or a ShapeDtypeStruct template, which vmap leaves
+    # unbatched. The messages must still match root's.
+    root = jc.size - 1
+    source, dest = _chain(jc)
+    xs = batch_data(jc, (jc.size, 2))
+
+    def fn(x):
+        data = x if jc.rank == root else jnp.zeros(x.shape)
+        jc.send(x, dest)
+        return (
+            jc.bcast(data, root=root),
+            jc.scatter(data, root=root),
+            jc.recv(jax.ShapeDtypeStruct(x.shape, x.dtype), source),
+        )
+
+    got, calls = mpi_calls(capfd, lambda: jax.vmap(fn)(xs))
+    assert calls == ["MPI_Send", "MPI_Bcast", "MPI_Scatter", "MPI_Recv"]
+    sent = rank_data(root, xs.shape, np.float64)
+    np.testing.assert_array_equal(np.asarray(got[0]), sent)
+    np.testing.assert_array_equal(np.asarray(got[1]), sent[:, jc.rank])
+    received = rank_data(source, xs.shape, np.float64) if jc.rank > 0 else np.zeros(xs.shape)
+    np.testing.assert_array_equal(np.asarray(got[2]), received)
 
 
 def _chain(jc):

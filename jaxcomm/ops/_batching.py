@@ -1,11 +1,15 @@
 """``jax.vmap`` for jaxcomm primitives: the whole batch travels in one MPI call.
 
-A batched operand is one buffer holding every batch member, so the rule binds
-the primitive once on it. Where the batch axis sits decides the bytes on the
-wire, and the ranks at both ends of a message must agree on them even when
-they ran different code (a send and its recv, a root and the others), so each
-rule puts the batch axis at a fixed position rather than wherever the caller's
-computation happened to leave it:
+Under ``vmap`` every jaxcomm op moves all batch members, as the loop it
+stands for would, also where an operand is the same for all of them (it is
+broadcast): then the bytes on the wire depend only on the batch size, never
+on which operands a rank's code happens to batch. Ranks must agree on them
+even where they run different code: a send and its recv, a root that
+broadcasts its batched data and other ranks that pass zeros of one member's
+shape, a ``recv`` whose template is a ``jax.ShapeDtypeStruct``.
+
+For the same reason each rule puts the batch axis at a fixed position rather
+than wherever the caller's computation happened to leave it:
 
 - ops that treat their buffer as flat elements (reductions, bcast, p2p) put it
   first: the message is the batch members one after another;
@@ -22,23 +26,33 @@ from jax.interpreters import batching
 
 
 def batch_whole(prim, layout):
-    """Register ``prim``'s batching rule, for a primitive with one operand.
+    """Register ``prim``'s batching rule.
+
+    It is registered as a "fancy" rule because JAX calls those also when no
+    operand is batched; plain rules would leave such an op unbatched.
 
     Args:
         prim: the primitive.
         layout: maps the primitive's params to the pair (axis the batch takes
-            in the operand, axis it has in every output).
+            in the operands, axis it has in every output).
     """
 
-    def rule(args, dims, **params):
-        (x,), (dim,) = args, dims
+    def rule(axis_data, args, dims, **params):
         in_axis, out_axis = layout(**params)
-        if dim != in_axis:
-            x = jnp.moveaxis(x, dim, in_axis)
-        outs = prim.bind(x, **params)
+        args = [_placed(x, dim, in_axis, axis_data.size) for x, dim in zip(args, dims)]
+        outs = prim.bind(*args, **params)
         return outs, [out_axis] * len(outs)
 
-    batching.primitive_batchers[prim] = rule
+    batching.fancy_primitive_batchers[prim] = rule
+
+
+def _placed(x, dim, axis, size):
+    """``x`` with its batch axis, of length ``size``, at ``axis``."""
+    if dim is None:
+        shape = list(x.shape)
+        shape.insert(axis, size)
+        return jnp.broadcast_to(jnp.expand_dims(x, axis), shape)
+    return x if dim == axis else jnp.moveaxis(x, dim, axis)
 
 
 def flat(**_):

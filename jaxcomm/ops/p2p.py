@@ -42,6 +42,5 @@ def sendrecv(x, *, source, dest, sendtag, recvtag, status, comm):
 
 # vmap -------------------------------------------------------------------------
 
-# A batched send must meet a batched recv: one message of the whole batch.
 for _prim in (send_p, recv_p, sendrecv_p):
     batch_whole(_prim, flat)
