@@ -29,5 +29,20 @@ for _allowed in (
     _effects.control_flow_allowed_effects,
     _effects.custom_derivatives_allowed_effects,
     _effects.remat_allowed_effects,
+    # JAX refuses ordered effects in programs for several devices with a
+    # message that cannot name the way out; letting them through to the
+    # lowering lets jaxcomm refuse them itself (see ``device_count``).
+    _effects.shardable_ordered_effects,
 ):
     _allowed.add_type(MPIEffect)
+
+
+def device_count(axis_context):
+    """The number of devices a program being lowered runs on, from its axis context."""
+    mesh = getattr(axis_context, "mesh", None)
+    if mesh is not None:
+        return mesh.size
+    axis_env = getattr(axis_context, "axis_env", None)
+    if axis_env is not None:
+        return axis_env.nreps
+    return axis_context.num_devices

@@ -78,6 +78,19 @@ def comm_primitive(name, abstract_eval, target, attrs):
 
 
 def _ordered_ffi_lowering(target, attrs, ctx, *args, **params):
+    # One MPI call per process and op, in program order, is what keeps every
+    # rank's collectives matched; copies of the call on several devices of one
+    # process would break both.
+    devices = _compat.device_count(ctx.module_context.axis_context)
+    if devices > 1:
+        raise NotImplementedError(
+            f"jaxcomm op {ctx.primitive.name!r} in a computation over {devices} devices: "
+            "jaxcomm makes one MPI call per process, so a jitted, sharded, shard_map or "
+            "pmap computation that calls it must run on a single device. Run one MPI "
+            "process per device (mpiexec -n <devices>; on CPU, leave "
+            "--xla_force_host_platform_device_count unset or pin the computation "
+            "with jax.default_device), and combine the processes' results with jaxcomm."
+        )
     token = ctx.tokens_in.get(_compat.mpi_effect)
     token_ctx = ctx.replace(
         avals_in=[_compat.abstract_token, *ctx.avals_in],

@@ -9,6 +9,7 @@ and scale them by the elements of one row.
 import jax
 
 from ._base import comm_primitive, same_as_input
+from ._batching import batch_whole, behind_rows, split, stacked
 
 
 def _rows(aval, rows):
@@ -109,3 +110,12 @@ def alltoallv(x, *, sendcounts, recvcounts, max_rows, comm):
         x, sendcounts=sendcounts, recvcounts=recvcounts, max_rows=max_rows, comm=comm
     )
     return y
+
+
+# vmap -------------------------------------------------------------------------
+
+batch_whole(allgather_p, stacked)
+batch_whole(gather_p, stacked)
+batch_whole(scatter_p, split)
+for _prim in (alltoall_p, allgatherv_p, gatherv_p, scatterv_p, alltoallv_p):
+    batch_whole(_prim, behind_rows)

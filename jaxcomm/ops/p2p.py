@@ -1,6 +1,7 @@
 """Point to point: send, recv, sendrecv."""
 
 from ._base import comm_primitive, no_output, same_as_input
+from ._batching import batch_whole, flat
 
 
 send_p = comm_primitive("send", no_output, "jaxcomm_send", ("comm", "dest", "tag"))
@@ -37,3 +38,9 @@ def sendrecv(x, *, source, dest, sendtag, recvtag, status, comm):
         x, source=source, dest=dest, sendtag=sendtag, recvtag=recvtag, status=status, comm=comm
     )
     return y
+
+
+# vmap -------------------------------------------------------------------------
+
+for _prim in (send_p, recv_p, sendrecv_p):
+    batch_whole(_prim, flat)

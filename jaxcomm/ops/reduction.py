@@ -3,6 +3,7 @@
 import jax
 
 from ._base import comm_primitive, same_as_input
+from ._batching import batch_whole, flat, split
 
 
 def _reduce_scatter_abstract_eval(aval, *, size, tiled, **_):
@@ -48,3 +49,10 @@ def reduce_scatter(x, *, op, size, tiled, comm):
     """Bind ``reduce_scatter_p``: ``MPI_Reduce_scatter_block`` over ``size`` blocks of ``x``."""
     (y,) = reduce_scatter_p.bind(x, op=op, size=size, tiled=tiled, comm=comm)
     return y
+
+
+# vmap -------------------------------------------------------------------------
+
+for _prim in (allreduce_p, reduce_p, scan_p, exscan_p):
+    batch_whole(_prim, flat)
+batch_whole(reduce_scatter_p, split)
