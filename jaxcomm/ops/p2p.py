@@ -1,6 +1,12 @@
 """Point to point: send, recv, sendrecv."""
 
-from ._base import comm_primitive, no_output, same_as_input
+from functools import partial
+
+import jax.numpy as jnp
+from jax.interpreters import ad
+from mpi4py import MPI
+
+from ._base import comm_primitive, linear_jvp, no_output, not_differentiable, same_as_input
 
 
 send_p = comm_primitive("send", no_output, "jaxcomm_send", ("comm", "dest", "tag"))
@@ -37,3 +43,57 @@ def sendrecv(x, *, source, dest, sendtag, recvtag, status, comm):
         x, source=source, dest=dest, sendtag=sendtag, recvtag=recvtag, status=status, comm=comm
     )
     return y
+
+
+# Differentiation -------------------------------------------------------------
+#
+# Messages are linear: a tangent travels as a second message along the same
+# path, and a cotangent travels back the other way. Backward passes run in
+# reverse program order on every rank, so the reversed messages pair up in
+# order; their receives match any tag for the same reason, and a send whose
+# forward receive matched any tag uses tag 0. A receive that matched any
+# source has no path back.
+
+
+def _tag_back(tag):
+    return 0 if tag == MPI.ANY_TAG else tag
+
+
+def _source_back(source, what):
+    if source == MPI.ANY_SOURCE:
+        raise not_differentiable(f"{what} from MPI.ANY_SOURCE in reverse mode")
+    return source
+
+
+def _send_transpose(cts, x, *, dest, tag, comm):
+    template = jnp.zeros(x.aval.shape, x.aval.dtype)
+    return [recv(template, source=dest, tag=MPI.ANY_TAG, status=0, comm=comm)]
+
+
+def _recv_transpose(cts, template, *, source, tag, status, comm):
+    ct = ad.instantiate_zeros(cts[0])
+    send(ct, dest=_source_back(source, "recv"), tag=_tag_back(tag), comm=comm)
+    return [ad.Zero(template.aval) if ad.is_undefined_primal(template) else None]
+
+
+def _sendrecv_transpose(cts, x, *, source, dest, sendtag, recvtag, status, comm):
+    ct = ad.instantiate_zeros(cts[0])
+    back = sendrecv(
+        ct,
+        source=dest,
+        dest=_source_back(source, "sendrecv"),
+        sendtag=_tag_back(recvtag),
+        recvtag=MPI.ANY_TAG,
+        status=0,
+        comm=comm,
+    )
+    return [back]
+
+
+for _prim, _transpose in (
+    (send_p, _send_transpose),
+    (recv_p, _recv_transpose),
+    (sendrecv_p, _sendrecv_transpose),
+):
+    ad.primitive_jvps[_prim] = partial(linear_jvp, _prim)
+    ad.primitive_transposes[_prim] = _transpose
