@@ -2,7 +2,6 @@
 
 from functools import partial
 
-import jax.numpy as jnp
 from jax.interpreters import ad
 from mpi4py import MPI
 
@@ -48,40 +47,35 @@ def sendrecv(x, *, source, dest, sendtag, recvtag, status, comm):
 # Differentiation -------------------------------------------------------------
 #
 # Messages are linear: a tangent travels as a second message along the same
-# path, and a cotangent travels back the other way. Backward passes run in
-# reverse program order on every rank, so the reversed messages pair up in
-# order; their receives match any tag for the same reason, and a send whose
+# path, and sendrecv's cotangent travels back the other way. Backward passes
+# run in reverse program order on every rank, so the reversed messages pair up
+# in order; their receives match any tag for the same reason, and a send whose
 # forward receive matched any tag uses tag 0. A receive that matched any
 # source has no path back.
+#
+# send has no output, so JAX's linearization drops its tangent: reverse mode
+# would lose the sender's cotangent and leave the receiver's message pending.
+# recv therefore refuses to transpose; use sendrecv in reverse mode.
 
 
 def _tag_back(tag):
     return 0 if tag == MPI.ANY_TAG else tag
 
 
-def _source_back(source, what):
-    if source == MPI.ANY_SOURCE:
-        raise not_differentiable(f"{what} from MPI.ANY_SOURCE in reverse mode")
-    return source
-
-
-def _send_transpose(cts, x, *, dest, tag, comm):
-    template = jnp.zeros(x.aval.shape, x.aval.dtype)
-    return [recv(template, source=dest, tag=MPI.ANY_TAG, status=0, comm=comm)]
-
-
 def _recv_transpose(cts, template, *, source, tag, status, comm):
-    ct = ad.instantiate_zeros(cts[0])
-    send(ct, dest=_source_back(source, "recv"), tag=_tag_back(tag), comm=comm)
-    return [ad.Zero(template.aval) if ad.is_undefined_primal(template) else None]
+    raise not_differentiable(
+        "recv in reverse mode (its send has no output to carry a cotangent); use sendrecv"
+    )
 
 
 def _sendrecv_transpose(cts, x, *, source, dest, sendtag, recvtag, status, comm):
+    if source == MPI.ANY_SOURCE:
+        raise not_differentiable("sendrecv from MPI.ANY_SOURCE in reverse mode")
     ct = ad.instantiate_zeros(cts[0])
     back = sendrecv(
         ct,
         source=dest,
-        dest=_source_back(source, "sendrecv"),
+        dest=source,
         sendtag=_tag_back(recvtag),
         recvtag=MPI.ANY_TAG,
         status=0,
@@ -90,10 +84,7 @@ def _sendrecv_transpose(cts, x, *, source, dest, sendtag, recvtag, status, comm)
     return [back]
 
 
-for _prim, _transpose in (
-    (send_p, _send_transpose),
-    (recv_p, _recv_transpose),
-    (sendrecv_p, _sendrecv_transpose),
-):
+for _prim in (send_p, recv_p, sendrecv_p):
     ad.primitive_jvps[_prim] = partial(linear_jvp, _prim)
-    ad.primitive_transposes[_prim] = _transpose
+ad.primitive_transposes[recv_p] = _recv_transpose
+ad.primitive_transposes[sendrecv_p] = _sendrecv_transpose

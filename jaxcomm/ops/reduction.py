@@ -17,7 +17,7 @@ from ._base import (
     size_of,
 )
 from .bcast import bcast
-from .gather import allgather
+from .gather import allgather, alltoall
 
 
 def _reduce_scatter_abstract_eval(aval, *, size, tiled, **_):
@@ -92,12 +92,19 @@ def _contribution(x, t, op, comm, what):
     if name == "SUM":
         return t
     if name in ("MAX", "MIN"):
+        # Where the extremum sits has no derivative; say so rather than
+        # differentiate the comparison.
+        x = jax.lax.stop_gradient(x)
         hit = x == allreduce(x, op=op, comm=comm)
         count = allreduce(hit.astype(t.dtype), op=_SUM, comm=comm)
         # count >= 1 wherever hit holds; the maximum only guards NaN inputs.
         return jnp.where(hit, t / jnp.maximum(count, 1), jnp.zeros_like(t))
     if name == "PROD":
-        rows = allgather(x, size=size_of(comm), tiled=False, comm=comm)
+        # Every rank's x, by an alltoall of copies: unlike allgather (whose
+        # replicated cotangent would be wrong here, since each rank uses the
+        # rows differently) it transposes exactly, so higher orders are right.
+        size = size_of(comm)
+        rows = alltoall(jnp.broadcast_to(x, (size, *x.shape)), comm=comm)
         others = jnp.prod(rows.at[rank_of(comm)].set(1), axis=0)
         return others * t
     raise not_differentiable(f"{what} with MPI.{name}")
