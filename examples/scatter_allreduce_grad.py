@@ -33,11 +33,13 @@ def scatter_double_sum(x):
 # Only root's values are read; the other ranks pass zeros of the same shape.
 x = jnp.arange(2 * jc.size, dtype=jnp.float32) * (jc.rank == 0)
 result = scatter_double_sum(x)
-print(f"Rank {jc.rank} has result {float(result)}", flush=True)
+# One write per line, newline included, so that mpiexec does not interleave
+# the ranks' lines.
+print(f"Rank {jc.rank} has result {float(result)}\n", end="", flush=True)
 
 gradient = jax.grad(scatter_double_sum)(x)
 jitted_gradient = jax.jit(jax.grad(scatter_double_sum))(x)
 if not np.array_equal(gradient, jitted_gradient):
     raise SystemExit(f"Rank {jc.rank}: grad {gradient} != jit(grad) {jitted_gradient}")
-print(f"Rank {jc.rank} has result {float(result)} and gradient {np.asarray(gradient)}",
-      flush=True)
+print(f"Rank {jc.rank} has result {float(result)} and gradient {np.asarray(gradient)}\n",
+      end="", flush=True)
