@@ -64,4 +64,12 @@ def test_scatter_allreduce_grad_prints_the_same_sum_on_every_rank(capsys):
     world = MPI.COMM_WORLD
     # Rank r's chunk is [2r, 2r + 1]; the last rank doubles its chunk.
     want = sum((4 * r + 1) * (2 if r == world.size - 1 else 1) for r in range(world.size))
-    assert capsys.readouterr().out == f"Rank {world.rank} has result {float(want)}\n"
+    # Root's gradient: 1 per element, 2 on the last rank's doubled chunk.
+    gradient = np.zeros(2 * world.size, np.float32)
+    if world.rank == 0:
+        gradient[:] = 1
+        gradient[-2:] = 2
+    assert capsys.readouterr().out == (
+        f"Rank {world.rank} has result {float(want)}\n"
+        f"Rank {world.rank} has result {float(want)} and gradient {gradient}\n"
+    )

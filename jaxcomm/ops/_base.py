@@ -13,7 +13,7 @@ from functools import partial
 import jax
 import numpy as np
 from jax.extend.core import Primitive
-from jax.interpreters import mlir
+from jax.interpreters import ad, mlir
 from mpi4py import MPI
 
 from .. import _compat
@@ -116,3 +116,49 @@ def same_as_input(aval, **_):
 def no_output(*avals, **_):
     """Abstract evaluation of ops that only have an effect."""
     return []
+
+
+# Differentiation -------------------------------------------------------------
+#
+# Rules always instantiate symbolic zeros and communicate: whether a tangent or
+# cotangent is symbolically zero can differ between ranks, and a rank that
+# skipped the MPI call would leave the others waiting.
+
+
+def rank_of(comm):
+    """This process's rank in the communicator with Fortran handle ``comm``."""
+    return MPI.Comm.f2py(comm).Get_rank()
+
+
+def size_of(comm):
+    """The number of processes in the communicator with Fortran handle ``comm``."""
+    return MPI.Comm.f2py(comm).Get_size()
+
+
+def linear_jvp(prim, primals, tangents, **params):
+    """JVP of a primitive linear in its operands: the tangents take the same op."""
+    tangents = [ad.instantiate_zeros(t) for t in tangents]
+    return prim.bind(*primals, **params), prim.bind(*tangents, **params)
+
+
+def _transpose_with(transposed, cts, x, **params):
+    ct = ad.instantiate_zeros(cts[0])
+    return [transposed(ct, x.aval, **params)]
+
+
+def def_linear(prim, transposed):
+    """Register the rules of a one-operand primitive that is linear in its operand.
+
+    Args:
+        prim: the primitive.
+        transposed: ``transposed(ct, aval, **params)`` maps the cotangent of
+            the single output to the cotangent of the operand, whose abstract
+            value is ``aval``; it runs on every rank and may communicate.
+    """
+    ad.primitive_jvps[prim] = partial(linear_jvp, prim)
+    ad.primitive_transposes[prim] = partial(_transpose_with, transposed)
+
+
+def not_differentiable(what):
+    """The error for differentiating an op that has no derivative rule."""
+    return NotImplementedError(f"jaxcomm cannot differentiate {what}")

@@ -1,6 +1,8 @@
 """Broadcast."""
 
-from ._base import comm_primitive, same_as_input
+import jax.numpy as jnp
+
+from ._base import comm_primitive, def_linear, rank_of, same_as_input
 from ._batching import batch_whole, flat
 
 bcast_p = comm_primitive("bcast", same_as_input, "jaxcomm_bcast", ("comm", "root"))
@@ -15,3 +17,14 @@ def bcast(x, *, root, comm):
 # vmap -------------------------------------------------------------------------
 
 batch_whole(bcast_p, flat)
+
+
+# Differentiation: the broadcast value is one replicated value, so root keeps
+# its cotangent and the other ranks' inputs, never read, get zeros.
+
+
+def _bcast_transpose(ct, aval, *, root, comm):
+    return ct if rank_of(comm) == root else jnp.zeros_like(ct)
+
+
+def_linear(bcast_p, _bcast_transpose)

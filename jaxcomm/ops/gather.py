@@ -8,7 +8,7 @@ and scale them by the elements of one row.
 
 import jax
 
-from ._base import comm_primitive, same_as_input
+from ._base import comm_primitive, def_linear, rank_of, same_as_input
 from ._batching import batch_whole, behind_rows, split, stacked
 
 
@@ -119,3 +119,63 @@ batch_whole(gather_p, stacked)
 batch_whole(scatter_p, split)
 for _prim in (alltoall_p, allgatherv_p, gatherv_p, scatterv_p, alltoallv_p):
     batch_whole(_prim, behind_rows)
+
+
+# Differentiation -------------------------------------------------------------
+#
+# Every op here is linear. allgather and allgatherv results are replicated
+# values, so each rank's input gets its own slice of the cotangent; the other
+# ops transpose exactly: gather <-> scatter, gatherv <-> scatterv, alltoall to
+# itself and alltoallv to itself with the counts matrix transposed.
+
+
+def _allgather_transpose(ct, aval, *, size, tiled, comm):
+    rank = rank_of(comm)
+    if not tiled:
+        return ct[rank]
+    rows = aval.shape[0]
+    return ct[rank * rows : (rank + 1) * rows]
+
+
+def _gather_transpose(ct, aval, *, root, size, tiled, comm):
+    return scatter(ct, root=root, size=size, tiled=tiled, comm=comm)
+
+
+def _scatter_transpose(ct, aval, *, root, size, tiled, comm):
+    return gather(ct, root=root, size=size, tiled=tiled, comm=comm)
+
+
+def _alltoall_transpose(ct, aval, *, comm):
+    return alltoall(ct, comm=comm)
+
+
+def _allgatherv_transpose(ct, aval, *, counts, comm):
+    rank = rank_of(comm)
+    start = sum(counts[:rank])
+    return ct[start : start + counts[rank]]
+
+
+def _gatherv_transpose(ct, aval, *, counts, root, comm):
+    return scatterv(ct, counts=counts, root=root, rank=rank_of(comm), comm=comm)
+
+
+def _scatterv_transpose(ct, aval, *, counts, root, rank, comm):
+    return gatherv(ct, counts=counts, root=root, comm=comm)
+
+
+def _alltoallv_transpose(ct, aval, *, sendcounts, recvcounts, max_rows, comm):
+    # The transposed matrix has the same entries and swaps rows with columns,
+    # so max_rows carries over.
+    return alltoallv(
+        ct, sendcounts=recvcounts, recvcounts=sendcounts, max_rows=max_rows, comm=comm
+    )
+
+
+def_linear(allgather_p, _allgather_transpose)
+def_linear(gather_p, _gather_transpose)
+def_linear(scatter_p, _scatter_transpose)
+def_linear(alltoall_p, _alltoall_transpose)
+def_linear(allgatherv_p, _allgatherv_transpose)
+def_linear(gatherv_p, _gatherv_transpose)
+def_linear(scatterv_p, _scatterv_transpose)
+def_linear(alltoallv_p, _alltoallv_transpose)

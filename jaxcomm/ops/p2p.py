@@ -1,8 +1,12 @@
 """Point to point: send, recv, sendrecv."""
 
-from ._base import comm_primitive, no_output, same_as_input
-from ._batching import batch_whole, flat
+from functools import partial
 
+from jax.interpreters import ad
+from mpi4py import MPI
+
+from ._base import comm_primitive, linear_jvp, no_output, not_differentiable, same_as_input
+from ._batching import batch_whole, flat
 
 send_p = comm_primitive("send", no_output, "jaxcomm_send", ("comm", "dest", "tag"))
 # recv takes its template as an operand, although the kernel never reads it:
@@ -44,3 +48,49 @@ def sendrecv(x, *, source, dest, sendtag, recvtag, status, comm):
 
 for _prim in (send_p, recv_p, sendrecv_p):
     batch_whole(_prim, flat)
+
+
+# Differentiation -------------------------------------------------------------
+#
+# Messages are linear: a tangent travels as a second message along the same
+# path, and sendrecv's cotangent travels back the other way. Backward passes
+# run in reverse program order on every rank, so the reversed messages pair up
+# in order; their receives match any tag for the same reason, and a send whose
+# forward receive matched any tag uses tag 0. A receive that matched any
+# source has no path back.
+#
+# send has no output, so JAX's linearization drops its tangent: reverse mode
+# would lose the sender's cotangent and leave the receiver's message pending.
+# recv therefore refuses to transpose; use sendrecv in reverse mode.
+
+
+def _tag_back(tag):
+    return 0 if tag == MPI.ANY_TAG else tag
+
+
+def _recv_transpose(cts, template, *, source, tag, status, comm):
+    raise not_differentiable(
+        "recv in reverse mode (its send has no output to carry a cotangent); use sendrecv"
+    )
+
+
+def _sendrecv_transpose(cts, x, *, source, dest, sendtag, recvtag, status, comm):
+    if source == MPI.ANY_SOURCE:
+        raise not_differentiable("sendrecv from MPI.ANY_SOURCE in reverse mode")
+    ct = ad.instantiate_zeros(cts[0])
+    back = sendrecv(
+        ct,
+        source=dest,
+        dest=source,
+        sendtag=_tag_back(recvtag),
+        recvtag=MPI.ANY_TAG,
+        status=0,
+        comm=comm,
+    )
+    return [back]
+
+
+for _prim in (send_p, recv_p, sendrecv_p):
+    ad.primitive_jvps[_prim] = partial(linear_jvp, _prim)
+ad.primitive_transposes[recv_p] = _recv_transpose
+ad.primitive_transposes[sendrecv_p] = _sendrecv_transpose

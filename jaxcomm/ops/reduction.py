@@ -1,9 +1,24 @@
 """Reductions: allreduce, reduce, scan, exscan, reduce_scatter."""
 
-import jax
+from functools import partial
 
-from ._base import comm_primitive, same_as_input
+import jax
+import jax.numpy as jnp
+from jax.interpreters import ad
+
+from ._base import (
+    REDUCTION_OPS,
+    comm_primitive,
+    def_linear,
+    linear_jvp,
+    not_differentiable,
+    rank_of,
+    same_as_input,
+    size_of,
+)
 from ._batching import batch_whole, flat, split
+from .bcast import bcast
+from .gather import allgather, alltoall
 
 
 def _reduce_scatter_abstract_eval(aval, *, size, tiled, **_):
@@ -56,3 +71,97 @@ def reduce_scatter(x, *, op, size, tiled, comm):
 for _prim in (allreduce_p, reduce_p, scan_p, exscan_p):
     batch_whole(_prim, flat)
 batch_whole(reduce_scatter_p, split)
+
+
+# Differentiation -------------------------------------------------------------
+#
+# SUM reductions are linear. Under the replicated-value convention an
+# allreduce result is one value, so its transpose is the identity; reduce,
+# scan, exscan and reduce_scatter outputs differ per rank and transpose
+# exactly. MAX, MIN and PROD allreduce/reduce are differentiated through a
+# SUM of per-rank contributions (see _contribution), so they transpose too.
+
+_SUM = [name for name, _ in REDUCTION_OPS].index("SUM")
+
+
+def _op_name(op):
+    return REDUCTION_OPS[op][0]
+
+
+def _contribution(x, t, op, comm, what):
+    """This rank's term of the tangent of the reduction of ``x`` with ``op``.
+
+    The reduction's tangent is the SUM over ranks of these terms. MAX and MIN
+    split the tangent evenly among the ranks (and elements) that hold the
+    extremum. PROD multiplies by the product of the other ranks' values,
+    gathered rather than divided out so that zeros are handled exactly.
+    """
+    name = _op_name(op)
+    if name == "SUM":
+        return t
+    if name in ("MAX", "MIN"):
+        # Where the extremum sits has no derivative; say so rather than
+        # differentiate the comparison.
+        x = jax.lax.stop_gradient(x)
+        hit = x == allreduce(x, op=op, comm=comm)
+        count = allreduce(hit.astype(t.dtype), op=_SUM, comm=comm)
+        # count >= 1 wherever hit holds; the maximum only guards NaN inputs.
+        return jnp.where(hit, t / jnp.maximum(count, 1), jnp.zeros_like(t))
+    if name == "PROD":
+        # Every rank's x, by an alltoall of copies: unlike allgather (whose
+        # replicated cotangent would be wrong here, since each rank uses the
+        # rows differently) it transposes exactly, so higher orders are right.
+        size = size_of(comm)
+        rows = alltoall(jnp.broadcast_to(x, (size, *x.shape)), comm=comm)
+        others = jnp.prod(rows.at[rank_of(comm)].set(1), axis=0)
+        return others * t
+    raise not_differentiable(f"{what} with MPI.{name}")
+
+
+def _reduction_jvp(prim, primals, tangents, *, op, comm, **params):
+    (x,), (t,) = primals, tangents
+    t = ad.instantiate_zeros(t)
+    y = prim.bind(x, op=op, comm=comm, **params)
+    term = _contribution(x, t, op, comm, prim.name)
+    return y, prim.bind(term, op=_SUM, comm=comm, **params)
+
+
+def _sum_only_jvp(prim, primals, tangents, *, op, **params):
+    if _op_name(op) != "SUM":
+        raise not_differentiable(f"{prim.name} with MPI.{_op_name(op)}")
+    return linear_jvp(prim, primals, tangents, op=op, **params)
+
+
+def _allreduce_transpose(ct, aval, *, op, comm):
+    return ct
+
+
+def _reduce_transpose(ct, aval, *, op, root, comm):
+    return bcast(ct, root=root, comm=comm)
+
+
+def _scan_transpose(ct, aval, *, op, comm):
+    # Rank r's input reaches outputs r, r + 1, ...: the total minus the
+    # exclusive prefix (zeros on rank 0) of the cotangents.
+    return allreduce(ct, op=_SUM, comm=comm) - exscan(ct, op=_SUM, comm=comm)
+
+
+def _exscan_transpose(ct, aval, *, op, comm):
+    # Rank r's input reaches outputs r + 1, ...: the total minus the
+    # inclusive prefix of the cotangents.
+    return allreduce(ct, op=_SUM, comm=comm) - scan(ct, op=_SUM, comm=comm)
+
+
+def _reduce_scatter_transpose(ct, aval, *, op, size, tiled, comm):
+    return allgather(ct, size=size, tiled=tiled, comm=comm)
+
+
+def_linear(allreduce_p, _allreduce_transpose)
+def_linear(reduce_p, _reduce_transpose)
+def_linear(scan_p, _scan_transpose)
+def_linear(exscan_p, _exscan_transpose)
+def_linear(reduce_scatter_p, _reduce_scatter_transpose)
+ad.primitive_jvps[allreduce_p] = partial(_reduction_jvp, allreduce_p)
+ad.primitive_jvps[reduce_p] = partial(_reduction_jvp, reduce_p)
+for _prim in (scan_p, exscan_p, reduce_scatter_p):
+    ad.primitive_jvps[_prim] = partial(_sum_only_jvp, _prim)
