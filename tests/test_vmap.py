@@ -222,22 +222,17 @@ def test_sendrecv_batched_on_one_side(jc, capfd):
 
 
 @pytest.mark.mpi
-def test_ranks_batching_different_operands_agree(jc, capfd):
-    # Only root's data depends on the batch; the other ranks pass zeros of one
-    # member's shape, or a ShapeDtypeStruct template, which vmap leaves
-    # unbatched. The messages must still match root's.
+def test_ranks_batching_alike_with_placeholders(jc, capfd):
+    # Only root's data depends on the batch; the other ranks pass batched
+    # placeholders (x * 0) and batched templates, so the messages match.
     root = jc.size - 1
     source, dest = _chain(jc)
     xs = batch_data(jc, (jc.size, 2))
 
     def fn(x):
-        data = x if jc.rank == root else jnp.zeros(x.shape)
+        data = x if jc.rank == root else x * 0
         jc.send(x, dest)
-        return (
-            jc.bcast(data, root=root),
-            jc.scatter(data, root=root),
-            jc.recv(jax.ShapeDtypeStruct(x.shape, x.dtype), source),
-        )
+        return jc.bcast(data, root=root), jc.scatter(data, root=root), jc.recv(x, source)
 
     got, calls = mpi_calls(capfd, lambda: jax.vmap(fn)(xs))
     assert calls == ["MPI_Send", "MPI_Bcast", "MPI_Scatter", "MPI_Recv"]
@@ -246,6 +241,23 @@ def test_ranks_batching_different_operands_agree(jc, capfd):
     np.testing.assert_array_equal(np.asarray(got[1]), sent[:, jc.rank])
     received = rank_data(source, xs.shape, np.float64) if jc.rank > 0 else np.zeros(xs.shape)
     np.testing.assert_array_equal(np.asarray(got[2]), received)
+
+
+@pytest.mark.mpi
+def test_unbatched_ops_inside_vmap_stay_unbatched(jc, capfd):
+    # A collective on data that does not depend on the batch runs once, on
+    # one member's data, and its result is not batched.
+    y = jnp.arange(3.0) + jc.rank
+
+    def fn(x):
+        return x + jc.allreduce(y)
+
+    xs = batch_data(jc, (3,))
+    got, calls = mpi_calls(capfd, lambda: jax.vmap(fn)(xs))
+    assert calls == ["MPI_Allreduce"]
+    np.testing.assert_array_equal(np.asarray(got), xs + np.asarray(jc.allreduce(y)))
+    _, calls = mpi_calls(capfd, lambda: jax.vmap(lambda x: jc.allreduce(y), out_axes=None)(xs))
+    assert calls == ["MPI_Allreduce"]
 
 
 def _chain(jc):

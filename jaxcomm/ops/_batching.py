@@ -1,12 +1,15 @@
 """``jax.vmap`` for jaxcomm primitives: the whole batch travels in one MPI call.
 
-Under ``vmap`` every jaxcomm op moves all batch members, as the loop it
-stands for would, also where an operand is the same for all of them (it is
-broadcast): then the bytes on the wire depend only on the batch size, never
-on which operands a rank's code happens to batch. Ranks must agree on them
-even where they run different code: a send and its recv, a root that
-broadcasts its batched data and other ranks that pass zeros of one member's
-shape, a ``recv`` whose template is a ``jax.ShapeDtypeStruct``.
+Under ``vmap`` a jaxcomm op with any batched operand moves all batch members,
+as the loop it stands for would; its other operands are broadcast, so the
+bytes on the wire depend only on the batch size. An op none of whose operands
+is batched stays unbatched (one member's data), as JAX expects of values that
+do not depend on the batch (``jacfwd`` relies on it). So ranks that exchange
+data must batch it alike: a root broadcasting batched data needs batched
+placeholders on the other ranks (``x * 0``, not ``jnp.zeros(x.shape)``), and a
+``recv`` of a batched message needs a batched template (pass ``x``, not a
+``jax.ShapeDtypeStruct``); otherwise the message sizes differ and MPI reports
+truncation.
 
 For the same reason each rule puts the batch axis at a fixed position rather
 than wherever the caller's computation happened to leave it:
@@ -28,8 +31,8 @@ from jax.interpreters import batching
 def batch_whole(prim, layout):
     """Register ``prim``'s batching rule.
 
-    It is registered as a "fancy" rule because JAX calls those also when no
-    operand is batched; plain rules would leave such an op unbatched.
+    It is registered as a "fancy" rule, which JAX calls also when no operand
+    is batched (the op then runs once, unbatched).
 
     Args:
         prim: the primitive.
@@ -38,6 +41,9 @@ def batch_whole(prim, layout):
     """
 
     def rule(axis_data, args, dims, **params):
+        if all(dim is None for dim in dims):
+            outs = prim.bind(*args, **params)
+            return outs, [None] * len(outs)
         in_axis, out_axis = layout(**params)
         args = [_placed(x, dim, in_axis, axis_data.size) for x, dim in zip(args, dims)]
         outs = prim.bind(*args, **params)
