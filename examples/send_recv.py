@@ -24,4 +24,5 @@ else:
     jc.send(x, dest=other)
 
 prefix = f"r{jc.rank} | "
-print(prefix + str(y).replace("\n", "\n" + prefix), flush=True)
+# One write, newline included, so that mpiexec does not interleave the ranks' lines.
+print(prefix + str(y).replace("\n", "\n" + prefix) + "\n", end="", flush=True)
