@@ -10,11 +10,9 @@ ffi::Error BcastImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
                      ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle,
                      int64_t root) {
   MPI_Comm comm = CommFromHandle(comm_handle);
-  MPI_Datatype dtype;
-  JAXCOMM_RETURN_IF_ERROR(MpiDatatype(x.element_type(), &dtype));
   const size_t count = x.element_count();
   LargeType type;
-  JAXCOMM_RETURN_IF_ERROR(LargeType::Make(dtype, count, comm, &type));
+  JAXCOMM_RETURN_IF_ERROR(LargeType::Make(x.element_type(), count, comm, &type));
   if (DebugEnabled()) {
     DebugLog(comm, "MPI_Bcast root " + std::to_string(root) + " " +
                        Elements(count, x.element_type()));

@@ -236,6 +236,13 @@ void SetMaxCount(size_t count) {
                                       : count);
 }
 
+ffi::Error LargeType::Make(ffi::DataType element_type, size_t count,
+                           MPI_Comm comm, LargeType* out) {
+  MPI_Datatype base;
+  JAXCOMM_RETURN_IF_ERROR(MpiDatatype(element_type, &base));
+  return Make(base, count, comm, out);
+}
+
 LargeType::~LargeType() {
   for (MPI_Datatype& t : owned_) {
     if (t != MPI_DATATYPE_NULL) MPI_Type_free(&t);

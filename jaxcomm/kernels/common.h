@@ -84,6 +84,9 @@ class LargeType {
 
   static ffi::Error Make(MPI_Datatype base, size_t count, MPI_Comm comm,
                          LargeType* out);
+  // The same for `count` elements of an XLA element type.
+  static ffi::Error Make(ffi::DataType element_type, size_t count,
+                         MPI_Comm comm, LargeType* out);
 
   MPI_Datatype type() const { return type_; }
   int count() const { return count_; }

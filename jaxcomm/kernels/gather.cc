@@ -118,10 +118,9 @@ ffi::Error Alltoallw(ffi::AnyBuffer x, const PeerBlocks& send, void* y,
 ffi::Error AllgatherImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
                          ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle) {
   MPI_Comm comm = CommFromHandle(comm_handle);
-  MPI_Datatype dtype;
-  JAXCOMM_RETURN_IF_ERROR(MpiDatatype(x.element_type(), &dtype));
   LargeType block;
-  JAXCOMM_RETURN_IF_ERROR(LargeType::Make(dtype, x.element_count(), comm, &block));
+  JAXCOMM_RETURN_IF_ERROR(
+      LargeType::Make(x.element_type(), x.element_count(), comm, &block));
   if (DebugEnabled()) {
     DebugLog(comm, "MPI_Allgather " + Elements(x.element_count(), x.element_type()));
   }
@@ -134,10 +133,9 @@ ffi::Error GatherImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
                       ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle,
                       int64_t root) {
   MPI_Comm comm = CommFromHandle(comm_handle);
-  MPI_Datatype dtype;
-  JAXCOMM_RETURN_IF_ERROR(MpiDatatype(x.element_type(), &dtype));
   LargeType block;
-  JAXCOMM_RETURN_IF_ERROR(LargeType::Make(dtype, x.element_count(), comm, &block));
+  JAXCOMM_RETURN_IF_ERROR(
+      LargeType::Make(x.element_type(), x.element_count(), comm, &block));
   if (DebugEnabled()) {
     DebugLog(comm, "MPI_Gather root " + std::to_string(root) + " " +
                        Elements(x.element_count(), x.element_type()));
@@ -153,10 +151,9 @@ ffi::Error ScatterImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
                        ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle,
                        int64_t root) {
   MPI_Comm comm = CommFromHandle(comm_handle);
-  MPI_Datatype dtype;
-  JAXCOMM_RETURN_IF_ERROR(MpiDatatype(x.element_type(), &dtype));
   LargeType block;
-  JAXCOMM_RETURN_IF_ERROR(LargeType::Make(dtype, y->element_count(), comm, &block));
+  JAXCOMM_RETURN_IF_ERROR(
+      LargeType::Make(x.element_type(), y->element_count(), comm, &block));
   if (DebugEnabled()) {
     DebugLog(comm, "MPI_Scatter root " + std::to_string(root) + " " +
                        Elements(x.element_count(), x.element_type()));
@@ -170,11 +167,9 @@ ffi::Error ScatterImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
 ffi::Error AlltoallImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
                         ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle) {
   MPI_Comm comm = CommFromHandle(comm_handle);
-  MPI_Datatype dtype;
-  JAXCOMM_RETURN_IF_ERROR(MpiDatatype(x.element_type(), &dtype));
   LargeType block;
   JAXCOMM_RETURN_IF_ERROR(
-      LargeType::Make(dtype, x.element_count() / CommSize(comm), comm, &block));
+      LargeType::Make(x.element_type(), x.element_count() / CommSize(comm), comm, &block));
   if (DebugEnabled()) {
     DebugLog(comm, "MPI_Alltoall " + Elements(x.element_count(), x.element_type()));
   }

@@ -27,10 +27,9 @@ std::string Tag(int64_t tag) {
 ffi::Error SendImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
                     int64_t comm_handle, int64_t dest, int64_t tag) {
   MPI_Comm comm = CommFromHandle(comm_handle);
-  MPI_Datatype dtype;
-  JAXCOMM_RETURN_IF_ERROR(MpiDatatype(x.element_type(), &dtype));
   LargeType type;
-  JAXCOMM_RETURN_IF_ERROR(LargeType::Make(dtype, x.element_count(), comm, &type));
+  JAXCOMM_RETURN_IF_ERROR(
+      LargeType::Make(x.element_type(), x.element_count(), comm, &type));
   if (DebugEnabled()) {
     DebugLog(comm, "MPI_Send -> " + Peer(dest) + " tag " + Tag(tag) + " " +
                        Elements(x.element_count(), x.element_type()));
@@ -45,10 +44,9 @@ ffi::Error RecvImpl(ffi::Token, ffi::AnyBuffer /*template*/,
                     ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle,
                     int64_t source, int64_t tag, int64_t status_address) {
   MPI_Comm comm = CommFromHandle(comm_handle);
-  MPI_Datatype dtype;
-  JAXCOMM_RETURN_IF_ERROR(MpiDatatype(y->element_type(), &dtype));
   LargeType type;
-  JAXCOMM_RETURN_IF_ERROR(LargeType::Make(dtype, y->element_count(), comm, &type));
+  JAXCOMM_RETURN_IF_ERROR(
+      LargeType::Make(y->element_type(), y->element_count(), comm, &type));
   if (DebugEnabled()) {
     DebugLog(comm, "MPI_Recv <- " + Peer(source) + " tag " + Tag(tag) + " " +
                        Elements(y->element_count(), y->element_type()));
@@ -67,12 +65,11 @@ ffi::Error SendrecvImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
                         int64_t source, int64_t dest, int64_t sendtag,
                         int64_t recvtag, int64_t status_address) {
   MPI_Comm comm = CommFromHandle(comm_handle);
-  MPI_Datatype send_type, recv_type;
-  JAXCOMM_RETURN_IF_ERROR(MpiDatatype(x.element_type(), &send_type));
-  JAXCOMM_RETURN_IF_ERROR(MpiDatatype(y->element_type(), &recv_type));
   LargeType send, recv;
-  JAXCOMM_RETURN_IF_ERROR(LargeType::Make(send_type, x.element_count(), comm, &send));
-  JAXCOMM_RETURN_IF_ERROR(LargeType::Make(recv_type, y->element_count(), comm, &recv));
+  JAXCOMM_RETURN_IF_ERROR(
+      LargeType::Make(x.element_type(), x.element_count(), comm, &send));
+  JAXCOMM_RETURN_IF_ERROR(
+      LargeType::Make(y->element_type(), y->element_count(), comm, &recv));
   if (DebugEnabled()) {
     DebugLog(comm, "MPI_Sendrecv -> " + Peer(dest) + " tag " + Tag(sendtag) + " " +
                        Elements(x.element_count(), x.element_type()) + " <- " +
