@@ -29,6 +29,9 @@ for _allowed in (
     _effects.control_flow_allowed_effects,
     _effects.custom_derivatives_allowed_effects,
     _effects.remat_allowed_effects,
+    # A send's tangent has no output; linearization must keep it anyway, so
+    # that its transpose receives the cotangent its peer sends back.
+    _effects.partial_eval_kept_effects,
     # JAX refuses ordered effects in programs for several devices with a
     # message that cannot name the way out; letting them through to the
     # lowering lets jaxcomm refuse them itself (see ``device_count``).

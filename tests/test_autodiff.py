@@ -143,7 +143,7 @@ def test_sendrecv_ring_in_fori_loop(jc):
 
 
 @pytest.mark.mpi(min_size=2)
-def test_send_recv_forward_mode(jc):
+def test_send_recv_both_modes(jc):
     # The template x carries a tangent, so the receive takes part in AD.
     def f(x):
         if jc.rank == 0:
@@ -158,9 +158,13 @@ def test_send_recv_forward_mode(jc):
     dy = jax.jit(lambda x, t: jax.jvp(f, (x,), (t,))[1])(x, t)
     numeric = (f(x + EPS * t) - f(x - EPS * t)) / (2 * EPS)
     np.testing.assert_allclose(dy, numeric, rtol=1e-6, atol=1e-7)
-    # Tracing only: no message is sent.
-    with pytest.raises(NotImplementedError, match="recv in reverse mode"):
-        jax.make_jaxpr(jax.grad(lambda x: jnp.sum(jc.recv(x, source=0))))(x)
+
+    # Reverse mode: rank 1's cotangent of what it received (its own x) goes
+    # back to rank 0, whose send of x**2 turns it into 2 * x0 * x1.
+    x0, x1 = _random([7, 0], x.shape), _random([7, 1], x.shape)
+    want = {0: 1 + 2 * x0 * x1, 1: x0**2}.get(jc.rank, jnp.ones_like(x))
+    for grad in (jax.grad(lambda x: jnp.sum(f(x))), jax.jit(jax.grad(lambda x: jnp.sum(f(x))))):
+        np.testing.assert_allclose(grad(x), want, rtol=1e-12)
 
 
 @pytest.mark.mpi

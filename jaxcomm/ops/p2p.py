@@ -2,6 +2,7 @@
 
 from functools import partial
 
+import jax.numpy as jnp
 from jax.interpreters import ad
 from mpi4py import MPI
 
@@ -59,9 +60,9 @@ for _prim in (send_p, recv_p, sendrecv_p):
 # forward receive matched any tag uses tag 0. A receive that matched any
 # source has no path back.
 #
-# send has no output, so JAX's linearization drops its tangent: reverse mode
-# would lose the sender's cotangent and leave the receiver's message pending.
-# recv therefore refuses to transpose; use sendrecv in reverse mode.
+# send has no output; linearization keeps its tangent only because jaxcomm's
+# effect is one JAX keeps there (_compat.py), and its transpose then receives
+# the cotangent the receiver's transposed recv sends back.
 
 
 def _tag_back(tag):
@@ -69,9 +70,23 @@ def _tag_back(tag):
 
 
 def _recv_transpose(cts, template, *, source, tag, status, comm):
-    raise not_differentiable(
-        "recv in reverse mode (its send has no output to carry a cotangent); use sendrecv"
+    # The cotangent of what arrived goes back to its sender, whose send
+    # transposes to the matching receive.
+    if source == MPI.ANY_SOURCE:
+        raise not_differentiable("recv from MPI.ANY_SOURCE in reverse mode")
+    send(ad.instantiate_zeros(cts[0]), dest=source, tag=_tag_back(tag), comm=comm)
+    return [None]
+
+
+def _send_transpose(cts, x, *, dest, tag, comm):
+    back = recv(
+        jnp.zeros(x.aval.shape, x.aval.dtype),
+        source=dest,
+        tag=MPI.ANY_TAG,
+        status=0,
+        comm=comm,
     )
+    return [back]
 
 
 def _sendrecv_transpose(cts, x, *, source, dest, sendtag, recvtag, status, comm):
@@ -92,5 +107,6 @@ def _sendrecv_transpose(cts, x, *, source, dest, sendtag, recvtag, status, comm)
 
 for _prim in (send_p, recv_p, sendrecv_p):
     ad.primitive_jvps[_prim] = partial(linear_jvp, _prim)
+ad.primitive_transposes[send_p] = _send_transpose
 ad.primitive_transposes[recv_p] = _recv_transpose
 ad.primitive_transposes[sendrecv_p] = _sendrecv_transpose
