@@ -4,6 +4,7 @@ Run with ``mpiexec -n N python -m pytest --with-mpi`` (N = 1, 2, 3), or
 plain ``python -m pytest`` for the tests that need no MPI launch.
 """
 
+import contextlib
 import os
 import pathlib
 import sys
@@ -23,6 +24,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
+import jaxcomm  # noqa: E402
 from jaxcomm import JaxComm  # noqa: E402
 
 ALL_DTYPES = [
@@ -69,3 +71,29 @@ def rank_data(rank, shape, dtype, low=0, high=5):
 def unchanged(x, original):
     """Assert that an input array still holds its original values."""
     np.testing.assert_array_equal(np.asarray(x), original)
+
+
+@contextlib.contextmanager
+def mpi_debug():
+    """Log every MPI call made by the kernels (to stderr) inside the block."""
+    jaxcomm.set_debug(True)
+    try:
+        yield
+    finally:
+        jaxcomm.set_debug(False)
+
+
+@contextlib.contextmanager
+def backend_compiles():
+    """Collect, into the yielded list, the XLA compilations made inside the block."""
+    compiles = []
+
+    def listener(event, duration, **_):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        yield compiles
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)

@@ -9,6 +9,7 @@ import sys
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import mpi_debug
 from mpi4py import MPI
 
 import jaxcomm
@@ -115,8 +116,7 @@ def test_default_comm_context_manager_and_subcommunicators():
 
 @pytest.mark.mpi
 def test_debug_log_lines(jc, capfd):
-    jaxcomm.set_debug(True)
-    try:
+    with mpi_debug():
         jc.allreduce(jnp.ones(9, jnp.float32)).block_until_ready()
         jc.reduce(jnp.ones(9, jnp.float32), root=jc.size - 1).block_until_ready()
         jc.scan(jnp.ones(9, jnp.float32), op=MPI.MAX).block_until_ready()
@@ -125,8 +125,6 @@ def test_debug_log_lines(jc, capfd):
         right, left = (jc.rank + 1) % jc.size, (jc.rank - 1) % jc.size
         jc.sendrecv(jnp.ones(2), jnp.ones(2), source=left, dest=right).block_until_ready()
         jc.barrier()
-    finally:
-        jaxcomm.set_debug(False)
     err = capfd.readouterr().err.splitlines()
     r = jc.rank
     assert f"r{r} | MPI_Allreduce op SUM count 9 float32" in err

@@ -8,9 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import ALL_DTYPES, SHAPES, rank_data, unchanged
+from conftest import ALL_DTYPES, SHAPES, mpi_debug, rank_data, unchanged
 
-import jaxcomm
 
 
 def _split(array, counts):
@@ -270,8 +269,7 @@ def test_gather_family_in_fori_loop(jc):
 @pytest.mark.mpi
 def test_debug_log_lines(jc, capfd):
     size, rank = jc.size, jc.rank
-    jaxcomm.set_debug(True)
-    try:
+    with mpi_debug():
         jc.allgather(jnp.ones(9, jnp.float32)).block_until_ready()
         jc.gather(jnp.ones(9, jnp.float32), root=0).block_until_ready()
         jc.scatter(jnp.ones((size, 2), jnp.float32), root=0).block_until_ready()
@@ -281,8 +279,6 @@ def test_debug_log_lines(jc, capfd):
         jc.gatherv(jnp.ones(2), counts, root=0).block_until_ready()
         jc.scatterv(jnp.ones(2 * size), counts, root=0).block_until_ready()
         jc.alltoallv(jnp.ones(2 * size), [counts] * size).block_until_ready()
-    finally:
-        jaxcomm.set_debug(False)
     err = [line for line in capfd.readouterr().err.splitlines() if line.startswith("r")]
     assert err == [
         f"r{rank} | MPI_Allgather count 9 float32",

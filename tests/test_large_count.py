@@ -8,10 +8,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import rank_data
+from conftest import mpi_debug, rank_data
 from mpi4py import MPI
 
-import jaxcomm
 from jaxcomm._runtime import _kernels_cpu
 
 CAP = 7
@@ -111,12 +110,9 @@ def test_large_type_p2p_and_status(jc, small_cap, n):
 
 @pytest.mark.mpi
 def test_chunks_are_separate_mpi_calls(jc, small_cap, capfd):
-    jaxcomm.set_debug(True)
-    try:
+    with mpi_debug():
         jc.allreduce(jnp.ones(50, jnp.float32)).block_until_ready()
         jc.bcast(jnp.ones(50, jnp.float32), root=0).block_until_ready()
-    finally:
-        jaxcomm.set_debug(False)
     lines = [line for line in capfd.readouterr().err.splitlines() if line.startswith("r")]
     counts = [int(line.split("count ")[1].split()[0]) for line in lines if "Allreduce" in line]
     assert counts == [7] * 7 + [1]
@@ -129,15 +125,12 @@ def test_chunks_are_separate_mpi_calls(jc, small_cap, capfd):
 @pytest.mark.mpi
 def test_chunked_reduction_family_calls(jc, small_cap, capfd):
     size = jc.size
-    jaxcomm.set_debug(True)
-    try:
+    with mpi_debug():
         jc.reduce(jnp.ones(50, jnp.float32), root=size - 1).block_until_ready()
         jc.scan(jnp.ones(50, jnp.float32)).block_until_ready()
         jc.exscan(jnp.ones(50, jnp.float32)).block_until_ready()
         jc.reduce_scatter(jnp.ones((size, 6), jnp.float32)).block_until_ready()
         jc.reduce_scatter(jnp.ones((size, 10), jnp.float32)).block_until_ready()
-    finally:
-        jaxcomm.set_debug(False)
     lines = [line.split(" | ")[1] for line in capfd.readouterr().err.splitlines() if " | " in line]
     pieces = ["count 7 float32"] * 7 + ["count 1 float32"]
     assert lines[:8] == [f"MPI_Reduce op SUM root {size - 1} {p}" for p in pieces]
@@ -254,8 +247,7 @@ def test_gather_family_calls_past_the_cap(jc, small_cap, capfd):
     # Counts and displacements of at most 7 elements: one MPI call each.
     fits = [7 // size] * size
     large = _large_counts(size)
-    jaxcomm.set_debug(True)
-    try:
+    with mpi_debug():
         jc.allgather(jnp.ones(50, jnp.float32)).block_until_ready()
         for counts in (fits, large):
             x = jnp.ones(counts[rank], jnp.float32)
@@ -264,8 +256,6 @@ def test_gather_family_calls_past_the_cap(jc, small_cap, capfd):
             jc.gatherv(x, counts, root=0).block_until_ready()
             jc.scatterv(whole, counts, root=0).block_until_ready()
             jc.alltoallv(whole, [counts] * size).block_until_ready()
-    finally:
-        jaxcomm.set_debug(False)
     lines = [line for line in capfd.readouterr().err.splitlines() if line.startswith("r")]
     whole = sum(large)
     assert lines == [

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import backend_compiles
 from mpi4py import MPI
 
 import jaxcomm
@@ -107,29 +108,17 @@ def test_dropped_results_still_communicate(jc):
 
 @pytest.mark.mpi
 def test_eager_calls_reuse_compiled_code(jc):
-    compiles = []
-
-    def listener(event, duration, **_):
-        if event == "/jax/core/compile/backend_compile_duration":
-            compiles.append(event)
-
     x = jnp.ones((4, 4))
     jc.allreduce(x)  # may compile
     jc.bcast(x, root=0)
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    try:
+    with backend_compiles() as compiles:
         for _ in range(20):
             jc.allreduce(x).block_until_ready()
             jc.bcast(x, root=0).block_until_ready()
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
     assert compiles == []
     # A new shape must compile: the listener does see compilations.
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    try:
+    with backend_compiles() as compiles:
         jc.allreduce(jnp.ones((5, 7, 3)))
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
     assert len(compiles) >= 1
 
 

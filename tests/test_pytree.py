@@ -4,9 +4,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import backend_compiles, mpi_debug
 from mpi4py import MPI
 
-import jaxcomm
 
 
 def model_tree(rank, leaves=100):
@@ -35,11 +35,8 @@ def test_allreduce_gradient_pytree_costs_one_call_per_dtype(jc, capfd, jit):
     fn = jax.jit(jc.allreduce) if jit else jc.allreduce
     fn(tree)  # compile outside the counted call
     capfd.readouterr()
-    jaxcomm.set_debug(True)
-    try:
+    with mpi_debug():
         out = jax.block_until_ready(fn(tree))
-    finally:
-        jaxcomm.set_debug(False)
     calls = mpi_calls(capfd.readouterr().err, "MPI_Allreduce")
     assert len(jax.tree_util.tree_leaves(tree)) == 101
     assert len(calls) == 2, calls  # float32 and int32
@@ -81,20 +78,11 @@ def test_pytree_ops_in_fori_loop_and_reduction_rules(jc):
 
 @pytest.mark.mpi
 def test_eager_pytree_calls_reuse_compiled_code(jc):
-    compiles = []
-
-    def listener(event, duration, **_):
-        if event == "/jax/core/compile/backend_compile_duration":
-            compiles.append(event)
-
     tree = {"a": jnp.ones(3), "b": [jnp.zeros(2), jnp.ones((), jnp.int32)]}
     jc.allreduce(tree)
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    try:
+    with backend_compiles() as compiles:
         for _ in range(5):
             jax.block_until_ready(jc.allreduce(tree))
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
     assert compiles == []
 
 
@@ -102,11 +90,8 @@ def test_eager_pytree_calls_reuse_compiled_code(jc):
 @pytest.mark.parametrize("tiled", [False, True])
 def test_allgather_and_gather_pytrees(jc, capfd, tiled):
     tree = {"a": jnp.full((2, 3), float(jc.rank)), "b": [jnp.arange(4) + jc.rank], "c": jnp.ones((1,))}
-    jaxcomm.set_debug(True)
-    try:
+    with mpi_debug():
         out = jax.block_until_ready(jax.jit(lambda t: jc.allgather(t, tiled=tiled))(tree))
-    finally:
-        jaxcomm.set_debug(False)
     assert len(mpi_calls(capfd.readouterr().err, "MPI_Allgather")) == 2  # float64 and int64
     for name, leaf in (("a", tree["a"]), ("c", tree["c"])):
         stacked = np.stack([np.asarray(leaf) * 0 + (r if name == "a" else 1) for r in range(jc.size)])

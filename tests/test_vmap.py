@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import rank_data
+from conftest import mpi_debug, rank_data
 from mpi4py import MPI
 
 import jaxcomm
@@ -112,12 +112,9 @@ OPS = {
 def mpi_calls(capfd, thunk):
     """``thunk()``'s result and the MPI calls it made, by name, in order."""
     capfd.readouterr()
-    jaxcomm.set_debug(True)
-    try:
+    with mpi_debug():
         out = jax.block_until_ready(thunk())
         jaxcomm.sync()
-    finally:
-        jaxcomm.set_debug(False)
     lines = capfd.readouterr().err.splitlines()
     return out, [line.split(" | ")[1].split()[0] for line in lines if " | MPI_" in line]
 
