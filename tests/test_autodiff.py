@@ -44,15 +44,41 @@ def _check_once(jc, f, x, replicated, salt):
     np.testing.assert_allclose(_global_sum(jc, jnp.vdot(g, t)), out_side, rtol=1e-10)
 
 
+def _check_hessian_products(jc, f, x, replicated):
+    """Forward-over-reverse and reverse-over-reverse Hessian-vector products agree.
+
+    ``g`` is the gradient of the global scalar ``<ct, f(x)**2>``, so its
+    Jacobian is that scalar's Hessian, which is symmetric: ``jvp(g)(v)`` (which
+    differentiates the transposes' rules) equals ``vjp(g)(v)`` (which
+    transposes the transposes). Squaring puts ``f(x)`` into the cotangent that
+    ``f``'s transposes see, so the second pass really transposes them.
+    """
+    square = lambda x: f(x) ** 2
+    shape = jax.eval_shape(f, x).shape
+    ct = _random([4] if replicated else [4, jc.rank], shape)
+    v = _random([5, jc.rank], x.shape)
+
+    @jax.jit
+    def products(x, ct, v):
+        g = lambda x: jax.vjp(square, x)[1](ct)[0]
+        return jax.jvp(g, (x,), (v,))[1], jax.vjp(g, x)[1](v)[0]
+
+    forward_over_reverse, reverse_over_reverse = products(x, ct, v)
+    np.testing.assert_allclose(reverse_over_reverse, forward_over_reverse, rtol=1e-10, atol=1e-12)
+
+
 def check_ad(jc, f, x, *, replicated=False, order=1):
     """Check the derivatives of ``f`` up to ``order`` (1 or 2), forward and reverse.
 
-    The second order is checked as the first order of ``x -> jvp(f)(x, v)``.
+    The second order is checked as the first order of ``x -> jvp(f)(x, v)``,
+    and by comparing Hessian-vector products taken forward-over-reverse and
+    reverse-over-reverse.
     """
     _check_once(jc, f, x, replicated, 0)
     if order == 2:
         v = _random([3, jc.rank], x.shape)
         _check_once(jc, lambda x: jax.jvp(f, (x,), (v,))[1], x, replicated, 1)
+        _check_hessian_products(jc, f, x, replicated)
 
 
 def _data(jc, shape=(2, 3)):
@@ -129,6 +155,39 @@ def test_gathers_that_transpose_exactly(jc):
 
     rows = max(2 * jc.size, sum(counts))
     check_ad(jc, f, _data(jc, (rows, 2)), order=2)
+
+
+_TRANSPOSABLE = {
+    "allreduce": lambda jc, x: jc.allreduce(x),
+    "reduce": lambda jc, x: jc.reduce(x, root=jc.size - 1),
+    "scan": lambda jc, x: jc.scan(x),
+    "exscan": lambda jc, x: jc.exscan(x),
+    "reduce_scatter": lambda jc, x: jc.reduce_scatter(x, tiled=True),
+    "bcast": lambda jc, x: jc.bcast(x, root=jc.size - 1),
+    "allgather": lambda jc, x: jc.allgather(x),
+    "allgather_tiled": lambda jc, x: jc.allgather(x, tiled=True),
+    "gather": lambda jc, x: jc.gather(x, root=0, tiled=True),
+    "scatter": lambda jc, x: jc.scatter(x, root=0, tiled=True),
+    "alltoall": lambda jc, x: jc.alltoall(x, tiled=True),
+    "allgatherv": lambda jc, x: jc.allgatherv(x[: jc.rank % 2 + 1], [r % 2 + 1 for r in range(jc.size)]),
+    "gatherv": lambda jc, x: jc.gatherv(x[: jc.rank % 2 + 1], [r % 2 + 1 for r in range(jc.size)]),
+    "scatterv": lambda jc, x: jc.scatterv(x[: jc.size], [1] * jc.size),
+    "sendrecv": lambda jc, x: jc.sendrecv(
+        x, x, source=(jc.rank - 1) % jc.size, dest=(jc.rank + 1) % jc.size, recvtag=0
+    ),
+}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("name", sorted(_TRANSPOSABLE))
+def test_transposition_is_an_involution(jc, name):
+    op = lambda x: _TRANSPOSABLE[name](jc, x)
+    x = _data(jc, (2 * jc.size, 3))
+    out = jax.eval_shape(op, x)
+    transpose = jax.linear_transpose(op, x)
+    twice = jax.linear_transpose(lambda ct: transpose(ct)[0], jnp.zeros(out.shape, out.dtype))
+    for run in (lambda x: twice(x)[0], jax.jit(lambda x: twice(x)[0])):
+        np.testing.assert_allclose(run(x), op(x), rtol=1e-12)
 
 
 @pytest.mark.mpi

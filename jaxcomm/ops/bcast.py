@@ -2,15 +2,20 @@
 
 import jax.numpy as jnp
 
-from ._base import comm_primitive, def_linear, rank_of, same_as_input
+from ._adjoint import register, replicated_adjoint
+from ._base import comm_primitive, def_linear, same_as_input
 from ._batching import batch_whole, flat
 
 bcast_p = comm_primitive("bcast", same_as_input, "jaxcomm_bcast", ("comm", "root"))
 
 
-def bcast(x, *, root, comm):
-    """Bind ``bcast_p``: ``MPI_Bcast`` of root's ``x``."""
-    (y,) = bcast_p.bind(x, root=root, comm=comm)
+def bcast(x, *, root, comm, replicated=True):
+    """Bind ``bcast_p``: ``MPI_Bcast`` of root's ``x``.
+
+    ``replicated`` picks the transpose (see ``_bcast_transpose``); it does not
+    change what the call computes.
+    """
+    (y,) = bcast_p.bind(x, root=root, comm=comm, replicated=replicated)
     return y
 
 
@@ -19,12 +24,24 @@ def bcast(x, *, root, comm):
 batch_whole(bcast_p, flat)
 
 
-# Differentiation: the broadcast value is one replicated value, so root keeps
-# its cotangent and the other ranks' inputs, never read, get zeros.
+# Differentiation: a user's broadcast value is one replicated value, so root
+# keeps its cotangent and the other ranks' inputs, never read, get zeros. A
+# broadcast bound by a transpose (of reduce) maps per-rank values to per-rank
+# values and transposes exactly, to reduce.
 
 
-def _bcast_transpose(ct, aval, *, root, comm):
-    return ct if rank_of(comm) == root else jnp.zeros_like(ct)
+def _root_keeps(ct, rank, *, root):
+    return ct if rank == root else jnp.zeros_like(ct)
 
 
+def _bcast_transpose(ct, aval, *, root, comm, replicated):
+    if replicated:
+        return replicated_adjoint(ct, kind="bcast", root=root, comm=comm)
+    # reduction.py imports this module for reduce's transpose.
+    from .reduction import SUM, reduce
+
+    return reduce(ct, op=SUM, root=root, comm=comm)
+
+
+register("bcast", _root_keeps, lambda ct, aval, *, root, comm: bcast(ct, root=root, comm=comm))
 def_linear(bcast_p, _bcast_transpose)

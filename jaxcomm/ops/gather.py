@@ -8,6 +8,7 @@ and scale them by the elements of one row.
 
 import jax
 
+from ._adjoint import register, replicated_adjoint
 from ._base import comm_primitive, def_linear, rank_of, same_as_input
 from ._batching import batch_whole, behind_rows, split, stacked
 
@@ -57,9 +58,12 @@ alltoallv_p = comm_primitive(
 )
 
 
-def allgather(x, *, size, tiled, comm):
-    """Bind ``allgather_p``: ``MPI_Allgather`` of ``x``, stacked or concatenated."""
-    (y,) = allgather_p.bind(x, size=size, tiled=tiled, comm=comm)
+def allgather(x, *, size, tiled, comm, replicated=True):
+    """Bind ``allgather_p``: ``MPI_Allgather`` of ``x``, stacked or concatenated.
+
+    ``replicated`` picks the transpose (see ``_allgather_transpose``).
+    """
+    (y,) = allgather_p.bind(x, size=size, tiled=tiled, comm=comm, replicated=replicated)
     return y
 
 
@@ -81,9 +85,12 @@ def alltoall(x, *, comm):
     return y
 
 
-def allgatherv(x, *, counts, comm):
-    """Bind ``allgatherv_p``: ``MPI_Allgatherv``; ``counts`` holds every rank's rows."""
-    (y,) = allgatherv_p.bind(x, counts=counts, comm=comm)
+def allgatherv(x, *, counts, comm, replicated=True):
+    """Bind ``allgatherv_p``: ``MPI_Allgatherv``; ``counts`` holds every rank's rows.
+
+    ``replicated`` picks the transpose (see ``_allgatherv_transpose``).
+    """
+    (y,) = allgatherv_p.bind(x, counts=counts, comm=comm, replicated=replicated)
     return y
 
 
@@ -123,18 +130,55 @@ for _prim in (alltoall_p, allgatherv_p, gatherv_p, scatterv_p, alltoallv_p):
 
 # Differentiation -------------------------------------------------------------
 #
-# Every op here is linear. allgather and allgatherv results are replicated
-# values, so each rank's input gets its own slice of the cotangent; the other
-# ops transpose exactly: gather <-> scatter, gatherv <-> scatterv, alltoall to
-# itself and alltoallv to itself with the counts matrix transposed.
+# Every op here is linear. A user's allgather and allgatherv results are
+# replicated values, so each rank's input gets its own slice of the cotangent
+# (bound as replicated_adjoint_p, whose transpose is the gather again). An
+# allgather bound by a transpose (of reduce_scatter) maps per-rank values to
+# per-rank values and transposes exactly. The other ops transpose exactly:
+# gather <-> scatter, gatherv <-> scatterv, alltoall to itself and alltoallv
+# to itself with the counts matrix transposed.
 
 
-def _allgather_transpose(ct, aval, *, size, tiled, comm):
-    rank = rank_of(comm)
+def _own_block(ct, rank, *, size, tiled):
     if not tiled:
         return ct[rank]
-    rows = aval.shape[0]
+    rows = ct.shape[0] // size
     return ct[rank * rows : (rank + 1) * rows]
+
+
+def _rank_rows(ct, rank, *, counts):
+    start = sum(counts[:rank])
+    return ct[start : start + counts[rank]]
+
+
+def _allgather_transpose(ct, aval, *, size, tiled, comm, replicated):
+    if replicated:
+        return replicated_adjoint(ct, kind="allgather", size=size, tiled=tiled, comm=comm)
+    # reduction.py imports this module for reduce_scatter's transpose.
+    from .reduction import SUM, reduce_scatter
+
+    return reduce_scatter(ct, op=SUM, size=size, tiled=tiled, comm=comm)
+
+
+def _allgatherv_transpose(ct, aval, *, counts, comm, replicated):
+    if replicated:
+        return replicated_adjoint(ct, kind="allgatherv", counts=counts, comm=comm)
+    from .reduction import SUM, allreduce
+
+    total = allreduce(ct, op=SUM, comm=comm, replicated=False)
+    return _rank_rows(total, rank_of(comm), counts=counts)
+
+
+register(
+    "allgather",
+    _own_block,
+    lambda ct, aval, *, size, tiled, comm: allgather(ct, size=size, tiled=tiled, comm=comm),
+)
+register(
+    "allgatherv",
+    _rank_rows,
+    lambda ct, aval, *, counts, comm: allgatherv(ct, counts=counts, comm=comm),
+)
 
 
 def _gather_transpose(ct, aval, *, root, size, tiled, comm):
@@ -147,12 +191,6 @@ def _scatter_transpose(ct, aval, *, root, size, tiled, comm):
 
 def _alltoall_transpose(ct, aval, *, comm):
     return alltoall(ct, comm=comm)
-
-
-def _allgatherv_transpose(ct, aval, *, counts, comm):
-    rank = rank_of(comm)
-    start = sum(counts[:rank])
-    return ct[start : start + counts[rank]]
 
 
 def _gatherv_transpose(ct, aval, *, counts, root, comm):

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 from jax.interpreters import ad
 
+from ._adjoint import register, replicated_adjoint
 from ._base import (
     REDUCTION_OPS,
     comm_primitive,
@@ -19,6 +20,8 @@ from ._base import (
 from ._batching import batch_whole, flat, split
 from .bcast import bcast
 from .gather import allgather, alltoall
+
+SUM = [name for name, _ in REDUCTION_OPS].index("SUM")
 
 
 def _reduce_scatter_abstract_eval(aval, *, size, tiled, **_):
@@ -36,9 +39,14 @@ reduce_scatter_p = comm_primitive(
 )
 
 
-def allreduce(x, *, op, comm):
-    """Bind ``allreduce_p``: ``MPI_Allreduce`` with reduction code ``op``."""
-    (y,) = allreduce_p.bind(x, op=op, comm=comm)
+def allreduce(x, *, op, comm, replicated=True):
+    """Bind ``allreduce_p``: ``MPI_Allreduce`` with reduction code ``op``.
+
+    ``replicated`` picks the transpose of a SUM: the result is one replicated
+    value (the user's allreduce), or per-rank values (an allreduce bound by a
+    transpose), which transpose exactly, to another such allreduce.
+    """
+    (y,) = allreduce_p.bind(x, op=op, comm=comm, replicated=replicated)
     return y
 
 
@@ -75,13 +83,13 @@ batch_whole(reduce_scatter_p, split)
 
 # Differentiation -------------------------------------------------------------
 #
-# SUM reductions are linear. Under the replicated-value convention an
-# allreduce result is one value, so its transpose is the identity; reduce,
-# scan, exscan and reduce_scatter outputs differ per rank and transpose
-# exactly. MAX, MIN and PROD allreduce/reduce are differentiated through a
-# SUM of per-rank contributions (see _contribution), so they transpose too.
-
-_SUM = [name for name, _ in REDUCTION_OPS].index("SUM")
+# SUM reductions are linear. Under the replicated-value convention a user's
+# allreduce result is one value, so its transpose is the identity (bound as
+# replicated_adjoint_p, whose transpose is the allreduce again); reduce, scan,
+# exscan and reduce_scatter outputs differ per rank and transpose exactly, and
+# so do the collectives their transposes bind (replicated=False). MAX, MIN and
+# PROD allreduce/reduce are differentiated through a SUM of per-rank
+# contributions (see _contribution), so they transpose too.
 
 
 def _op_name(op):
@@ -104,7 +112,7 @@ def _contribution(x, t, op, comm, what):
         # differentiate the comparison.
         x = jax.lax.stop_gradient(x)
         hit = x == allreduce(x, op=op, comm=comm)
-        count = allreduce(hit.astype(t.dtype), op=_SUM, comm=comm)
+        count = allreduce(hit.astype(t.dtype), op=SUM, comm=comm)
         # count >= 1 wherever hit holds; the maximum only guards NaN inputs.
         return jnp.where(hit, t / jnp.maximum(count, 1), jnp.zeros_like(t))
     if name == "PROD":
@@ -123,7 +131,7 @@ def _reduction_jvp(prim, primals, tangents, *, op, comm, **params):
     t = ad.instantiate_zeros(t)
     y = prim.bind(x, op=op, comm=comm, **params)
     term = _contribution(x, t, op, comm, prim.name)
-    return y, prim.bind(term, op=_SUM, comm=comm, **params)
+    return y, prim.bind(term, op=SUM, comm=comm, **params)
 
 
 def _sum_only_jvp(prim, primals, tangents, *, op, **params):
@@ -132,30 +140,42 @@ def _sum_only_jvp(prim, primals, tangents, *, op, **params):
     return linear_jvp(prim, primals, tangents, op=op, **params)
 
 
-def _allreduce_transpose(ct, aval, *, op, comm):
-    return ct
+def _total(ct, comm):
+    """The SUM of every rank's cotangent, as per-rank values (it transposes to itself)."""
+    return allreduce(ct, op=SUM, comm=comm, replicated=False)
+
+
+def _allreduce_transpose(ct, aval, *, op, comm, replicated):
+    if replicated:
+        return replicated_adjoint(ct, kind="allreduce", comm=comm)
+    return _total(ct, comm)
 
 
 def _reduce_transpose(ct, aval, *, op, root, comm):
-    return bcast(ct, root=root, comm=comm)
+    return bcast(ct, root=root, comm=comm, replicated=False)
 
 
 def _scan_transpose(ct, aval, *, op, comm):
     # Rank r's input reaches outputs r, r + 1, ...: the total minus the
     # exclusive prefix (zeros on rank 0) of the cotangents.
-    return allreduce(ct, op=_SUM, comm=comm) - exscan(ct, op=_SUM, comm=comm)
+    return _total(ct, comm) - exscan(ct, op=SUM, comm=comm)
 
 
 def _exscan_transpose(ct, aval, *, op, comm):
     # Rank r's input reaches outputs r + 1, ...: the total minus the
     # inclusive prefix of the cotangents.
-    return allreduce(ct, op=_SUM, comm=comm) - scan(ct, op=_SUM, comm=comm)
+    return _total(ct, comm) - scan(ct, op=SUM, comm=comm)
 
 
 def _reduce_scatter_transpose(ct, aval, *, op, size, tiled, comm):
-    return allgather(ct, size=size, tiled=tiled, comm=comm)
+    return allgather(ct, size=size, tiled=tiled, comm=comm, replicated=False)
 
 
+register(
+    "allreduce",
+    lambda ct, rank: ct,
+    lambda ct, aval, *, comm: allreduce(ct, op=SUM, comm=comm),
+)
 def_linear(allreduce_p, _allreduce_transpose)
 def_linear(reduce_p, _reduce_transpose)
 def_linear(scan_p, _scan_transpose)
