@@ -17,7 +17,13 @@ from mpi4py import MPI
 
 from . import ops
 from ._runtime import check_thread_level, sync
-from .ops._base import ALLOWED_DTYPES, REDUCTION_OPS, SUPPORTED_DTYPES
+from .ops._base import (
+    ALLOWED_DTYPES,
+    REDUCTION_OPS,
+    SUPPORTED_DTYPES,
+    register_derivative_comm,
+    unregister_derivative_comm,
+)
 from .ops._tree import tree_call
 
 ArrayLike = Any  # a JAX or NumPy array, or a Python scalar
@@ -221,9 +227,13 @@ class JaxComm:
 
     def _own(self, comm: MPI.Intracomm) -> None:
         self._comm: MPI.Intracomm | None = comm
-        # Failures come back to jaxcomm's kernels, which raise them in Python.
-        self._comm.Set_errhandler(MPI.ERRORS_RETURN)
+        # Derivative messages travel apart from the program's own (ops/_base.py).
+        self._derivative = comm.Clone()
+        for owned in (self._comm, self._derivative):
+            # Failures come back to jaxcomm's kernels, which raise them in Python.
+            owned.Set_errhandler(MPI.ERRORS_RETURN)
         self._handle = self._comm.py2f()
+        register_derivative_comm(self._handle, self._derivative.py2f())
         self._rank = self._comm.Get_rank()
         self._size = self._comm.Get_size()
         # MPI only guarantees TAG_UB on MPI_COMM_WORLD (Open MPI leaves it unset
@@ -255,7 +265,7 @@ class JaxComm:
         return self._comm is None
 
     def free(self) -> None:
-        """Wait for pending jaxcomm work, then free the duplicate communicator.
+        """Wait for pending jaxcomm work, then free the duplicate communicators.
 
         Collective (``MPI_Comm_free``): call it on every rank. Calling it twice
         is harmless. Methods called afterwards raise ``RuntimeError``; compiled
@@ -263,6 +273,8 @@ class JaxComm:
         """
         if self._comm is not None:
             sync()
+            unregister_derivative_comm(self._handle)
+            self._derivative.Free()
             self._comm.Free()
             self._comm = None
 

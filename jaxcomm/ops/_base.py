@@ -70,10 +70,9 @@ def comm_primitive(name, abstract_eval, target, attrs):
     prim = Primitive(name)
     prim.multiple_results = True
     prim.def_impl(partial(_compat.apply_primitive, prim))
-    prim.def_effectful_abstract_eval(
-        lambda *avals, **params: (abstract_eval(*avals, **params), {_compat.mpi_effect})
-    )
+    _compat.def_effectful_abstract_eval(prim, abstract_eval)
     mlir.register_lowering(prim, partial(_ordered_ffi_lowering, target, attrs), platform="cpu")
+    _compat.communicating_primitives.add(prim)
     return prim
 
 
@@ -91,16 +90,12 @@ def _ordered_ffi_lowering(target, attrs, ctx, *args, **params):
             "--xla_force_host_platform_device_count unset or pin the computation "
             "with jax.default_device), and combine the processes' results with jaxcomm."
         )
-    token = ctx.tokens_in.get(_compat.mpi_effect)
-    token_ctx = ctx.replace(
-        avals_in=[_compat.abstract_token, *ctx.avals_in],
-        avals_out=[_compat.abstract_token, *ctx.avals_out],
-    )
+    token, token_ctx = _compat.ordered_token(ctx)
     lowering = jax.ffi.ffi_lowering(target, has_side_effect=True)
     token_out, *results = lowering(
         token_ctx, token, *args, **{k: _attribute(params[k]) for k in attrs}
     )
-    ctx.set_tokens_out(mlir.TokenSet({_compat.mpi_effect: token_out}))
+    _compat.set_ordered_token(ctx, token_out)
     return results
 
 
@@ -122,7 +117,34 @@ def no_output(*avals, **_):
 #
 # Rules always instantiate symbolic zeros and communicate: whether a tangent or
 # cotangent is symbolically zero can differ between ranks, and a rank that
-# skipped the MPI call would leave the others waiting.
+# skipped the MPI call would leave the others waiting. (_compat.py makes JAX
+# call the rules on every rank in the first place.)
+#
+# Derivative traffic (tangents, cotangents, and the extra calls of MAX, MIN
+# and PROD rules) travels on a second private communicator of each JaxComm,
+# so that a derivative message can never match one of the program's own.
+
+# Fortran handle of each JaxComm's communicator -> its derivative
+# communicator's; derivative communicators map to themselves, so higher-order
+# derivative traffic stays on them.
+_derivative_comms = {}
+
+
+def register_derivative_comm(comm, derivative):
+    """Route the derivative traffic of communicator ``comm`` to ``derivative`` (handles)."""
+    _derivative_comms[comm] = derivative
+    _derivative_comms[derivative] = derivative
+
+
+def unregister_derivative_comm(comm):
+    """Forget ``comm`` and its derivative communicator (before they are freed)."""
+    derivative = _derivative_comms.pop(comm, None)
+    _derivative_comms.pop(derivative, None)
+
+
+def derivative_comm(comm):
+    """The communicator (handle) that derivative traffic of ``comm`` travels on."""
+    return _derivative_comms.get(comm, comm)
 
 
 def rank_of(comm):
@@ -135,15 +157,18 @@ def size_of(comm):
     return MPI.Comm.f2py(comm).Get_size()
 
 
-def linear_jvp(prim, primals, tangents, **params):
+def linear_jvp(prim, primals, tangents, *, comm, **params):
     """JVP of a primitive linear in its operands: the tangents take the same op."""
     tangents = [ad.instantiate_zeros(t) for t in tangents]
-    return prim.bind(*primals, **params), prim.bind(*tangents, **params)
+    return (
+        prim.bind(*primals, comm=comm, **params),
+        prim.bind(*tangents, comm=derivative_comm(comm), **params),
+    )
 
 
-def _transpose_with(transposed, cts, x, **params):
+def _transpose_with(transposed, cts, x, *, comm, **params):
     ct = ad.instantiate_zeros(cts[0])
-    return [transposed(ct, x.aval, **params)]
+    return [transposed(ct, x.aval, comm=derivative_comm(comm), **params)]
 
 
 def def_linear(prim, transposed):
@@ -153,7 +178,8 @@ def def_linear(prim, transposed):
         prim: the primitive.
         transposed: ``transposed(ct, aval, **params)`` maps the cotangent of
             the single output to the cotangent of the operand, whose abstract
-            value is ``aval``; it runs on every rank and may communicate.
+            value is ``aval``; it runs on every rank and may communicate (on
+            the derivative communicator it is passed as ``comm``).
     """
     ad.primitive_jvps[prim] = partial(linear_jvp, prim)
     ad.primitive_transposes[prim] = partial(_transpose_with, transposed)

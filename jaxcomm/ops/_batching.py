@@ -25,7 +25,8 @@ Moving the axis costs a transpose only where it was elsewhere; the defaults
 """
 
 import jax.numpy as jnp
-from jax.interpreters import batching
+
+from .. import _compat
 
 
 def batch_whole(prim, layout):
@@ -49,7 +50,7 @@ def batch_whole(prim, layout):
         outs = prim.bind(*args, **params)
         return outs, [out_axis] * len(outs)
 
-    batching.fancy_primitive_batchers[prim] = rule
+    _compat.fancy_primitive_batchers[prim] = rule
 
 
 def _placed(x, dim, axis, size):

@@ -11,6 +11,7 @@ from ._base import (
     REDUCTION_OPS,
     comm_primitive,
     def_linear,
+    derivative_comm,
     linear_jvp,
     not_differentiable,
     rank_of,
@@ -130,8 +131,9 @@ def _reduction_jvp(prim, primals, tangents, *, op, comm, **params):
     (x,), (t,) = primals, tangents
     t = ad.instantiate_zeros(t)
     y = prim.bind(x, op=op, comm=comm, **params)
-    term = _contribution(x, t, op, comm, prim.name)
-    return y, prim.bind(term, op=SUM, comm=comm, **params)
+    derivative = derivative_comm(comm)
+    term = _contribution(x, t, op, derivative, prim.name)
+    return y, prim.bind(term, op=SUM, comm=derivative, **params)
 
 
 def _sum_only_jvp(prim, primals, tangents, *, op, **params):

@@ -1,0 +1,142 @@
+"""Differentiation where an op's operand depends on the differentiated input on some ranks only.
+
+``y = x if rank == 0 else c`` is everyday MPI code. JAX skips a primitive's
+rules when all its tangents are symbolic zeros, which here happens on some
+ranks only; jaxcomm must make every rank run the same rules anyway, or the
+ranks' derivative messages pair up wrongly or never. Each program is compared
+with its twin whose other ranks use ``c + 0 * x``: a numerically zero but
+non-symbolic tangent, for which JAX runs every rule on every rank.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from mpi4py import MPI
+
+from jaxcomm import JaxComm
+
+
+def _mine(jc, x, symbolic):
+    """x on rank 0; elsewhere a constant, symbolically or only numerically free of x."""
+    if jc.rank == 0:
+        return x
+    c = 0.5 + 0.1 * jnp.arange(x.size, dtype=x.dtype).reshape(x.shape) + jc.rank
+    return c if symbolic else c + 0 * x
+
+
+def _derivatives(f, x, t, ct):
+    """jvp, vjp and a forward-over-reverse Hessian-vector product of ``f`` at ``x``."""
+    y, dy = jax.jvp(f, (x,), (t,))
+    g = lambda x: jax.vjp(f, x)[1](ct)[0]
+    return y, dy, g(x), jax.jvp(g, (x,), (t,))[1], jax.vjp(g, x)[1](t)[0]
+
+
+def _compare(jc, program, x):
+    """``program(x, symbolic)``: both twins give the same derivatives, also under jit."""
+    t = jnp.asarray(np.random.default_rng([1, jc.rank]).uniform(0.5, 1.5, x.shape))
+    ct_shape = jax.eval_shape(lambda x: program(x, False), x).shape
+    ct = jnp.asarray(np.random.default_rng(2).uniform(0.5, 1.5, ct_shape))
+    run = lambda symbolic: _derivatives(lambda x: program(x, symbolic), x, t, ct)
+    want = jax.jit(lambda x: run(False))(x)
+    for got in (run(True), jax.jit(lambda x: run(True))(x)):
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+
+
+def _ring(jc):
+    return (jc.rank - 1) % jc.size, (jc.rank + 1) % jc.size
+
+
+_OPS = {
+    "allreduce": lambda jc, y: jc.allreduce(y),
+    "allreduce_max": lambda jc, y: jc.allreduce(y, op=MPI.MAX),
+    "allreduce_prod": lambda jc, y: jc.allreduce(y, op=MPI.PROD),
+    "reduce": lambda jc, y: jc.reduce(y, root=jc.size - 1),
+    "reduce_min": lambda jc, y: jc.reduce(y, op=MPI.MIN, root=0),
+    "scan": lambda jc, y: jc.scan(y),
+    "exscan": lambda jc, y: jc.exscan(y),
+    "reduce_scatter": lambda jc, y: jc.reduce_scatter(y, tiled=True),
+    "bcast": lambda jc, y: jc.bcast(y, root=jc.size - 1),
+    "allgather": lambda jc, y: jc.allgather(y, tiled=True),
+    "gather": lambda jc, y: jc.gather(y, root=jc.size - 1),
+    "scatter": lambda jc, y: jc.scatter(y, root=jc.size - 1, tiled=True),
+    "alltoall": lambda jc, y: jc.alltoall(y, tiled=True),
+    "allgatherv": lambda jc, y: jc.allgatherv(y[: jc.rank % 2 + 1], [r % 2 + 1 for r in range(jc.size)]),
+    "gatherv": lambda jc, y: jc.gatherv(y[: jc.rank % 2 + 1], [r % 2 + 1 for r in range(jc.size)]),
+    "scatterv": lambda jc, y: jc.scatterv(y[: jc.size], [1] * jc.size, root=jc.size - 1),
+    "alltoallv": lambda jc, y: jc.alltoallv(y[: jc.size], [[1] * jc.size] * jc.size),
+    "sendrecv": lambda jc, y: jc.sendrecv(y, y, *_ring(jc), recvtag=0),
+    "pytree": lambda jc, y: jc.allreduce({"a": y, "b": [2 * y[0]]})["b"][0],
+}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("name", sorted(_OPS))
+def test_operand_independent_of_x_on_other_ranks(jc, name):
+    def program(x, symbolic):
+        y = _OPS[name](jc, _mine(jc, x, symbolic))
+        # A second collective: a derivative call paired with the wrong message
+        # would show here.
+        return jnp.sin(y) * jc.allreduce(jnp.sum(x**2))
+
+    _compare(jc, program, jnp.linspace(0.5, 1.5, 2 * jc.size * 3).reshape(2 * jc.size, 3))
+
+
+_CONTEXTS = {
+    "direct": lambda f, y: f(y),
+    "inner_jit": lambda f, y: jax.jit(f)(y),
+    "fori_loop": lambda f, y: lax.fori_loop(0, 2, lambda i, c: f(c) / 4, y),
+    "scan": lambda f, y: lax.scan(lambda c, _: (f(c) / 4, None), y, length=2)[0],
+    "cond": lambda f, y: lax.cond(jnp.all(y > -100), f, lambda y: 2 * y, y),
+    "checkpoint": lambda f, y: jax.checkpoint(f)(y),
+    "vmap": lambda f, y: jax.vmap(f)(jnp.stack([y, 2 * y])).sum(0),
+}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("context", sorted(_CONTEXTS))
+@pytest.mark.parametrize("op", ["allreduce", "reduce", "sendrecv"])
+def test_inside_transformations_and_control_flow(jc, context, op):
+    def program(x, symbolic):
+        y = _CONTEXTS[context](lambda y: _OPS[op](jc, jnp.sin(y)), _mine(jc, x, symbolic))
+        return y * jc.allreduce(jnp.sum(x))
+
+    _compare(jc, program, jnp.linspace(0.5, 1.5, 6).reshape(2, 3))
+
+
+@pytest.mark.mpi
+def test_nested_derivatives(jc):
+    # Second derivatives by every combination of modes, the inner derivative
+    # taken with the operand constant on other ranks.
+    def program(x, symbolic):
+        inner = lambda x: jnp.sum(jnp.sin(jc.allreduce(_mine(jc, x, symbolic))) * x)
+        return jax.grad(inner)(x) + jax.jvp(inner, (x,), (jnp.ones_like(x),))[1]
+
+    _compare(jc, program, jnp.linspace(0.5, 1.5, 3))
+
+
+@pytest.mark.mpi
+def test_operand_free_of_x_on_every_rank_but_one_matches_the_formula(jc):
+    # grad of <w, allreduce(y)> with y = x on rank 0 only: w on rank 0 (the
+    # replicated value's cotangent), zeros elsewhere.
+    w = jnp.arange(3.0)
+    loss = lambda x: jnp.vdot(w, jc.allreduce(_mine(jc, x, True)))
+    x = jnp.ones(3)
+    want = w if jc.rank == 0 else jnp.zeros(3)
+    for grad in (jax.grad(loss), jax.jit(jax.grad(loss))):
+        np.testing.assert_allclose(grad(x), want)
+    dy = jax.jvp(lambda x: jc.allreduce(_mine(jc, x, True)), (x,), (jnp.ones(3),))[1]
+    np.testing.assert_allclose(dy, np.ones(3))
+
+
+@pytest.mark.mpi
+def test_derivative_traffic_never_meets_the_programs_messages():
+    # Each JaxComm sends its derivative messages on a communicator of its own.
+    with JaxComm(MPI.COMM_WORLD) as jc:
+        from jaxcomm.ops._base import derivative_comm
+
+        derivative = MPI.Comm.f2py(derivative_comm(jc.comm.py2f()))
+        assert MPI.Comm.Compare(derivative, jc.comm) == MPI.CONGRUENT
+        assert derivative_comm(derivative.py2f()) == derivative.py2f()
