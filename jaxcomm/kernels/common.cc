@@ -8,6 +8,7 @@
 #include <limits>
 #include <mutex>
 #include <shared_mutex>
+#include <type_traits>
 #include <unordered_map>
 
 namespace jaxcomm {
@@ -75,20 +76,24 @@ uint16_t FloatToF16(float f) {
 float Add(float a, float b) { return a + b; }
 float Mul(float a, float b) { return a * b; }
 
-// MIN and MAX as jnp.minimum and jnp.maximum compute them: any NaN gives NaN
-// and -0 is below +0. The result does not depend on the operands' order,
-// which MPI leaves open (it may differ between ranks), so every rank gets the
-// same bits: even the NaN is the one canonical quiet NaN.
-template <typename T>
-T Min(T a, T b) {
-  const T pick = a == b ? (std::signbit(a) ? a : b) : (a < b ? a : b);
-  return a != a || b != b ? std::numeric_limits<T>::quiet_NaN() : pick;
-}
-
-template <typename T>
-T Max(T a, T b) {
-  const T pick = a == b ? (std::signbit(a) ? b : a) : (a > b ? a : b);
-  return a != a || b != b ? std::numeric_limits<T>::quiet_NaN() : pick;
+// MIN (kMax false) and MAX as jnp.minimum and jnp.maximum compute them: any
+// NaN gives NaN and -0 is below +0. The result does not depend on the
+// operands' order, which MPI leaves open (it may differ between ranks), so
+// every rank gets the same bits: even the NaN is the one canonical quiet NaN.
+// Free of branches, so that compilers vectorise the loops calling it.
+template <typename T, bool kMax>
+T Extremum(T a, T b) {
+  using Bits = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
+  Bits bits_a, bits_b;
+  std::memcpy(&bits_a, &a, sizeof a);
+  std::memcpy(&bits_b, &b, sizeof b);
+  // Equal operands differ at most in the sign of zero: AND keeps +0, OR -0.
+  const Bits bits_equal = kMax ? bits_a & bits_b : bits_a | bits_b;
+  T equal;
+  std::memcpy(&equal, &bits_equal, sizeof equal);
+  T pick = (kMax ? a > b : a < b) ? a : b;
+  pick = a == b ? equal : pick;
+  return std::isunordered(a, b) ? std::numeric_limits<T>::quiet_NaN() : pick;
 }
 
 template <typename T>
@@ -111,14 +116,14 @@ template <float (*Load)(uint16_t), uint16_t (*Store)(float)>
 constexpr MPI_User_function* kHalfFunctions[4] = {
     UserFunction<uint16_t, float, Load, Store, Add>,
     UserFunction<uint16_t, float, Load, Store, Mul>,
-    UserFunction<uint16_t, float, Load, Store, Min<float>>,
-    UserFunction<uint16_t, float, Load, Store, Max<float>>,
+    UserFunction<uint16_t, float, Load, Store, Extremum<float, false>>,
+    UserFunction<uint16_t, float, Load, Store, Extremum<float, true>>,
 };
 
 template <typename T>
 constexpr MPI_User_function* kMinMaxFunctions[2] = {
-    UserFunction<T, T, Same<T>, Same<T>, Min<T>>,
-    UserFunction<T, T, Same<T>, Same<T>, Max<T>>,
+    UserFunction<T, T, Same<T>, Same<T>, Extremum<T, false>>,
+    UserFunction<T, T, Same<T>, Same<T>, Extremum<T, true>>,
 };
 
 // jaxcomm's own MPI ops, all commutative. MPI must be initialised before
