@@ -33,10 +33,8 @@ FAMILIES = {
 }
 
 
-@pytest.mark.mpi
-@pytest.mark.parametrize("family", FAMILIES)
-def test_compiled_function_refuses_a_freed_communicator(family):
-    call = FAMILIES[family]
+def _freed_then_replaced(call, check):
+    """Run jit(call) on a JaxComm, free it, make another, then ``check(step, x, second)``."""
     first = JaxComm(MPI.COMM_WORLD)
     step = jax.jit(lambda x: call(first, x))
     x = jnp.arange(4.0)
@@ -46,30 +44,33 @@ def test_compiled_function_refuses_a_freed_communicator(family):
     # the cached executable must still not run on it.
     second = JaxComm(MPI.COMM_WORLD)
     try:
+        check(step, x, second)
+    finally:
+        second.free()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("family", FAMILIES)
+def test_compiled_function_refuses_a_freed_communicator(family):
+    def check(step, x, second):
         with pytest.raises(jax.errors.JaxRuntimeError, match="communicator was freed"):
             step(x).block_until_ready()
         # The refusal is contained: the new communicator works.
         np.testing.assert_array_equal(second.allreduce(x), second.size * x)
-    finally:
-        second.free()
+
+    _freed_then_replaced(FAMILIES[family], check)
 
 
 @pytest.mark.mpi
 def test_point_to_point_refuses_a_freed_communicator():
     # p2p.cc does not check the communicator itself yet: MPI refuses the
     # null communicator it gets instead, with its own message.
-    first = JaxComm(MPI.COMM_WORLD)
-    step = jax.jit(lambda x: _ring_sendrecv(first, x))
-    x = jnp.arange(4.0)
-    step(x).block_until_ready()
-    first.free()
-    second = JaxComm(MPI.COMM_WORLD)
-    try:
+    def check(step, x, second):
         with pytest.raises(jax.errors.JaxRuntimeError):
             step(x).block_until_ready()
         np.testing.assert_array_equal(_ring_sendrecv(second, x), x)
-    finally:
-        second.free()
+
+    _freed_then_replaced(_ring_sendrecv, check)
 
 
 @pytest.mark.mpi

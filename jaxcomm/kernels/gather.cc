@@ -60,6 +60,15 @@ std::string PerRank(int size, const char* what, size_t n) {
          std::to_string(n);
 }
 
+// Allgather and Gather stack one input per rank into y. Checked on every rank,
+// though Gather only writes y on the root, so that all ranks fail alike.
+ffi::Error CheckStacked(const char* op, MPI_Comm comm, const ffi::AnyBuffer& x,
+                        const ffi::AnyBuffer& y) {
+  const int size = CommSize(comm);
+  return CheckOutput(op, comm, x, y, size * x.element_count(),
+                     PerRank(size, "input", x.element_count()));
+}
+
 // Checks a counts attribute: one non-negative count of rows per rank.
 ffi::Error CheckCounts(const char* op, MPI_Comm comm, const char* name,
                        ffi::Span<const int64_t> counts, int size) {
@@ -181,10 +190,7 @@ ffi::Error AllgatherImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
                          ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle) {
   MPI_Comm comm;
   JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "allgather", &comm));
-  const int size = CommSize(comm);
-  JAXCOMM_RETURN_IF_ERROR(
-      CheckOutput("allgather", comm, x, *y, size * x.element_count(),
-                  PerRank(size, "input", x.element_count())));
+  JAXCOMM_RETURN_IF_ERROR(CheckStacked("allgather", comm, x, *y));
   LargeType block;
   JAXCOMM_RETURN_IF_ERROR(
       LargeType::Make(x.element_type(), x.element_count(), comm, &block));
@@ -201,12 +207,7 @@ ffi::Error GatherImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
                       int64_t root) {
   MPI_Comm comm;
   JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "gather", &comm));
-  const int size = CommSize(comm);
-  // Checked on every rank, though only the root writes y, so that all fail
-  // alike.
-  JAXCOMM_RETURN_IF_ERROR(
-      CheckOutput("gather", comm, x, *y, size * x.element_count(),
-                  PerRank(size, "input", x.element_count())));
+  JAXCOMM_RETURN_IF_ERROR(CheckStacked("gather", comm, x, *y));
   LargeType block;
   JAXCOMM_RETURN_IF_ERROR(
       LargeType::Make(x.element_type(), x.element_count(), comm, &block));
