@@ -62,6 +62,28 @@ for _name, _capsule in _kernels_cpu.registrations().items():
     jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")
 
 
+def register_comm(comm: MPI.Comm) -> int:
+    """Make ``comm`` known to the kernels until :func:`unregister_comm`.
+
+    Returns:
+        The value of the ``comm`` parameter of jaxcomm's primitives that stands
+        for ``comm``. It is never reused in this process, even when MPI reuses
+        the communicator's handle, so compiled code that captured a freed
+        communicator raises instead of running on a newer one.
+    """
+    return _kernels_cpu.register_comm(comm.py2f())
+
+
+def unregister_comm(handle: int) -> None:
+    """Make the kernels refuse ``handle`` (from :func:`register_comm`) from now on."""
+    _kernels_cpu.unregister_comm(handle)
+
+
+def mpi_comm(handle: int) -> MPI.Comm:
+    """The mpi4py communicator behind a handle from :func:`register_comm`."""
+    return MPI.Comm.f2py(_kernels_cpu.fortran_handle(handle))
+
+
 def set_debug(enabled: bool = True) -> None:
     """Turn logging of every MPI call made by jaxcomm kernels on or off.
 

@@ -16,7 +16,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import ops
-from ._runtime import check_thread_level, sync
+from ._runtime import check_thread_level, register_comm, sync, unregister_comm
 from .ops._base import (
     ALLOWED_DTYPES,
     REDUCTION_OPS,
@@ -232,8 +232,8 @@ class JaxComm:
         for owned in (self._comm, self._derivative):
             # Failures come back to jaxcomm's kernels, which raise them in Python.
             owned.Set_errhandler(MPI.ERRORS_RETURN)
-        self._handle = self._comm.py2f()
-        register_derivative_comm(self._handle, self._derivative.py2f())
+        self._handle = register_comm(self._comm)
+        register_derivative_comm(self._handle, register_comm(self._derivative))
         self._rank = self._comm.Get_rank()
         self._size = self._comm.Get_size()
         # MPI only guarantees TAG_UB on MPI_COMM_WORLD (Open MPI leaves it unset
@@ -268,12 +268,15 @@ class JaxComm:
         """Wait for pending jaxcomm work, then free the duplicate communicators.
 
         Collective (``MPI_Comm_free``): call it on every rank. Calling it twice
-        is harmless. Methods called afterwards raise ``RuntimeError``; compiled
-        functions that captured this communicator must not be run again.
+        is harmless. Methods called afterwards raise ``RuntimeError``, and so
+        do compiled functions that captured this communicator, even if MPI
+        hands its handle to a new communicator.
         """
         if self._comm is not None:
             sync()
-            unregister_derivative_comm(self._handle)
+            derivative = unregister_derivative_comm(self._handle)
+            unregister_comm(derivative)
+            unregister_comm(self._handle)
             self._derivative.Free()
             self._comm.Free()
             self._comm = None

@@ -442,3 +442,74 @@ def test_reduce_scatter_rejects_bad_leading_axes(jc):
             jc.reduce_scatter(jnp.zeros((size + 1, 2)), tiled=True)
     with pytest.raises(TypeError, match="tiled must be a bool"):
         jc.reduce_scatter(jnp.zeros((size, 2)), tiled=1)
+
+
+# NaN, signed zeros and infinities in MIN and MAX -----------------------------
+#
+# MIN and MAX follow jnp.minimum and jnp.maximum: a NaN on any rank gives NaN,
+# -0 is below +0, and every rank gets the same result whatever order MPI
+# combines the ranks' values in.
+
+FLOATS = [np.dtype("float16"), np.dtype(jnp.bfloat16), np.dtype("float32"), np.dtype("float64")]
+EXTREMA = {"MIN": jnp.minimum, "MAX": jnp.maximum}
+
+
+def special_input(rank, size, dtype):
+    """A NaN on the first rank only and on the last rank only, signed zeros, infinities."""
+    x = np.array([1.0 + rank, 2.0 - rank, 0.0, 0.0, -1.0, 3.0, 5.0 * rank])
+    x[0] = np.nan if rank == 0 else x[0]
+    x[1] = np.nan if rank == size - 1 else x[1]
+    x[2] = -0.0 if rank % 2 else 0.0
+    x[3] = 0.0 if rank % 2 else -0.0
+    x[4] = np.inf if rank == size - 1 else x[4]
+    x[5] = -np.inf if rank == 0 else x[5]
+    return jnp.asarray(x, dtype)
+
+
+def extremum(name, inputs):
+    out = inputs[0]
+    for x in inputs[1:]:
+        out = EXTREMA[name](out, x)
+    return np.asarray(out)
+
+
+def check_special(got, want):
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.dtype == want.dtype
+    # In float64, where NumPy knows NaN for every dtype.
+    got, want = got.astype(np.float64), want.astype(np.float64)
+    np.testing.assert_array_equal(got, want)  # NaN exactly where want has it
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+
+
+def same_on_every_rank(jc, got):
+    """Assert that every rank holds the same bits."""
+    everyone = jc.comm.allgather(np.asarray(got).tobytes())
+    assert all(b == everyone[0] for b in everyone)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("method", ("allreduce", *FAMILY))
+@pytest.mark.parametrize("name", EXTREMA)
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+def test_min_max_propagate_nan_like_jax(jc, dtype, name, method):
+    rank, size, op = jc.rank, jc.size, OPS[name]
+    inputs = [special_input(r, size, dtype) for r in range(size)]
+    x = inputs[rank]
+    zeros = np.zeros(x.shape, dtype)
+    if method == "allreduce":
+        got, want = jc.allreduce(x, op=op), extremum(name, inputs)
+    elif method == "reduce_scatter":
+        got = jc.reduce_scatter(jnp.broadcast_to(x, (size, *x.shape)), op=op)
+        want = extremum(name, inputs)
+    elif method == "reduce":
+        got = jc.reduce(x, op=op, root=size - 1)
+        want = extremum(name, inputs) if rank == size - 1 else zeros
+    elif method == "scan":
+        got, want = jc.scan(x, op=op), extremum(name, inputs[: rank + 1])
+    else:
+        got = jc.exscan(x, op=op)
+        want = extremum(name, inputs[:rank]) if rank else zeros
+    check_special(got, want)
+    if method in ("allreduce", "reduce_scatter"):
+        same_on_every_rank(jc, got)

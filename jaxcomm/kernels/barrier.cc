@@ -6,7 +6,8 @@ namespace {
 
 ffi::Error BarrierImpl(ffi::Token, ffi::Result<ffi::Token>,
                        int64_t comm_handle) {
-  MPI_Comm comm = CommFromHandle(comm_handle);
+  MPI_Comm comm;
+  JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "barrier", &comm));
   if (DebugEnabled()) {
     DebugLog(comm, "MPI_Barrier");
   }
@@ -17,8 +18,4 @@ ffi::Error BarrierImpl(ffi::Token, ffi::Result<ffi::Token>,
 }  // namespace
 }  // namespace jaxcomm
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommBarrier, jaxcomm::BarrierImpl,
-                              xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::Token>()
-                                  .Ret<xla::ffi::Token>()
-                                  .Attr<int64_t>("comm"));
+JAXCOMM_DEFINE_HANDLER(JaxcommBarrier, jaxcomm::BarrierImpl);

@@ -9,8 +9,11 @@ namespace {
 ffi::Error BcastImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
                      ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle,
                      int64_t root) {
-  MPI_Comm comm = CommFromHandle(comm_handle);
+  MPI_Comm comm;
+  JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "bcast", &comm));
   const size_t count = x.element_count();
+  JAXCOMM_RETURN_IF_ERROR(CheckOutput("bcast", comm, x, *y, x.element_count(),
+                                      "like the input"));
   LargeType type;
   JAXCOMM_RETURN_IF_ERROR(LargeType::Make(x.element_type(), count, comm, &type));
   if (DebugEnabled()) {
@@ -30,6 +33,4 @@ ffi::Error BcastImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
 }  // namespace
 }  // namespace jaxcomm
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommBcast, jaxcomm::BcastImpl,
-                              jaxcomm::ArrayOpBinding()
-                                  .Attr<int64_t>("root"));
+JAXCOMM_DEFINE_HANDLER(JaxcommBcast, jaxcomm::BcastImpl);

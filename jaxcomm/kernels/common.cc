@@ -5,7 +5,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <mutex>
+#include <shared_mutex>
+#include <type_traits>
+#include <unordered_map>
 
 namespace jaxcomm {
 namespace {
@@ -69,48 +73,91 @@ uint16_t FloatToF16(float f) {
   return sign | static_cast<uint16_t>(bits >> 13);
 }
 
-template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float), typename Fn>
-void HalfApply(void* in, void* inout, int* len, Fn fn) {
-  const uint16_t* a = static_cast<const uint16_t*>(in);
-  uint16_t* b = static_cast<uint16_t*>(inout);
-  for (int i = 0; i < *len; ++i) {
-    b[i] = FromFloat(fn(ToFloat(a[i]), ToFloat(b[i])));
-  }
-}
-
 float Add(float a, float b) { return a + b; }
 float Mul(float a, float b) { return a * b; }
-float Min(float a, float b) { return std::fmin(a, b); }
-float Max(float a, float b) { return std::fmax(a, b); }
 
-template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float),
-          float (*Fn)(float, float)>
-void HalfUserFunction(void* in, void* inout, int* len, MPI_Datatype*) {
-  HalfApply<ToFloat, FromFloat>(in, inout, len, Fn);
+// MIN (kMax false) and MAX as jnp.minimum and jnp.maximum compute them: any
+// NaN gives NaN and -0 is below +0. The result does not depend on the
+// operands' order, which MPI leaves open (it may differ between ranks), so
+// every rank gets the same bits: even the NaN is the one canonical quiet NaN.
+// Free of branches, so that compilers vectorise the loops calling it.
+template <typename T, bool kMax>
+T Extremum(T a, T b) {
+  using Bits = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
+  Bits bits_a, bits_b;
+  std::memcpy(&bits_a, &a, sizeof a);
+  std::memcpy(&bits_b, &b, sizeof b);
+  // Equal operands differ at most in the sign of zero: AND keeps +0, OR -0.
+  const Bits bits_equal = kMax ? bits_a & bits_b : bits_a | bits_b;
+  T equal;
+  std::memcpy(&equal, &bits_equal, sizeof equal);
+  T pick = (kMax ? a > b : a < b) ? a : b;
+  pick = a == b ? equal : pick;
+  return std::isunordered(a, b) ? std::numeric_limits<T>::quiet_NaN() : pick;
 }
 
-// User-defined ops, [0] float16 and [1] bfloat16, indexed by the arithmetic
-// ReduceOp codes SUM, PROD, MIN, MAX. Created on first use because MPI must
-// be initialised first; MPI_Finalize releases them.
-MPI_Op half_ops[2][4];
-std::once_flag half_ops_once;
+template <typename T>
+T Same(T x) {
+  return x;
+}
 
-void CreateHalfOps() {
-  MPI_User_function* functions[2][4] = {
-      {HalfUserFunction<F16ToFloat, FloatToF16, Add>,
-       HalfUserFunction<F16ToFloat, FloatToF16, Mul>,
-       HalfUserFunction<F16ToFloat, FloatToF16, Min>,
-       HalfUserFunction<F16ToFloat, FloatToF16, Max>},
-      {HalfUserFunction<Bf16ToFloat, FloatToBf16, Add>,
-       HalfUserFunction<Bf16ToFloat, FloatToBf16, Mul>,
-       HalfUserFunction<Bf16ToFloat, FloatToBf16, Min>,
-       HalfUserFunction<Bf16ToFloat, FloatToBf16, Max>},
-  };
-  for (int t = 0; t < 2; ++t) {
-    for (int o = 0; o < 4; ++o) {
-      MPI_Op_create(functions[t][o], /*commute=*/1, &half_ops[t][o]);
+// An MPI_User_function combining elements stored as `Word` in `Value`
+// arithmetic: float16 and bfloat16 in float32, as XLA computes them.
+template <typename Word, typename Value, Value (*Load)(Word),
+          Word (*Store)(Value), Value (*Fn)(Value, Value)>
+void UserFunction(void* in, void* inout, int* len, MPI_Datatype*) {
+  const Word* a = static_cast<const Word*>(in);
+  Word* b = static_cast<Word*>(inout);
+  const int n = *len;
+  for (int i = 0; i < n; ++i) b[i] = Store(Fn(Load(a[i]), Load(b[i])));
+}
+
+template <float (*Load)(uint16_t), uint16_t (*Store)(float)>
+constexpr MPI_User_function* kHalfFunctions[4] = {
+    UserFunction<uint16_t, float, Load, Store, Add>,
+    UserFunction<uint16_t, float, Load, Store, Mul>,
+    UserFunction<uint16_t, float, Load, Store, Extremum<float, false>>,
+    UserFunction<uint16_t, float, Load, Store, Extremum<float, true>>,
+};
+
+template <typename T>
+constexpr MPI_User_function* kMinMaxFunctions[2] = {
+    UserFunction<T, T, Same<T>, Same<T>, Extremum<T, false>>,
+    UserFunction<T, T, Same<T>, Same<T>, Extremum<T, true>>,
+};
+
+// jaxcomm's own MPI ops, all commutative. MPI must be initialised before
+// they are created, hence on first use; MPI_Finalize releases them.
+struct UserOps {
+  int status = MPI_SUCCESS;
+  // [0] float16, [1] bfloat16; by the arithmetic ReduceOp codes SUM, PROD,
+  // MIN, MAX.
+  MPI_Op half[2][4];
+  // [0] float32, [1] float64; MIN, MAX.
+  MPI_Op min_max[2][2];
+};
+
+UserOps CreateUserOps() {
+  UserOps ops;
+  const auto create = [&ops](MPI_User_function* fn, MPI_Op* op) {
+    if (ops.status == MPI_SUCCESS) {
+      ops.status = MPI_Op_create(fn, /*commute=*/1, op);
     }
+  };
+  for (int o = 0; o < 4; ++o) {
+    create(kHalfFunctions<F16ToFloat, FloatToF16>[o], &ops.half[0][o]);
+    create(kHalfFunctions<Bf16ToFloat, FloatToBf16>[o], &ops.half[1][o]);
   }
+  for (int o = 0; o < 2; ++o) {
+    create(kMinMaxFunctions<float>[o], &ops.min_max[0][o]);
+    create(kMinMaxFunctions<double>[o], &ops.min_max[1][o]);
+  }
+  return ops;
+}
+
+const UserOps& GetUserOps() {
+  static const UserOps ops = CreateUserOps();
+  return ops;
 }
 
 }  // namespace
@@ -167,15 +214,28 @@ const char* ReduceOpName(int64_t code) {
   return (code >= 0 && code < 10) ? names[code] : "UNKNOWN";
 }
 
-ffi::Error MpiReduceOp(int64_t code, ffi::DataType dtype, MPI_Op* out) {
-  if (dtype == ffi::DataType::F16 || dtype == ffi::DataType::BF16) {
+ffi::Error MpiReduceOp(int64_t code, ffi::DataType dtype, MPI_Comm comm,
+                       MPI_Op* out) {
+  const bool half = dtype == ffi::DataType::F16 || dtype == ffi::DataType::BF16;
+  const bool min_max = code == static_cast<int64_t>(ReduceOp::kMin) ||
+                       code == static_cast<int64_t>(ReduceOp::kMax);
+  const bool wide = dtype == ffi::DataType::F32 || dtype == ffi::DataType::F64;
+  if (half || (wide && min_max)) {
     if (code < 0 || code > static_cast<int64_t>(ReduceOp::kMax)) {
       return ffi::Error::InvalidArgument(
           std::string("jaxcomm: MPI.") + ReduceOpName(code) +
           " is not defined for " + DtypeName(dtype));
     }
-    std::call_once(half_ops_once, CreateHalfOps);
-    *out = half_ops[dtype == ffi::DataType::BF16][code];
+    const UserOps& ops = GetUserOps();
+    if (ops.status != MPI_SUCCESS) {
+      return MpiFailure("MPI_Op_create", ops.status, comm);
+    }
+    if (half) {
+      *out = ops.half[dtype == ffi::DataType::BF16][code];
+    } else {
+      *out = ops.min_max[dtype == ffi::DataType::F64]
+                        [code - static_cast<int64_t>(ReduceOp::kMin)];
+    }
     return ffi::Error::Success();
   }
   switch (static_cast<ReduceOp>(code)) {
@@ -196,8 +256,90 @@ ffi::Error MpiReduceOp(int64_t code, ffi::DataType dtype, MPI_Op* out) {
   return ffi::Error::Success();
 }
 
+namespace {
+
+// The live communicators, by the "comm" attribute that stands for each.
+// Handlers look up on every call, free() removes: readers share the lock.
+std::shared_mutex comms_mutex;
+std::unordered_map<int64_t, MPI_Comm> comms;
+int64_t last_serial = 0;
+
+int WorldRank() {
+  int initialized = 0, finalized = 0, rank = -1;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (initialized && !finalized) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
+}  // namespace
+
+ffi::Error RegisterComm(int64_t fortran_handle, int64_t* handle) {
+  if (fortran_handle < INT32_MIN || fortran_handle > INT32_MAX) {
+    return ffi::Error::InvalidArgument(
+        "jaxcomm: communicator handle " + std::to_string(fortran_handle) +
+        " does not fit 32 bits");
+  }
+  const MPI_Comm comm = MPI_Comm_f2c(static_cast<MPI_Fint>(fortran_handle));
+  std::unique_lock<std::shared_mutex> lock(comms_mutex);
+  // 2**31 communicators before the serials run out keeps handles positive.
+  if (last_serial == INT32_MAX) {
+    return ffi::Error(ffi::ErrorCode::kResourceExhausted,
+        "jaxcomm: too many communicators created in this process");
+  }
+  *handle = (++last_serial << 32) | static_cast<uint32_t>(fortran_handle);
+  comms.emplace(*handle, comm);
+  return ffi::Error::Success();
+}
+
+void UnregisterComm(int64_t handle) {
+  std::unique_lock<std::shared_mutex> lock(comms_mutex);
+  comms.erase(handle);
+}
+
+MPI_Fint FortranHandle(int64_t handle) {
+  return static_cast<MPI_Fint>(static_cast<int32_t>(handle & 0xffffffff));
+}
+
+ffi::Error CommFromHandle(int64_t handle, const char* op, MPI_Comm* comm) {
+  *comm = CommFromHandle(handle);
+  if (*comm == MPI_COMM_NULL) {
+    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
+        std::string("jaxcomm: ") + op +
+        ": communicator was freed (JaxComm.free); a compiled function that "
+        "captured it cannot run again: trace it anew with a live JaxComm "
+        "(world rank " + std::to_string(WorldRank()) + ")");
+  }
+  return ffi::Error::Success();
+}
+
 MPI_Comm CommFromHandle(int64_t handle) {
-  return MPI_Comm_f2c(static_cast<MPI_Fint>(handle));
+  std::shared_lock<std::shared_mutex> lock(comms_mutex);
+  const auto found = comms.find(handle);
+  return found == comms.end() ? MPI_COMM_NULL : found->second;
+}
+
+ffi::Error CheckElements(const char* op, MPI_Comm comm, const char* buffer,
+                         size_t actual, size_t expected, const std::string& how) {
+  if (actual == expected) return ffi::Error::Success();
+  return ffi::Error::InvalidArgument(
+      std::string("jaxcomm: ") + op + " on rank " +
+      std::to_string(CommRank(comm)) + ": " + buffer + " has " +
+      std::to_string(actual) + " elements, expected " +
+      std::to_string(expected) + " (" + how + ")");
+}
+
+ffi::Error CheckOutput(const char* op, MPI_Comm comm, const ffi::AnyBuffer& x,
+                       const ffi::AnyBuffer& y, size_t expected,
+                       const std::string& how) {
+  if (x.element_type() != y.element_type()) {
+    return ffi::Error::InvalidArgument(
+        std::string("jaxcomm: ") + op + " on rank " +
+        std::to_string(CommRank(comm)) + ": output is " +
+        DtypeName(y.element_type()) + ", expected the input's " +
+        DtypeName(x.element_type()));
+  }
+  return CheckElements(op, comm, "output", y.element_count(), expected, how);
 }
 
 int CommRank(MPI_Comm comm) {

@@ -37,25 +37,83 @@ const char* DtypeName(ffi::DataType dtype);
 ffi::Error MpiDatatype(ffi::DataType dtype, MPI_Datatype* out);
 
 // MPI_Op for a reduction code and element type: a predefined op, or one of
-// the user-defined ops for float16/bfloat16.
-ffi::Error MpiReduceOp(int64_t code, ffi::DataType dtype, MPI_Op* out);
+// jaxcomm's own (created on first use, hence `comm` for errors): every
+// float16/bfloat16 reduction, and MIN and MAX of every floating type, which
+// propagate NaN like jnp.minimum/jnp.maximum on every rank alike.
+ffi::Error MpiReduceOp(int64_t code, ffi::DataType dtype, MPI_Comm comm,
+                       MPI_Op* out);
 
 const char* ReduceOpName(int64_t code);
 
-// FFI binding of a handler taking the ordering token and one array and
-// returning the token and one array, with the communicator attribute; the
-// caller appends the op's own attributes.
-inline auto ArrayOpBinding() {
+// The buffer parts of the handlers' FFI bindings, named in ops.def.
+// Token in and out: ops that only synchronise.
+inline auto TokenBuffers() {
+  return ffi::Ffi::Bind().Arg<ffi::Token>().Ret<ffi::Token>();
+}
+
+// The token and one array in, the token out.
+inline auto SinkBuffers() {
+  return ffi::Ffi::Bind().Arg<ffi::Token>().Arg<ffi::AnyBuffer>().Ret<ffi::Token>();
+}
+
+// The token and one array in, the token and one array out.
+inline auto ArrayBuffers() {
   return ffi::Ffi::Bind()
       .Arg<ffi::Token>()
       .Arg<ffi::AnyBuffer>()
       .Ret<ffi::Token>()
-      .Ret<ffi::AnyBuffer>()
-      .Attr<int64_t>("comm");
+      .Ret<ffi::AnyBuffer>();
 }
 
-// Converts the attributes every handler gets into MPI handles.
+// Each handler's complete binding, generated from its row of ops.def:
+// bindings::<HandlerSymbol>().
+namespace bindings {
+#define I64(name) .Attr<int64_t>(#name)
+#define I64S(name) .Attr<ffi::Span<const int64_t>>(#name)
+#define JAXCOMM_OP(name, symbol, buffers, attributes) \
+  inline auto symbol() { return buffers##Buffers() attributes; }
+#include "ops.def"
+#undef JAXCOMM_OP
+#undef I64S
+#undef I64
+}  // namespace bindings
+
+// The ArrayBuffers() binding with the communicator attribute, as p2p.cc's
+// hand-written bindings still use it.
+inline auto ArrayOpBinding() { return ArrayBuffers().Attr<int64_t>("comm"); }
+
+// Makes `comm` known to the handlers and returns the value of the "comm"
+// attribute that stands for it: its Fortran handle in the low 32 bits and a
+// serial number above, never reused in this process, so that a compiled call
+// whose communicator was freed cannot reach another one that MPI created
+// under the same handle.
+ffi::Error RegisterComm(int64_t fortran_handle, int64_t* handle);
+
+// Forgets a handle from RegisterComm: handlers refuse it from now on.
+void UnregisterComm(int64_t handle);
+
+// The Fortran handle inside a value from RegisterComm.
+MPI_Fint FortranHandle(int64_t handle);
+
+// The live communicator behind a "comm" attribute, or an error naming `op`
+// if it was freed (or never registered).
+ffi::Error CommFromHandle(int64_t handle, const char* op, MPI_Comm* comm);
+
+// The same lookup for p2p.cc, which does not check: MPI_COMM_NULL, on which
+// every MPI call fails, when the communicator is not live.
 MPI_Comm CommFromHandle(int64_t handle);
+
+// Fails unless `buffer` of `op` holds `expected` elements, the number its
+// attributes and the communicator size call for (`how` says how they do):
+// MPI would read or write outside the buffer otherwise.
+ffi::Error CheckElements(const char* op, MPI_Comm comm, const char* buffer,
+                         size_t actual, size_t expected, const std::string& how);
+
+// Fails unless the output `y` has the element type of the input `x` and
+// `expected` elements, as CheckElements.
+ffi::Error CheckOutput(const char* op, MPI_Comm comm, const ffi::AnyBuffer& x,
+                       const ffi::AnyBuffer& y, size_t expected,
+                       const std::string& how);
 
 // Rank in `comm`, for log lines and error messages.
 int CommRank(MPI_Comm comm);
@@ -152,5 +210,11 @@ void StoreStatus(int64_t address, const MPI_Status& status);
       return jaxcomm_err_;                     \
     }                                          \
   } while (0)
+
+// Defines the FFI handler `symbol` calling `impl`, with the binding its row of
+// ops.def gives.
+#define JAXCOMM_DEFINE_HANDLER(symbol, impl)         \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(symbol, impl, \
+                                ::jaxcomm::bindings::symbol())
 
 #endif  // JAXCOMM_KERNELS_COMMON_H_

@@ -6,6 +6,7 @@
 // still finds block r at r block lengths. The *v ops also take int
 // displacements, which no datatype widens; past MaxCount() they fall back to
 // other calls (see each handler).
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -52,6 +53,76 @@ struct Blocks {
 
   std::vector<size_t> counts, displs;
 };
+
+// "communicator size <size> x <what> <n>", how a block-per-rank count is made.
+std::string PerRank(int size, const char* what, size_t n) {
+  return "communicator size " + std::to_string(size) + " x " + what + " " +
+         std::to_string(n);
+}
+
+// Allgather and Gather stack one input per rank into y. Checked on every rank,
+// though Gather only writes y on the root, so that all ranks fail alike.
+ffi::Error CheckStacked(const char* op, MPI_Comm comm, const ffi::AnyBuffer& x,
+                        const ffi::AnyBuffer& y) {
+  const int size = CommSize(comm);
+  return CheckOutput(op, comm, x, y, size * x.element_count(),
+                     PerRank(size, "input", x.element_count()));
+}
+
+// Checks a counts attribute: one non-negative count of rows per rank.
+ffi::Error CheckCounts(const char* op, MPI_Comm comm, const char* name,
+                       ffi::Span<const int64_t> counts, int size) {
+  const std::string where =
+      std::string("jaxcomm: ") + op + " on rank " + std::to_string(CommRank(comm)) +
+      ": ";
+  if (counts.size() != static_cast<size_t>(size)) {
+    return ffi::Error::InvalidArgument(
+        where + name + " has " + std::to_string(counts.size()) +
+        " entries, expected one per rank (" + std::to_string(size) + ")");
+  }
+  for (size_t r = 0; r < counts.size(); ++r) {
+    if (counts[r] < 0) {
+      return ffi::Error::InvalidArgument(
+          where + name + "[" + std::to_string(r) + "] is " +
+          std::to_string(counts[r]) + ", expected a count of rows >= 0");
+    }
+  }
+  return ffi::Error::Success();
+}
+
+size_t Sum(ffi::Span<const int64_t> counts) {
+  size_t total = 0;
+  for (int64_t c : counts) total += static_cast<size_t>(c);
+  return total;
+}
+
+// "sum(<name>) <rows> x row <n>", how a *v op's buffer size is made.
+std::string RowsOf(const char* name, size_t rows, size_t row) {
+  return std::string(name) + " " + std::to_string(rows) + " rows x " +
+         std::to_string(row) + " elements";
+}
+
+// The checks every *v op with one counts attribute makes: `counts` is valid,
+// `whole` holds sum(counts) rows and `own` this rank's count of them.
+// `whole_is_output` says which of x and y `whole` is.
+ffi::Error CheckRows(const char* op, MPI_Comm comm,
+                     ffi::Span<const int64_t> counts, const ffi::AnyBuffer& x,
+                     const ffi::AnyBuffer& y, bool whole_is_output) {
+  JAXCOMM_RETURN_IF_ERROR(CheckCounts(op, comm, "counts", counts, CommSize(comm)));
+  const ffi::AnyBuffer& whole = whole_is_output ? y : x;
+  const size_t row = RowElements(whole.dimensions());
+  const size_t own = static_cast<size_t>(counts[CommRank(comm)]);
+  const size_t all = Sum(counts);
+  if (whole_is_output) {
+    JAXCOMM_RETURN_IF_ERROR(
+        CheckOutput(op, comm, x, y, all * row, RowsOf("sum(counts)", all, row)));
+    return CheckElements(op, comm, "input", x.element_count(), own * row,
+                         RowsOf("counts[rank]", own, row));
+  }
+  JAXCOMM_RETURN_IF_ERROR(CheckElements(op, comm, "input", x.element_count(),
+                                        all * row, RowsOf("sum(counts)", all, row)));
+  return CheckOutput(op, comm, x, y, own * row, RowsOf("counts[rank]", own, row));
+}
 
 // MPI_Alltoallw arguments for blocks of any length at any offset: a non-empty
 // block is one element of a derived datatype that starts at the block's
@@ -117,7 +188,9 @@ ffi::Error Alltoallw(ffi::AnyBuffer x, const PeerBlocks& send, void* y,
 
 ffi::Error AllgatherImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
                          ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle) {
-  MPI_Comm comm = CommFromHandle(comm_handle);
+  MPI_Comm comm;
+  JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "allgather", &comm));
+  JAXCOMM_RETURN_IF_ERROR(CheckStacked("allgather", comm, x, *y));
   LargeType block;
   JAXCOMM_RETURN_IF_ERROR(
       LargeType::Make(x.element_type(), x.element_count(), comm, &block));
@@ -132,7 +205,9 @@ ffi::Error AllgatherImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
 ffi::Error GatherImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
                       ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle,
                       int64_t root) {
-  MPI_Comm comm = CommFromHandle(comm_handle);
+  MPI_Comm comm;
+  JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "gather", &comm));
+  JAXCOMM_RETURN_IF_ERROR(CheckStacked("gather", comm, x, *y));
   LargeType block;
   JAXCOMM_RETURN_IF_ERROR(
       LargeType::Make(x.element_type(), x.element_count(), comm, &block));
@@ -150,7 +225,15 @@ ffi::Error GatherImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
 ffi::Error ScatterImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
                        ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle,
                        int64_t root) {
-  MPI_Comm comm = CommFromHandle(comm_handle);
+  MPI_Comm comm;
+  JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "scatter", &comm));
+  const int size = CommSize(comm);
+  // The output's element type; its count is the block size.
+  JAXCOMM_RETURN_IF_ERROR(CheckOutput("scatter", comm, x, *y, y->element_count(), ""));
+  JAXCOMM_RETURN_IF_ERROR(
+      CheckElements("scatter", comm, "input", x.element_count(),
+                    size * y->element_count(),
+                    PerRank(size, "output", y->element_count())));
   LargeType block;
   JAXCOMM_RETURN_IF_ERROR(
       LargeType::Make(x.element_type(), y->element_count(), comm, &block));
@@ -166,10 +249,21 @@ ffi::Error ScatterImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
 
 ffi::Error AlltoallImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
                         ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle) {
-  MPI_Comm comm = CommFromHandle(comm_handle);
+  MPI_Comm comm;
+  JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "alltoall", &comm));
+  const int size = CommSize(comm);
+  if (x.element_count() % size != 0) {
+    return ffi::Error::InvalidArgument(
+        "jaxcomm: alltoall on rank " + std::to_string(CommRank(comm)) +
+        ": input has " + std::to_string(x.element_count()) +
+        " elements, expected a multiple of the communicator size " +
+        std::to_string(size));
+  }
+  JAXCOMM_RETURN_IF_ERROR(CheckOutput("alltoall", comm, x, *y, x.element_count(),
+                                      "like the input"));
   LargeType block;
   JAXCOMM_RETURN_IF_ERROR(
-      LargeType::Make(x.element_type(), x.element_count() / CommSize(comm), comm, &block));
+      LargeType::Make(x.element_type(), x.element_count() / size, comm, &block));
   if (DebugEnabled()) {
     DebugLog(comm, "MPI_Alltoall " + Elements(x.element_count(), x.element_type()));
   }
@@ -182,7 +276,9 @@ ffi::Error AlltoallImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
 ffi::Error AllgathervImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
                           ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle,
                           ffi::Span<const int64_t> counts) {
-  MPI_Comm comm = CommFromHandle(comm_handle);
+  MPI_Comm comm;
+  JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "allgatherv", &comm));
+  JAXCOMM_RETURN_IF_ERROR(CheckRows("allgatherv", comm, counts, x, *y, true));
   MPI_Datatype dtype;
   JAXCOMM_RETURN_IF_ERROR(MpiDatatype(x.element_type(), &dtype));
   const Blocks blocks(counts, RowElements(y->dimensions()));
@@ -224,7 +320,9 @@ ffi::Error AllgathervImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
 ffi::Error GathervImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
                        ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle,
                        ffi::Span<const int64_t> counts, int64_t root) {
-  MPI_Comm comm = CommFromHandle(comm_handle);
+  MPI_Comm comm;
+  JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "gatherv", &comm));
+  JAXCOMM_RETURN_IF_ERROR(CheckRows("gatherv", comm, counts, x, *y, true));
   MPI_Datatype dtype;
   JAXCOMM_RETURN_IF_ERROR(MpiDatatype(x.element_type(), &dtype));
   const Blocks blocks(counts, RowElements(y->dimensions()));
@@ -256,7 +354,9 @@ ffi::Error GathervImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
 ffi::Error ScattervImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
                         ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle,
                         ffi::Span<const int64_t> counts, int64_t root) {
-  MPI_Comm comm = CommFromHandle(comm_handle);
+  MPI_Comm comm;
+  JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "scatterv", &comm));
+  JAXCOMM_RETURN_IF_ERROR(CheckRows("scatterv", comm, counts, x, *y, false));
   MPI_Datatype dtype;
   JAXCOMM_RETURN_IF_ERROR(MpiDatatype(x.element_type(), &dtype));
   const Blocks blocks(counts, RowElements(x.dimensions()));
@@ -289,11 +389,35 @@ ffi::Error AlltoallvImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
                          ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle,
                          ffi::Span<const int64_t> sendcounts,
                          ffi::Span<const int64_t> recvcounts, int64_t max_rows) {
-  MPI_Comm comm = CommFromHandle(comm_handle);
+  MPI_Comm comm;
+  JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "alltoallv", &comm));
+  const int size = CommSize(comm);
+  JAXCOMM_RETURN_IF_ERROR(CheckCounts("alltoallv", comm, "sendcounts", sendcounts, size));
+  JAXCOMM_RETURN_IF_ERROR(CheckCounts("alltoallv", comm, "recvcounts", recvcounts, size));
+  const size_t row = RowElements(x.dimensions());
+  const size_t sent = Sum(sendcounts), received = Sum(recvcounts);
+  JAXCOMM_RETURN_IF_ERROR(CheckElements("alltoallv", comm, "input", x.element_count(),
+                                        sent * row, RowsOf("sum(sendcounts)", sent, row)));
+  JAXCOMM_RETURN_IF_ERROR(CheckOutput("alltoallv", comm, x, *y, received * row,
+                                      RowsOf("sum(recvcounts)", received, row)));
   MPI_Datatype dtype;
   JAXCOMM_RETURN_IF_ERROR(MpiDatatype(x.element_type(), &dtype));
-  const size_t row = RowElements(x.dimensions());
   const Blocks send_blocks(sendcounts, row), recv_blocks(recvcounts, row);
+  // max_rows picks the int-count path below: it must bound every count and
+  // displacement that path narrows to int.
+  size_t largest = 0;
+  for (const Blocks* blocks : {&send_blocks, &recv_blocks}) {
+    for (size_t p = 0; p < blocks->counts.size(); ++p) {
+      largest = std::max({largest, blocks->counts[p], blocks->displs[p]});
+    }
+  }
+  if (max_rows < 0 || static_cast<size_t>(max_rows) * row < largest) {
+    return ffi::Error::InvalidArgument(
+        "jaxcomm: alltoallv on rank " + std::to_string(CommRank(comm)) +
+        ": max_rows is " + std::to_string(max_rows) + ", expected at least " +
+        std::to_string(row == 0 ? 0 : largest / row) +
+        " (the largest count or displacement, in rows)");
+  }
   if (static_cast<size_t>(max_rows) * row <= MaxCount()) {
     if (DebugEnabled()) {
       DebugLog(comm, "MPI_Alltoallv " + Elements(x.element_count(), x.element_type()));
@@ -317,36 +441,11 @@ ffi::Error AlltoallvImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
 }  // namespace
 }  // namespace jaxcomm
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommAllgather, jaxcomm::AllgatherImpl,
-                              jaxcomm::ArrayOpBinding());
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommGather, jaxcomm::GatherImpl,
-                              jaxcomm::ArrayOpBinding()
-                                  .Attr<int64_t>("root"));
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommScatter, jaxcomm::ScatterImpl,
-                              jaxcomm::ArrayOpBinding()
-                                  .Attr<int64_t>("root"));
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommAlltoall, jaxcomm::AlltoallImpl,
-                              jaxcomm::ArrayOpBinding());
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommAllgatherv, jaxcomm::AllgathervImpl,
-                              jaxcomm::ArrayOpBinding()
-                                  .Attr<xla::ffi::Span<const int64_t>>("counts"));
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommGatherv, jaxcomm::GathervImpl,
-                              jaxcomm::ArrayOpBinding()
-                                  .Attr<xla::ffi::Span<const int64_t>>("counts")
-                                  .Attr<int64_t>("root"));
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommScatterv, jaxcomm::ScattervImpl,
-                              jaxcomm::ArrayOpBinding()
-                                  .Attr<xla::ffi::Span<const int64_t>>("counts")
-                                  .Attr<int64_t>("root"));
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommAlltoallv, jaxcomm::AlltoallvImpl,
-                              jaxcomm::ArrayOpBinding()
-                                  .Attr<xla::ffi::Span<const int64_t>>("sendcounts")
-                                  .Attr<xla::ffi::Span<const int64_t>>("recvcounts")
-                                  .Attr<int64_t>("max_rows"));
+JAXCOMM_DEFINE_HANDLER(JaxcommAllgather, jaxcomm::AllgatherImpl);
+JAXCOMM_DEFINE_HANDLER(JaxcommGather, jaxcomm::GatherImpl);
+JAXCOMM_DEFINE_HANDLER(JaxcommScatter, jaxcomm::ScatterImpl);
+JAXCOMM_DEFINE_HANDLER(JaxcommAlltoall, jaxcomm::AlltoallImpl);
+JAXCOMM_DEFINE_HANDLER(JaxcommAllgatherv, jaxcomm::AllgathervImpl);
+JAXCOMM_DEFINE_HANDLER(JaxcommGatherv, jaxcomm::GathervImpl);
+JAXCOMM_DEFINE_HANDLER(JaxcommScatterv, jaxcomm::ScattervImpl);
+JAXCOMM_DEFINE_HANDLER(JaxcommAlltoallv, jaxcomm::AlltoallvImpl);

@@ -10,10 +10,10 @@ namespace {
 using ElementwiseCall = int (*)(const void*, void*, int, MPI_Datatype, MPI_Op,
                                 MPI_Comm);
 
-ffi::Error ReductionTypes(ffi::DataType type, int64_t op, MPI_Datatype* dtype,
-                          MPI_Op* mpi_op) {
+ffi::Error ReductionTypes(ffi::DataType type, int64_t op, MPI_Comm comm,
+                          MPI_Datatype* dtype, MPI_Op* mpi_op) {
   JAXCOMM_RETURN_IF_ERROR(MpiDatatype(type, dtype));
-  return MpiReduceOp(op, type, mpi_op);
+  return MpiReduceOp(op, type, comm, mpi_op);
 }
 
 std::string OpText(const char* function, int64_t op) {
@@ -28,23 +28,23 @@ void Zero(ffi::Result<ffi::AnyBuffer>& y) {
 // Allreduce, Scan and Exscan combine element i of every rank's x into element
 // i of y. Predefined reductions take no derived datatypes, so large arrays
 // reduce in independent pieces of at most MaxCount() elements.
-ffi::Error ElementwiseReduction(ElementwiseCall call, const char* name,
-                                ffi::AnyBuffer x,
-                                ffi::Result<ffi::AnyBuffer>& y,
-                                int64_t comm_handle, int64_t op) {
-  MPI_Comm comm = CommFromHandle(comm_handle);
+ffi::Error ElementwiseReduction(ElementwiseCall call, const char* function,
+                                const char* name, ffi::AnyBuffer x,
+                                ffi::Result<ffi::AnyBuffer>& y, MPI_Comm comm,
+                                int64_t op) {
+  JAXCOMM_RETURN_IF_ERROR(CheckOutput(name, comm, x, *y, x.element_count(), "like the input"));
   const ffi::DataType type = x.element_type();
   MPI_Datatype dtype;
   MPI_Op mpi_op;
-  JAXCOMM_RETURN_IF_ERROR(ReductionTypes(type, op, &dtype, &mpi_op));
+  JAXCOMM_RETURN_IF_ERROR(ReductionTypes(type, op, comm, &dtype, &mpi_op));
   return ForEachChunk(x.element_count(), [&](size_t offset, int count) {
     if (DebugEnabled()) {
-      DebugLog(comm, OpText(name, op) + " " + Elements(count, type));
+      DebugLog(comm, OpText(function, op) + " " + Elements(count, type));
     }
     const int rc = call(ElementAt(x.untyped_data(), type, offset),
                         ElementAt(y->untyped_data(), type, offset), count,
                         dtype, mpi_op, comm);
-    if (rc != MPI_SUCCESS) return MpiFailure(name, rc, comm);
+    if (rc != MPI_SUCCESS) return MpiFailure(function, rc, comm);
     return ffi::Error::Success();
   });
 }
@@ -55,7 +55,7 @@ ffi::Error ChunkedReduce(MPI_Comm comm, void* send, void* recv, size_t total,
                          ffi::DataType type, int64_t op, int root) {
   MPI_Datatype dtype;
   MPI_Op mpi_op;
-  JAXCOMM_RETURN_IF_ERROR(ReductionTypes(type, op, &dtype, &mpi_op));
+  JAXCOMM_RETURN_IF_ERROR(ReductionTypes(type, op, comm, &dtype, &mpi_op));
   return ForEachChunk(total, [&](size_t offset, int count) {
     if (DebugEnabled()) {
       DebugLog(comm, OpText("MPI_Reduce", op) + " root " +
@@ -71,14 +71,19 @@ ffi::Error ChunkedReduce(MPI_Comm comm, void* send, void* recv, size_t total,
 ffi::Error AllreduceImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
                          ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle,
                          int64_t op) {
-  return ElementwiseReduction(MPI_Allreduce, "MPI_Allreduce", x, y, comm_handle,
-                              op);
+  MPI_Comm comm;
+  JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "allreduce", &comm));
+  return ElementwiseReduction(MPI_Allreduce, "MPI_Allreduce", "allreduce", x, y,
+                              comm, op);
 }
 
 ffi::Error ReduceImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
                       ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle,
                       int64_t op, int64_t root) {
-  MPI_Comm comm = CommFromHandle(comm_handle);
+  MPI_Comm comm;
+  JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "reduce", &comm));
+  JAXCOMM_RETURN_IF_ERROR(CheckOutput("reduce", comm, x, *y, x.element_count(),
+                                      "like the input"));
   JAXCOMM_RETURN_IF_ERROR(ChunkedReduce(comm, x.untyped_data(),
                                         y->untyped_data(), x.element_count(),
                                         x.element_type(), op,
@@ -90,15 +95,19 @@ ffi::Error ReduceImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
 ffi::Error ScanImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
                     ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle,
                     int64_t op) {
-  return ElementwiseReduction(MPI_Scan, "MPI_Scan", x, y, comm_handle, op);
+  MPI_Comm comm;
+  JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "scan", &comm));
+  return ElementwiseReduction(MPI_Scan, "MPI_Scan", "scan", x, y, comm, op);
 }
 
 ffi::Error ExscanImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
                       ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle,
                       int64_t op) {
-  JAXCOMM_RETURN_IF_ERROR(
-      ElementwiseReduction(MPI_Exscan, "MPI_Exscan", x, y, comm_handle, op));
-  if (CommRank(CommFromHandle(comm_handle)) == 0) Zero(y);
+  MPI_Comm comm;
+  JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "exscan", &comm));
+  JAXCOMM_RETURN_IF_ERROR(ElementwiseReduction(MPI_Exscan, "MPI_Exscan",
+                                               "exscan", x, y, comm, op));
+  if (CommRank(comm) == 0) Zero(y);
   return ffi::Error::Success();
 }
 
@@ -106,19 +115,18 @@ ffi::Error ReduceScatterImpl(ffi::Token, ffi::AnyBuffer x,
                              ffi::Result<ffi::Token>,
                              ffi::Result<ffi::AnyBuffer> y,
                              int64_t comm_handle, int64_t op) {
-  MPI_Comm comm = CommFromHandle(comm_handle);
+  MPI_Comm comm;
+  JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "reduce_scatter", &comm));
   const ffi::DataType type = x.element_type();
   int size;
   JAXCOMM_MPI_CHECK(MPI_Comm_size, comm, &size);
+  // The block size is the output's; MPI reads `size` of them from x.
   const size_t block = y->element_count();
-  // MPI reads `size` blocks from x: a mismatched primitive call must not
-  // make it read past the buffer.
-  if (x.element_count() != block * static_cast<size_t>(size)) {
-    return ffi::Error::InvalidArgument(
-        "jaxcomm: reduce_scatter needs " + std::to_string(size) + " blocks of " +
-        std::to_string(block) + " elements, got " +
-        std::to_string(x.element_count()));
-  }
+  JAXCOMM_RETURN_IF_ERROR(CheckElements(
+      "reduce_scatter", comm, "input", x.element_count(),
+      block * static_cast<size_t>(size),
+      "communicator size " + std::to_string(size) + " x output " +
+          std::to_string(block)));
   if (block > MaxCount()) {
     // MPI_Reduce_scatter_block takes one count for every block, and a piece of
     // each block would need a strided derived datatype, which predefined
@@ -132,7 +140,7 @@ ffi::Error ReduceScatterImpl(ffi::Token, ffi::AnyBuffer x,
   }
   MPI_Datatype dtype;
   MPI_Op mpi_op;
-  JAXCOMM_RETURN_IF_ERROR(ReductionTypes(type, op, &dtype, &mpi_op));
+  JAXCOMM_RETURN_IF_ERROR(ReductionTypes(type, op, comm, &dtype, &mpi_op));
   if (DebugEnabled()) {
     DebugLog(comm, OpText("MPI_Reduce_scatter_block", op) + " " +
                        Elements(block, type));
@@ -143,19 +151,11 @@ ffi::Error ReduceScatterImpl(ffi::Token, ffi::AnyBuffer x,
   return ffi::Error::Success();
 }
 
-// x in, y out, like x or a block of it; "root" follows for MPI_Reduce.
-auto ReductionBinding() { return ArrayOpBinding().Attr<int64_t>("op"); }
-
 }  // namespace
 }  // namespace jaxcomm
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommAllreduce, jaxcomm::AllreduceImpl,
-                              jaxcomm::ReductionBinding());
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommReduce, jaxcomm::ReduceImpl,
-                              jaxcomm::ReductionBinding().Attr<int64_t>("root"));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommScan, jaxcomm::ScanImpl,
-                              jaxcomm::ReductionBinding());
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommExscan, jaxcomm::ExscanImpl,
-                              jaxcomm::ReductionBinding());
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommReduceScatter, jaxcomm::ReduceScatterImpl,
-                              jaxcomm::ReductionBinding());
+JAXCOMM_DEFINE_HANDLER(JaxcommAllreduce, jaxcomm::AllreduceImpl);
+JAXCOMM_DEFINE_HANDLER(JaxcommReduce, jaxcomm::ReduceImpl);
+JAXCOMM_DEFINE_HANDLER(JaxcommScan, jaxcomm::ScanImpl);
+JAXCOMM_DEFINE_HANDLER(JaxcommExscan, jaxcomm::ExscanImpl);
+JAXCOMM_DEFINE_HANDLER(JaxcommReduceScatter, jaxcomm::ReduceScatterImpl);

@@ -17,6 +17,7 @@ from jax.interpreters import ad, mlir
 from mpi4py import MPI
 
 from .. import _compat
+from .._runtime import mpi_comm
 
 # Reduction codes shared with kernels/common.h (enum ReduceOp).
 REDUCTION_OPS = (
@@ -57,6 +58,11 @@ ALLOWED_DTYPES = {
 }
 
 
+# Every primitive's FFI target and the params it passes as attributes, by
+# primitive name; a test compares them with the kernels' table (ops.def).
+PRIMITIVES = {}
+
+
 def comm_primitive(name, abstract_eval, target, attrs):
     """Create the primitive ``<name>_p`` lowered to the FFI target ``target``.
 
@@ -67,6 +73,7 @@ def comm_primitive(name, abstract_eval, target, attrs):
         attrs: names of the params passed to the kernel as int64 attributes
             (tuples as int64 arrays, read as ``Span<const int64_t>``).
     """
+    PRIMITIVES[name] = (target, tuple(attrs))
     prim = Primitive(name)
     prim.multiple_results = True
     prim.def_impl(partial(_compat.apply_primitive, prim))
@@ -137,9 +144,10 @@ def register_derivative_comm(comm, derivative):
 
 
 def unregister_derivative_comm(comm):
-    """Forget ``comm`` and its derivative communicator (before they are freed)."""
-    derivative = _derivative_comms.pop(comm, None)
-    _derivative_comms.pop(derivative, None)
+    """Forget ``comm``'s derivative communicator (before it is freed) and return its handle."""
+    derivative = _derivative_comms.pop(comm)
+    _derivative_comms.pop(derivative)
+    return derivative
 
 
 def derivative_comm(comm):
@@ -148,13 +156,13 @@ def derivative_comm(comm):
 
 
 def rank_of(comm):
-    """This process's rank in the communicator with Fortran handle ``comm``."""
-    return MPI.Comm.f2py(comm).Get_rank()
+    """This process's rank in the communicator of a primitive's ``comm`` param."""
+    return mpi_comm(comm).Get_rank()
 
 
 def size_of(comm):
-    """The number of processes in the communicator with Fortran handle ``comm``."""
-    return MPI.Comm.f2py(comm).Get_size()
+    """The number of processes in the communicator of a primitive's ``comm`` param."""
+    return mpi_comm(comm).Get_size()
 
 
 def linear_jvp(prim, primals, tangents, *, comm, **params):

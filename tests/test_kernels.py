@@ -1,0 +1,249 @@
+"""The kernels' own guards: freed communicators, buffer sizes and the FFI attribute table.
+
+The public methods validate their arguments before binding a primitive; these
+tests bind the primitives directly, as a bug in a rule or a cached executable
+would, and check that the kernels refuse them on every rank instead of letting
+MPI read or write outside XLA's buffers.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.interpreters.mlir import ir
+from mpi4py import MPI
+
+import jaxcomm.ops
+from jaxcomm import JaxComm
+from jaxcomm.ops import _base
+from jaxcomm._runtime import _kernels_cpu
+
+
+def _ring_sendrecv(jc, x):
+    return jc.sendrecv(x, x, source=(jc.rank - 1) % jc.size, dest=(jc.rank + 1) % jc.size)
+
+
+# One call per op family, each run through a captured JaxComm.
+FAMILIES = {
+    "allreduce": lambda jc, x: jc.allreduce(x),
+    "bcast": lambda jc, x: jc.bcast(x, root=0),
+    "allgather": lambda jc, x: jc.allgather(x),
+    "alltoallv": lambda jc, x: jc.alltoallv(x[: jc.size], [[1] * jc.size] * jc.size),
+    "barrier": lambda jc, x: (jc.barrier(), x)[1],
+}
+
+
+def _freed_then_replaced(call, check):
+    """Run jit(call) on a JaxComm, free it, make another, then ``check(step, x, second)``."""
+    first = JaxComm(MPI.COMM_WORLD)
+    step = jax.jit(lambda x: call(first, x))
+    x = jnp.arange(4.0)
+    step(x).block_until_ready()
+    first.free()
+    # MPI recycles the freed handle, most likely for this very communicator:
+    # the cached executable must still not run on it.
+    second = JaxComm(MPI.COMM_WORLD)
+    try:
+        check(step, x, second)
+    finally:
+        second.free()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("family", FAMILIES)
+def test_compiled_function_refuses_a_freed_communicator(family):
+    def check(step, x, second):
+        with pytest.raises(jax.errors.JaxRuntimeError, match="communicator was freed"):
+            step(x).block_until_ready()
+        # The refusal is contained: the new communicator works.
+        np.testing.assert_array_equal(second.allreduce(x), second.size * x)
+
+    _freed_then_replaced(FAMILIES[family], check)
+
+
+@pytest.mark.mpi
+def test_point_to_point_refuses_a_freed_communicator():
+    # p2p.cc does not check the communicator itself yet: MPI refuses the
+    # null communicator it gets instead, with its own message.
+    def check(step, x, second):
+        with pytest.raises(jax.errors.JaxRuntimeError):
+            step(x).block_until_ready()
+        np.testing.assert_array_equal(_ring_sendrecv(second, x), x)
+
+    _freed_then_replaced(_ring_sendrecv, check)
+
+
+@pytest.mark.mpi
+def test_freed_communicator_error_names_the_op():
+    first = JaxComm(MPI.COMM_WORLD)
+    step = jax.jit(first.allgather)
+    step(jnp.ones(2)).block_until_ready()
+    first.free()
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"jaxcomm: allgather: communicator"):
+        step(jnp.ones(2)).block_until_ready()
+
+
+def test_handles_are_not_reused_after_free():
+    # Even where MPI hands back the same Fortran handle, the attribute a
+    # compiled function holds differs.
+    first = JaxComm(MPI.COMM_SELF)
+    old = first._handle
+    first.free()
+    second = JaxComm(MPI.COMM_SELF)
+    try:
+        assert second._handle != old
+    finally:
+        second.free()
+
+
+# Sizes -----------------------------------------------------------------------
+#
+# Each case binds a primitive with parameters that disagree with the buffers
+# or the communicator, identically on every rank, so every rank must refuse.
+
+
+def _size_cases(size):
+    rows = np.arange(2 * size * 3, dtype=np.float32).reshape(2 * size, 3)
+    return {
+        # The output is shaped for one rank more than the communicator has.
+        "allgather": (jaxcomm.ops.allgather_p, rows[:2], dict(size=size + 1, tiled=True)),
+        "gather": (jaxcomm.ops.gather_p, rows[:2], dict(root=0, size=size + 1, tiled=True)),
+        # x holds two blocks per rank, the output room for one.
+        "scatter": (jaxcomm.ops.scatter_p, rows, dict(root=0, size=2 * size, tiled=True)),
+        # Counts with one entry too many.
+        "allgatherv": (jaxcomm.ops.allgatherv_p, rows[:1], dict(counts=(1,) * (size + 1))),
+        "gatherv": (jaxcomm.ops.gatherv_p, rows[:1], dict(counts=(1,) * (size + 1), root=0)),
+        # x has one row more than counts send.
+        "scatterv": (
+            jaxcomm.ops.scatterv_p,
+            rows[: size + 1],
+            dict(counts=(1,) * size, root=0, rank=0),
+        ),
+        "alltoallv": (
+            jaxcomm.ops.alltoallv_p,
+            rows[: size + 1],
+            dict(sendcounts=(1,) * size, recvcounts=(1,) * size, max_rows=size),
+        ),
+        # A max_rows smaller than the counts it stands for.
+        "alltoallv_max_rows": (
+            jaxcomm.ops.alltoallv_p,
+            rows[: 2 * size],
+            dict(sendcounts=(2,) * size, recvcounts=(2,) * size, max_rows=1),
+        ),
+    }
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("case", list(_size_cases(1)))
+def test_kernels_refuse_buffers_that_do_not_match_their_attributes(jc, case):
+    prim, x, params = _size_cases(jc.size)[case]
+    op = prim.name
+    step = jax.jit(lambda x: prim.bind(x, comm=jc._handle, **params))
+    with pytest.raises(
+        jax.errors.JaxRuntimeError, match=rf"jaxcomm: {op} on rank {jc.rank}: .* expected"
+    ):
+        jax.block_until_ready(step(jnp.asarray(x)))
+    # Nothing was sent: the next collective still matches on every rank.
+    np.testing.assert_array_equal(jc.allreduce(jnp.ones(2)), np.full(2, jc.size))
+
+
+@pytest.mark.mpi(min_size=2)
+def test_alltoall_refuses_blocks_that_do_not_split(jc):
+    step = jax.jit(lambda x: jaxcomm.ops.alltoall_p.bind(x, comm=jc._handle))
+    with pytest.raises(
+        jax.errors.JaxRuntimeError, match=rf"jaxcomm: alltoall on rank {jc.rank}: .* expected"
+    ):
+        jax.block_until_ready(step(jnp.arange(jc.size + 1.0)))
+    np.testing.assert_array_equal(jc.allreduce(jnp.ones(2)), np.full(2, jc.size))
+
+
+# One source of truth for FFI attributes --------------------------------------
+
+
+def _attribute_type(attr):
+    """How the kernels name an MLIR attribute's type: int64 or int64[]."""
+    i64 = ir.IntegerType.get_signless(64)
+    if isinstance(attr, ir.IntegerAttr) and attr.type == i64:
+        return "int64"
+    if isinstance(attr, ir.DenseIntElementsAttr):
+        array = ir.RankedTensorType(attr.type)
+        if array.rank == 1 and array.element_type == i64:
+            return "int64[]"
+    return str(attr.type)
+
+
+def _operations(op):
+    for region in op.regions:
+        for block in region.blocks:
+            for inner in block.operations:
+                yield inner
+                yield from _operations(inner.operation)
+
+
+def _custom_call_attributes(lowered):
+    """{target: {attribute: type}} of every jaxcomm custom call in a lowering."""
+    found = {}
+    module = lowered.compiler_ir("stablehlo")
+    with module.context:
+        for op in _operations(module.operation):
+            if op.operation.name != "stablehlo.custom_call":
+                continue
+            target = ir.StringAttr(op.attributes["call_target_name"]).value
+            if target.startswith("jaxcomm_"):
+                config = ir.DictAttr(op.attributes["mhlo.backend_config"])
+                found[target] = {a.name: _attribute_type(a.attr) for a in config}
+    return found
+
+
+def _every_method(jc):
+    """Calls reaching every primitive through the public API."""
+    size, rank = jc.size, jc.rank
+    x = jnp.ones((size, 2))
+    ring = dict(source=(rank - 1) % size, dest=(rank + 1) % size)
+
+    def program(x):
+        out = [
+            jc.allreduce(x),
+            jc.reduce(x),
+            jc.scan(x),
+            jc.exscan(x),
+            jc.reduce_scatter(x),
+            jc.bcast(x),
+            jc.allgather(x),
+            jc.gather(x),
+            jc.scatter(x),
+            jc.alltoall(x),
+            jc.allgatherv(x[:1], [1] * size),
+            jc.gatherv(x[:1], [1] * size),
+            jc.scatterv(x, [1] * size),
+            jc.alltoallv(x, [[1] * size] * size),
+            jc.sendrecv(x, x, **ring),
+        ]
+        jc.barrier()
+        jc.send(x, ring["dest"])
+        out.append(jc.recv(x, source=ring["source"]))
+        return out
+
+    return jax.jit(program).lower(x)
+
+
+@pytest.mark.mpi
+def test_every_ffi_target_has_a_primitive_and_back():
+    targets = set(_kernels_cpu.attributes())
+    assert set(_kernels_cpu.registrations()) == targets
+    primitives = {target for target, _ in _base.PRIMITIVES.values()}
+    assert primitives == targets
+
+
+@pytest.mark.mpi
+def test_primitive_attributes_match_the_kernels_bindings(jc):
+    kernels = {
+        target: dict(attributes) for target, attributes in _kernels_cpu.attributes().items()
+    }
+    # Names, as each primitive declares them.
+    for name, (target, attrs) in _base.PRIMITIVES.items():
+        assert set(attrs) == set(kernels[target]), name
+    # Names and types, as the lowerings emit them.
+    emitted = _custom_call_attributes(_every_method(jc))
+    assert set(emitted) == set(kernels)
+    assert emitted == kernels
