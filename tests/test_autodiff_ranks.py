@@ -140,3 +140,19 @@ def test_derivative_traffic_never_meets_the_programs_messages():
         handle = derivative_comm(jc._handle)
         assert handle != jc._handle and derivative_comm(handle) == handle
         assert MPI.Comm.Compare(mpi_comm(handle), jc.comm) == MPI.CONGRUENT
+
+
+@pytest.mark.mpi
+def test_while_loop_in_forward_mode(jc):
+    # JAX has no reverse mode for while_loop; forward mode must line up.
+    def program(x, symbolic):
+        body = lambda c: (c[0] + 1, jnp.sin(jc.allreduce(c[1])))
+        y = lax.while_loop(lambda c: c[0] < 2, body, (0, _mine(jc, x, symbolic)))[1]
+        return y * jc.allreduce(jnp.sum(x))
+
+    x, t = jnp.linspace(0.5, 1.5, 3), jnp.full(3, 0.25 + jc.rank)
+    want = jax.jit(lambda x, t: jax.jvp(lambda x: program(x, False), (x,), (t,)))(x, t)
+    for jvp in (jax.jvp, jax.jit(jax.jvp, static_argnums=0)):
+        got = jvp(lambda x: program(x, True), (x,), (t,))
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(a, b, rtol=1e-12)
