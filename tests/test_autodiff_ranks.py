@@ -156,3 +156,20 @@ def test_while_loop_in_forward_mode(jc):
         got = jvp(lambda x: program(x, True), (x,), (t,))
         for a, b in zip(got, want):
             np.testing.assert_allclose(a, b, rtol=1e-12)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_receive_into_a_shape_only_template(jc):
+    # The template carries no tangent on the receiver; the sender's tangent
+    # and cotangent messages must still pair with the receiver's rules.
+    def program(x, symbolic):
+        template = jax.ShapeDtypeStruct(x.shape, x.dtype)
+        if jc.rank == 0:
+            jc.send(jnp.sin(x), dest=1, tag=3)
+            return x
+        if jc.rank == 1:
+            got = jc.recv(template if symbolic else x * 0, source=0, tag=3)
+            return got * x
+        return x
+
+    _compare(jc, program, jnp.linspace(0.5, 1.5, 3))
