@@ -68,12 +68,14 @@ def _joined(*outputs):
 _NUMBER_OPS = (MPI.SUM, MPI.PROD, MPI.MAX, MPI.MIN)
 
 
+@pytest.mark.x64
 @pytest.mark.mpi
 def test_replicated_reductions(jc):
     f = lambda x: _joined(*(jc.allreduce(jnp.sin(x), op=op) for op in _NUMBER_OPS))
     check_ad(jc, f, _data(jc), replicated=True, order=2)
 
 
+@pytest.mark.x64
 @pytest.mark.mpi
 def test_reductions_that_transpose_exactly(jc):
     root = jc.size - 1
@@ -91,6 +93,7 @@ def test_reductions_that_transpose_exactly(jc):
     check_ad(jc, f, _data(jc, (2 * jc.size, 3)), order=2)
 
 
+@pytest.mark.x64
 @pytest.mark.mpi
 def test_replicated_gathers(jc):
     counts = [r % 3 + 1 for r in range(jc.size)]
@@ -108,6 +111,7 @@ def test_replicated_gathers(jc):
     check_ad(jc, f, _data(jc, (3, 2)), replicated=True, order=2)
 
 
+@pytest.mark.x64
 @pytest.mark.mpi
 def test_gathers_that_transpose_exactly(jc):
     counts = [r % 3 + 1 for r in range(jc.size)]
@@ -131,6 +135,7 @@ def test_gathers_that_transpose_exactly(jc):
     check_ad(jc, f, _data(jc, (rows, 2)), order=2)
 
 
+@pytest.mark.x64
 @pytest.mark.mpi
 def test_sendrecv_ring_in_fori_loop(jc):
     left, right = (jc.rank - 1) % jc.size, (jc.rank + 1) % jc.size
@@ -142,6 +147,7 @@ def test_sendrecv_ring_in_fori_loop(jc):
     check_ad(jc, f, _data(jc))
 
 
+@pytest.mark.x64
 @pytest.mark.mpi(min_size=2)
 def test_send_recv_both_modes(jc):
     # The template x carries a tangent, so the receive takes part in AD.
@@ -284,6 +290,7 @@ def _distributed_cg(jc, matvec, b, iterations):
     return jax.lax.fori_loop(0, iterations, step, state)[0]
 
 
+@pytest.mark.x64
 @pytest.mark.mpi
 def test_custom_linear_solve_with_distributed_cg(jc):
     rows = 4
@@ -310,6 +317,7 @@ def test_custom_linear_solve_with_distributed_cg(jc):
     check_ad(jc, matvec, b)
 
 
+@pytest.mark.x64
 @pytest.mark.mpi
 def test_vmap_of_grad_and_jacobians(jc):
     # Transformations compose: per-example gradients through a collective,
