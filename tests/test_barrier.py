@@ -42,6 +42,7 @@ PROGRAMS = (
     "jit",
     "jit-barrier-only",
     "jit-barriers-without-data",
+    "jit-interleaved",
     "vmap",
     "fori_loop",
     "fori_loop-barrier-only",
@@ -64,6 +65,14 @@ def _programs(jc):
     def barrier_only(x):
         jc.barrier()
         return x
+
+    def interleaved(x):
+        # Independent calls: XLA may run unordered ones in any order, or at once.
+        sums = []
+        for i in range(8):
+            jc.barrier()
+            sums.append(jc.allreduce(x + i))
+        return sums[0]
 
     def fori(x):
         def body(i, y):
@@ -112,6 +121,7 @@ def _programs(jc):
             [B, B],
             1,
         ),
+        "jit-interleaved": (jax.jit(interleaved), 3, [B, A] * 8, size),
         "vmap": (jax.jit(jax.vmap(lambda x: _fenced_sum(jc, x))), 2, [B, A, B], size),
         "fori_loop": (jax.jit(fori), 2, [B, A] * 3, 1),
         "fori_loop-barrier-only": (jax.jit(fori_barrier_only), 2, [B] * 3, 4),
