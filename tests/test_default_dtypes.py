@@ -8,6 +8,8 @@ that default dtype with the right values, eagerly and under ``jit``, and the
 kernels must move it as that MPI type.
 """
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -75,8 +77,9 @@ def _scan(jc):
 
 def _exscan(jc):
     rank = jc.rank
+    below = sum(_floats(r) for r in range(rank)) + np.zeros(4)  # zeros on rank 0
     return [
-        (lambda x: jc.exscan(x), (_floats(rank),), sum((_floats(r) for r in range(rank)), np.zeros(4))),
+        (lambda x: jc.exscan(x), (_floats(rank),), below),
         (lambda x: jc.exscan(x), (1.0,), np.float64(rank)),
     ]
 
@@ -140,8 +143,11 @@ def _gather(jc):
     rank, size = jc.rank, jc.size
     cases = []
     for root in range(size):
-        want = np.concatenate([_floats(r) for r in range(size)]) if rank == root else np.zeros(4 * size)
-        cases.append((lambda x, root=root: jc.gather(x, root=root, tiled=True), (_floats(rank),), want))
+        gathered = np.concatenate([_floats(r) for r in range(size)])
+        want = gathered if rank == root else np.zeros(4 * size)
+        cases.append(
+            (lambda x, root=root: jc.gather(x, root=root, tiled=True), (_floats(rank),), want)
+        )
     return cases
 
 
@@ -149,7 +155,11 @@ def _scatter(jc):
     rank, size = jc.rank, jc.size
     x = np.arange(2 * size, dtype=np.int64) + 100 * rank
     return [
-        (lambda x, root=root: jc.scatter(x, root=root, tiled=True), (x,), (np.arange(2 * size) + 100 * root)[2 * rank : 2 * rank + 2])
+        (
+            lambda x, root=root: jc.scatter(x, root=root, tiled=True),
+            (x,),
+            (np.arange(2 * size) + 100 * root)[2 * rank : 2 * rank + 2],
+        )
         for root in range(size)
     ]
 
@@ -236,9 +246,12 @@ def _default_dtype(want):
     return FLOAT if np.issubdtype(np.asarray(want).dtype, np.floating) else INT
 
 
-def test_defaults_follow_the_x64_setting():
-    assert jax.config.jax_enable_x64 == X64
-    assert (FLOAT, INT) == ((np.dtype("float64"), np.dtype("int64")) if X64 else (np.dtype("float32"), np.dtype("int32")))
+def test_defaults_follow_jaxcomm_test_x64():
+    # Fails if the run meant to test JAX's default configuration does not.
+    x64 = os.environ.get("JAXCOMM_TEST_X64", "1") == "1"
+    assert jax.config.jax_enable_x64 == X64 == x64
+    wide, narrow = ("float64", "int64"), ("float32", "int32")
+    assert (FLOAT.name, INT.name) == (wide if x64 else narrow)
 
 
 @pytest.mark.mpi
@@ -250,7 +263,8 @@ def test_op_on_default_dtypes(jc, name, jit):
         dtype = _default_dtype(want)
         assert got.dtype == dtype, f"case {i}: {got.dtype} != {dtype}"
         assert got.shape == np.shape(want), f"case {i}"
-        np.testing.assert_array_equal(np.asarray(got), np.asarray(want).astype(dtype), err_msg=f"case {i}")
+        want = np.asarray(want).astype(dtype)
+        np.testing.assert_array_equal(np.asarray(got), want, err_msg=f"case {i}")
 
 
 @pytest.mark.mpi
@@ -286,7 +300,8 @@ def test_kernels_move_default_dtypes(jc, capfd):
     assert log == [
         f"r{rank} | MPI_Allreduce op SUM count 4 {FLOAT}",
         f"r{rank} | MPI_Allgatherv count 2 {INT}",
-        f"r{rank} | MPI_Sendrecv -> {right} tag 0 count 1 {FLOAT} <- {left} tag any count 1 {FLOAT}",
+        f"r{rank} | MPI_Sendrecv -> {right} tag 0 count 1 {FLOAT} "
+        f"<- {left} tag any count 1 {FLOAT}",
     ]
 
 
@@ -297,7 +312,8 @@ def test_pytrees_of_default_dtypes(jc, jit):
     tree = {"w": _floats(rank), "n": np.int64(rank), "lr": 0.5, "steps": [rank, 2]}
     allreduce = jax.jit(jc.allreduce) if jit else jc.allreduce
     out = allreduce(tree)
-    assert {k: np.dtype(v.dtype) for k, v in out.items() if k != "steps"} == {"w": FLOAT, "n": INT, "lr": FLOAT}
+    dtypes = {k: np.dtype(v.dtype) for k, v in out.items() if k != "steps"}
+    assert dtypes == {"w": FLOAT, "n": INT, "lr": FLOAT}
     assert [leaf.dtype for leaf in out["steps"]] == [INT, INT]
     np.testing.assert_array_equal(out["w"], sum(_floats(r) for r in range(size)).astype(FLOAT))
     assert int(out["n"]) == sum(range(size)) and float(out["lr"]) == 0.5 * size
