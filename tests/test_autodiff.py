@@ -197,6 +197,7 @@ def test_replicated_convention_for_grad(jc):
     np.testing.assert_allclose(jax.linear_transpose(f, v)(v)[0], v)
 
 
+@pytest.mark.x64
 @pytest.mark.mpi
 @pytest.mark.parametrize("op", ["MAX", "MIN"])
 def test_extremum_ties_split_evenly(jc, op):
