@@ -2,6 +2,12 @@
 
 Run with ``mpiexec -n N python -m pytest --with-mpi`` (N = 1, 2, 3), or
 plain ``python -m pytest`` for the tests that need no MPI launch.
+
+``JAXCOMM_TEST_X64=0`` runs the suite in JAX's default configuration
+(``jax_enable_x64`` off: float32 and int32 defaults, 64-bit inputs silently
+narrowed). Tests marked ``x64`` (written for 64-bit values, such as float64
+tolerances or logs naming float64) and test cases parametrized with a 64-bit
+dtype are then skipped.
 """
 
 import contextlib
@@ -16,8 +22,17 @@ sys.path[:] = [p for p in sys.path if pathlib.Path(p or os.getcwd()).resolve() !
 
 import jax  # noqa: E402
 
-# Tests cover every dtype JAX has, 64-bit ones included.
-jax.config.update("jax_enable_x64", True)
+
+def _x64_from_environment():
+    value = os.environ.get("JAXCOMM_TEST_X64", "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"JAXCOMM_TEST_X64 must be 0 or 1, got {value!r}")
+    return value == "1"
+
+
+# By default tests cover every dtype JAX has, 64-bit ones included.
+X64 = _x64_from_environment()
+jax.config.update("jax_enable_x64", X64)
 
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
@@ -45,7 +60,38 @@ ALL_DTYPES = [
     np.dtype("complex128"),
 ]
 
+# Without x64, JAX narrows these to their 32-bit kin.
+_64_BIT = frozenset(["int64", "uint64", "float64", "complex128"])
+
 SHAPES = [(), (0,), (7,), (3, 4)]
+
+
+def pytest_report_header():
+    return f"jaxcomm tests: jax_enable_x64={X64} (JAXCOMM_TEST_X64)"
+
+
+def _is_64_bit_dtype(value):
+    """Whether a test parameter names a 64-bit dtype (NumPy dtype, scalar type or name)."""
+    if isinstance(value, tuple):
+        return any(_is_64_bit_dtype(v) for v in value)
+    if isinstance(value, type) and issubclass(value, np.generic):
+        value = np.dtype(value)
+    if isinstance(value, np.dtype):
+        value = value.name
+    return isinstance(value, str) and value in _64_BIT
+
+
+def pytest_collection_modifyitems(items):
+    # Decided at collection, the same on every rank: never a rank-dependent skip.
+    if X64:
+        return
+    skip = pytest.mark.skip(reason="needs jax_enable_x64 (JAXCOMM_TEST_X64=0)")
+    for item in items:
+        params = getattr(item, "callspec", None)
+        if item.get_closest_marker("x64") or (
+            params and any(_is_64_bit_dtype(v) for v in params.params.values())
+        ):
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

@@ -114,6 +114,7 @@ def test_default_comm_context_manager_and_subcommunicators():
     cart.Free()
 
 
+@pytest.mark.x64
 @pytest.mark.mpi
 def test_debug_log_lines(jc, capfd):
     with mpi_debug():

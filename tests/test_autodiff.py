@@ -94,12 +94,14 @@ def _joined(*outputs):
 _NUMBER_OPS = (MPI.SUM, MPI.PROD, MPI.MAX, MPI.MIN)
 
 
+@pytest.mark.x64
 @pytest.mark.mpi
 def test_replicated_reductions(jc):
     f = lambda x: _joined(*(jc.allreduce(jnp.sin(x), op=op) for op in _NUMBER_OPS))
     check_ad(jc, f, _data(jc), replicated=True, order=2)
 
 
+@pytest.mark.x64
 @pytest.mark.mpi
 def test_reductions_that_transpose_exactly(jc):
     root = jc.size - 1
@@ -117,6 +119,7 @@ def test_reductions_that_transpose_exactly(jc):
     check_ad(jc, f, _data(jc, (2 * jc.size, 3)), order=2)
 
 
+@pytest.mark.x64
 @pytest.mark.mpi
 def test_replicated_gathers(jc):
     counts = [r % 3 + 1 for r in range(jc.size)]
@@ -134,6 +137,7 @@ def test_replicated_gathers(jc):
     check_ad(jc, f, _data(jc, (3, 2)), replicated=True, order=2)
 
 
+@pytest.mark.x64
 @pytest.mark.mpi
 def test_gathers_that_transpose_exactly(jc):
     counts = [r % 3 + 1 for r in range(jc.size)]
@@ -178,6 +182,7 @@ _TRANSPOSABLE = {
 }
 
 
+@pytest.mark.x64
 @pytest.mark.mpi
 @pytest.mark.parametrize("name", sorted(_TRANSPOSABLE))
 def test_transposition_is_an_involution(jc, name):
@@ -190,6 +195,7 @@ def test_transposition_is_an_involution(jc, name):
         np.testing.assert_allclose(run(x), op(x), rtol=1e-12)
 
 
+@pytest.mark.x64
 @pytest.mark.mpi
 def test_sendrecv_ring_in_fori_loop(jc):
     left, right = (jc.rank - 1) % jc.size, (jc.rank + 1) % jc.size
@@ -201,6 +207,7 @@ def test_sendrecv_ring_in_fori_loop(jc):
     check_ad(jc, f, _data(jc))
 
 
+@pytest.mark.x64
 @pytest.mark.mpi(min_size=2)
 def test_send_recv_both_modes(jc):
     # The template x carries a tangent, so the receive takes part in AD.
@@ -250,6 +257,7 @@ def test_replicated_convention_for_grad(jc):
     np.testing.assert_allclose(jax.linear_transpose(f, v)(v)[0], v)
 
 
+@pytest.mark.x64
 @pytest.mark.mpi
 @pytest.mark.parametrize("op", ["MAX", "MIN"])
 def test_extremum_ties_split_evenly(jc, op):
@@ -343,6 +351,7 @@ def _distributed_cg(jc, matvec, b, iterations):
     return jax.lax.fori_loop(0, iterations, step, state)[0]
 
 
+@pytest.mark.x64
 @pytest.mark.mpi
 def test_custom_linear_solve_with_distributed_cg(jc):
     rows = 4
@@ -369,6 +378,7 @@ def test_custom_linear_solve_with_distributed_cg(jc):
     check_ad(jc, matvec, b)
 
 
+@pytest.mark.x64
 @pytest.mark.mpi
 def test_vmap_of_grad_and_jacobians(jc):
     # Transformations compose: per-example gradients through a collective,

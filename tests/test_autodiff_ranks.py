@@ -19,6 +19,9 @@ from jaxcomm import JaxComm
 from jaxcomm._runtime import mpi_comm
 from jaxcomm.ops._base import derivative_comm
 
+# Derivatives are compared to 1e-12.
+pytestmark = pytest.mark.x64
+
 
 def _mine(jc, x, symbolic):
     """x on rank 0; elsewhere a constant, symbolically or only numerically free of x."""

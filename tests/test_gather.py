@@ -266,6 +266,7 @@ def test_gather_family_in_fori_loop(jc):
     np.testing.assert_allclose(float(loop(x)), want)
 
 
+@pytest.mark.x64
 @pytest.mark.mpi
 def test_debug_log_lines(jc, capfd):
     size, rank = jc.size, jc.rank

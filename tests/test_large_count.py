@@ -90,6 +90,7 @@ def test_chunked_reduce_scatter(jc, small_cap, block, tiled):
     np.testing.assert_array_equal(np.asarray(got), want)
 
 
+@pytest.mark.x64
 @pytest.mark.mpi
 @pytest.mark.parametrize("n", SIZES)
 def test_large_type_p2p_and_status(jc, small_cap, n):

@@ -318,6 +318,7 @@ def test_reduce_every_root_eager_numpy_and_scalar_inputs(jc):
     unchanged(x, original)
 
 
+@pytest.mark.x64
 @pytest.mark.mpi
 def test_reduce_scatter_tiled_splits_rows_and_empty_blocks(jc):
     rank, size = jc.rank, jc.size
