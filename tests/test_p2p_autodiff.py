@@ -158,6 +158,15 @@ def test_sendrecv_jvp_with_wildcards(jc):
     y, t = jax.jit(lambda x, t: jax.jvp(f, (x,), (t,)))(x, 10 * x + 1)
     np.testing.assert_array_equal(y, np.full(2, float(left)))
     np.testing.assert_array_equal(t, 10 * y + 1)
+    jc.barrier()
+
+    # In reverse mode a cotangent comes back to this rank while its peers may
+    # still run forward, so the wildcard receive selects its tag.
+    def f(x):
+        return jc.sendrecv(
+            x, x, source=MPI.ANY_SOURCE, dest=right, sendtag=100 + jc.rank, recvtag=100 + left
+        )
+
     g = jax.jit(jax.grad(lambda x: jnp.sum(f(x) * (jc.rank + 1))))(x)
     np.testing.assert_array_equal(g, np.full(2, float(right + 1)))
     jc.barrier()
@@ -172,3 +181,27 @@ def test_linear_transpose_of_wildcard_receive_is_refused(jc):
     ring = lambda v: jc.sendrecv(v, v, source=MPI.ANY_SOURCE, dest=MPI.PROC_NULL)
     with pytest.raises(NotImplementedError, match="explicit source and recvtag"):
         jax.make_jaxpr(jax.linear_transpose(ring, x))(x)
+
+
+@pytest.mark.mpi
+def test_jacobians_and_vmap_of_wildcard_sendrecv(jc):
+    # jacfwd/jacrev batch the derivative messages while the primal and its
+    # status stay unbatched; the addressed derivative messages batch alike.
+    right, left = (jc.rank + 1) % jc.size, (jc.rank - 1) % jc.size
+
+    def f(x):
+        # Cotangents come back to this rank with tag 100 + rank while its
+        # peers may still run forward, so the wildcard receive selects its tag.
+        return jc.sendrecv(
+            x, x, source=MPI.ANY_SOURCE, dest=right, sendtag=100 + jc.rank, recvtag=100 + left
+        )
+
+    x = jnp.arange(3.0) + jc.rank
+    for jacobian in (jax.jacfwd(f), jax.jacrev(f), jax.jit(jax.jacrev(f))):
+        np.testing.assert_array_equal(jacobian(x), np.eye(3))
+    g = lambda x: jc.sendrecv(x, x, source=MPI.ANY_SOURCE, dest=right, sendtag=5, return_status=True)
+    ys, statuses = jax.jit(jax.vmap(g))(jnp.stack([x, 2 * x]))
+    np.testing.assert_array_equal(ys, np.stack([x - jc.rank + left, 2 * (x - jc.rank + left)]))
+    # One message carries the whole batch; vmap repeats its one status.
+    assert statuses.tolist() == [[left, 5, 6]] * 2
+    jc.barrier()
