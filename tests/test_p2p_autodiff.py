@@ -199,7 +199,10 @@ def test_jacobians_and_vmap_of_wildcard_sendrecv(jc):
     x = jnp.arange(3.0) + jc.rank
     for jacobian in (jax.jacfwd(f), jax.jacrev(f), jax.jit(jax.jacrev(f))):
         np.testing.assert_array_equal(jacobian(x), np.eye(3))
-    g = lambda x: jc.sendrecv(x, x, source=MPI.ANY_SOURCE, dest=right, sendtag=5, return_status=True)
+
+    def g(x):
+        return jc.sendrecv(x, x, source=MPI.ANY_SOURCE, dest=right, sendtag=5, return_status=True)
+
     ys, statuses = jax.jit(jax.vmap(g))(jnp.stack([x, 2 * x]))
     np.testing.assert_array_equal(ys, np.stack([x - jc.rank + left, 2 * (x - jc.rank + left)]))
     # One message carries the whole batch; vmap repeats its one status.

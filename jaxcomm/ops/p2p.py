@@ -240,7 +240,9 @@ def _sendrecv_transpose(cts, x, *, source, dest, sendtag, recvtag, comm):
     return [back]
 
 
-def _sendrecv_addressed_transpose(cts, x, address, *, source, dest, sendtag, recvtag, addressed, comm):
+def _sendrecv_addressed_transpose(
+    cts, x, address, *, source, dest, sendtag, recvtag, addressed, comm
+):
     # The side that used the envelope swaps direction and keeps it; the
     # other side swaps its peer and tag, as sendrecv's transpose does.
     if addressed == RECEIVE_FROM_ENVELOPE:
