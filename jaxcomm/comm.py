@@ -30,11 +30,6 @@ ArrayLike = Any  # a JAX or NumPy array, or a Python scalar
 
 _LOGICAL = ("LAND", "LOR", "LXOR")
 
-# Keeps every MPI.Status handed to jaxcomm alive: compiled code holds the
-# address of its MPI_Status and writes there each time it runs.
-_pinned_statuses: dict[int, MPI.Status] = {}
-
-
 def _as_array(x: ArrayLike, name: str) -> jax.Array:
     if isinstance(x, (MPI.Status, str, bytes)) or x is None:
         raise TypeError(f"{name} must be an array or a scalar, got {type(x).__name__}")
@@ -166,22 +161,36 @@ def _reduction_leaves(x: Any, op: Any) -> tuple[list[jax.Array], Any, int]:
     return [leaf for leaf, _ in operands], treedef, operands[0][1]
 
 
-def _status_address(status: MPI.Status | None) -> int:
-    if status is None:
-        return 0
-    if not isinstance(status, MPI.Status):
+def _check_status(status: MPI.Status | None) -> None:
+    if status is not None and not isinstance(status, MPI.Status):
         raise TypeError(f"status must be an MPI.Status or None, got {type(status).__name__}")
-    address = MPI._addressof(status)
-    _pinned_statuses[address] = status
-    return address
 
 
-def _wait_if_eager(result: jax.Array, status: MPI.Status | None) -> jax.Array:
-    # An eager call returns before the kernel has run; a status the caller
-    # reads next must already be filled.
-    if status is not None and not isinstance(result, jax.core.Tracer):
-        result.block_until_ready()
-    return result
+def _received(
+    result: jax.Array,
+    envelope: jax.Array,
+    status: MPI.Status | None,
+    return_status: bool,
+    op: str,
+) -> Any:
+    """What ``recv``/``sendrecv`` return, after filling ``status`` from the envelope."""
+    if status is not None:
+        if isinstance(result, jax.core.Tracer):
+            # Compiled code cannot write into a Python object; keeping the
+            # object for it to write later would cost a compilation per
+            # object and keep every object alive.
+            raise TypeError(
+                f"{op}(status=...) works only in eager, untransformed calls; inside "
+                f"jax.jit, vmap or grad pass return_status=True: {op} then returns "
+                "(array, status), where status is the integer array [source, tag, "
+                "count] of the received message"
+            )
+        source, tag, count = np.asarray(envelope).tolist()
+        status.Set_source(source)
+        status.Set_tag(tag)
+        status.Set_error(MPI.SUCCESS)
+        status.Set_elements(MPI.BYTE, count * result.dtype.itemsize)
+    return (result, envelope) if return_status else result
 
 
 class JaxComm:
@@ -1032,7 +1041,9 @@ class JaxComm:
         source: int = MPI.ANY_SOURCE,
         tag: int = MPI.ANY_TAG,
         status: MPI.Status | None = None,
-    ) -> jax.Array:
+        *,
+        return_status: bool = False,
+    ) -> Any:
         """Receive an array shaped like ``x`` from rank ``source``.
 
         Wraps ``MPI_Recv``. ``x`` only gives the shape and dtype (an array,
@@ -1044,27 +1055,41 @@ class JaxComm:
                 (nothing is received and the result is zeros).
             tag: message tag or ``MPI.ANY_TAG``.
             status: an ``MPI.Status`` to fill with the message's source, tag
-                and size. Eager calls fill it before returning; under ``jit``
-                it is filled when the compiled call runs, so block on the
-                result (or call ``jaxcomm.sync()``) before reading it.
+                and size (eager, untransformed calls only: the call waits for
+                the message, then fills it).
+            return_status: also return the message's status as an integer
+                array ``[source, tag, count]`` (``count`` in elements of
+                ``x``'s dtype; under ``vmap``, of the whole batch), which
+                works everywhere, ``jit`` included. Its dtype is int64, or
+                int32 without ``jax_enable_x64``.
 
         Returns:
-            The received array.
+            The received array, or ``(array, status)`` with ``return_status``.
+            A message shorter than ``x`` fills the front of the array and
+            leaves zeros behind; a receive from ``MPI.PROC_NULL`` gives zeros
+            and the status ``[MPI.PROC_NULL, MPI.ANY_TAG, 0]``.
 
         Raises:
-            TypeError: for a bad template, a non-int or traced ``source``/``tag``
-                or a ``status`` that is not an ``MPI.Status``.
+            TypeError: for a bad template, a non-int or traced ``source``/``tag``,
+                a ``status`` that is not an ``MPI.Status``, or ``status`` in a
+                traced call (use ``return_status=True`` there).
             ValueError: for a ``source`` or ``tag`` out of range.
+
+        Example:
+            >>> y, status = jax.jit(lambda t: jc.recv(t, return_status=True))(template)
+            >>> source, tag, count = status.tolist()
         """
         handle = self._live()
-        result = ops.recv(
+        _check_status(status)
+        result, envelope = ops.recv(
             _template(x, "x"),
             source=self._peer(source, "source", any_source=True),
             tag=self._tag(tag, "tag", any_tag=True),
-            status=_status_address(status),
             comm=handle,
         )
-        return _wait_if_eager(result, status)
+        return _received(
+            result, envelope, status, _static_bool(return_status, "return_status"), "recv"
+        )
 
     def sendrecv(
         self,
@@ -1075,7 +1100,9 @@ class JaxComm:
         sendtag: int = 0,
         recvtag: int = MPI.ANY_TAG,
         status: MPI.Status | None = None,
-    ) -> jax.Array:
+        *,
+        return_status: bool = False,
+    ) -> Any:
         """Send ``sendbuf`` to ``dest`` and receive from ``source`` in one call.
 
         Wraps ``MPI_Sendrecv``, which cannot deadlock on a ring or a pairwise
@@ -1092,9 +1119,11 @@ class JaxComm:
             recvtag: tag to match, or ``MPI.ANY_TAG``.
             status: an ``MPI.Status`` to fill for the received message (see
                 :meth:`recv`).
+            return_status: also return the received message's status as an
+                integer array ``[source, tag, count]`` (see :meth:`recv`).
 
         Returns:
-            The received array.
+            The received array, or ``(array, status)`` with ``return_status``.
 
         Raises:
             TypeError: for bad arrays or non-int or traced ranks and tags.
@@ -1102,6 +1131,7 @@ class JaxComm:
                 tag is out of range.
         """
         handle = self._live()
+        _check_status(status)
         sendbuf = _as_array(sendbuf, "sendbuf")
         shape, dtype = _shape_dtype(recvbuf, "recvbuf")
         if (shape, dtype) != (sendbuf.shape, np.dtype(sendbuf.dtype)):
@@ -1109,16 +1139,17 @@ class JaxComm:
                 f"sendbuf ({sendbuf.dtype}{list(sendbuf.shape)}) and recvbuf "
                 f"({dtype}{list(shape)}) must have the same shape and dtype"
             )
-        result = ops.sendrecv(
+        result, envelope = ops.sendrecv(
             sendbuf,
             source=self._peer(source, "source", any_source=True),
             dest=self._peer(dest, "dest"),
             sendtag=self._tag(sendtag, "sendtag"),
             recvtag=self._tag(recvtag, "recvtag", any_tag=True),
-            status=_status_address(status),
             comm=handle,
         )
-        return _wait_if_eager(result, status)
+        return _received(
+            result, envelope, status, _static_bool(return_status, "return_status"), "sendrecv"
+        )
 
     # Synchronisation ---------------------------------------------------------
 

@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import ALL_DTYPES, SHAPES, rank_data, unchanged
+from conftest import ALL_DTYPES, SHAPES, backend_compiles, rank_data, unchanged
 from mpi4py import MPI
 
 
@@ -33,16 +33,14 @@ def test_send_recv_eager_with_status(jc, dtype):
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_send_recv_jit_any_source_status(jc, shape):
     send = jax.jit(lambda v: jc.send(v, 0, tag=7))
-    status = MPI.Status()
-    recv = jax.jit(lambda t: jc.recv(t, status=status))
+    recv = jax.jit(lambda t: jc.recv(t, return_status=True))
     if jc.rank == 0:
         sources = set()
         for _ in range(1, jc.size):
-            y = recv(jnp.zeros(shape, jnp.int32)).block_until_ready()
-            sources.add(status.source)
-            assert status.tag == 7
-            assert status.Get_count(MPI.INT32_T) == int(np.prod(shape))
-            np.testing.assert_array_equal(y, rank_data(status.source, shape, np.int32))
+            y, (source, tag, count) = recv(jnp.zeros(shape, jnp.int32))
+            sources.add(int(source))
+            assert (tag, count) == (7, int(np.prod(shape)))
+            np.testing.assert_array_equal(y, rank_data(int(source), shape, np.int32))
         assert sources == set(range(1, jc.size))
     else:
         send(jnp.asarray(rank_data(jc.rank, shape, np.int32)))
@@ -175,3 +173,103 @@ def test_mpi_failure_is_a_python_exception(jc):
         truncated(jnp.arange(10.0)).block_until_ready()
     # The failure is contained: later calls on every rank still work.
     np.testing.assert_array_equal(jc.allreduce(jnp.ones(2)), np.full(2, jc.size))
+
+
+def _container_sizes(module):
+    return {
+        name: len(value)
+        for name, value in vars(module).items()
+        if isinstance(value, (dict, list, set))
+    }
+
+
+@pytest.mark.mpi
+def test_fresh_statuses_compile_once_and_are_not_kept(jc):
+    import jaxcomm.comm
+
+    right, left = (jc.rank + 1) % jc.size, (jc.rank - 1) % jc.size
+    x = jnp.asarray(rank_data(jc.rank, (4,), np.float32))
+
+    def exchange(status):
+        return jc.sendrecv(x, x, source=left, dest=right, sendtag=jc.rank, status=status)
+
+    exchange(MPI.Status())
+    before = _container_sizes(jaxcomm.comm)
+    with backend_compiles() as compiles:
+        for _ in range(50):
+            status = MPI.Status()
+            y = exchange(status)
+            np.testing.assert_array_equal(y, rank_data(left, (4,), np.float32))
+            assert (status.source, status.tag, status.Get_count(MPI.FLOAT)) == (left, left, 4)
+            assert status.Get_count(MPI.BYTE) == 16
+    assert compiles == []
+    assert _container_sizes(jaxcomm.comm) == before
+
+
+@pytest.mark.mpi
+def test_returned_statuses_compile_once(jc):
+    right, left = (jc.rank + 1) % jc.size, (jc.rank - 1) % jc.size
+    x = jnp.asarray(rank_data(jc.rank, (4,), np.float32))
+    exchange = jax.jit(
+        lambda v: jc.sendrecv(v, v, source=left, dest=right, sendtag=jc.rank, return_status=True)
+    )
+    exchange(x)
+    with backend_compiles() as compiles:
+        for _ in range(50):
+            y, envelope = exchange(x)
+            np.testing.assert_array_equal(y, rank_data(left, (4,), np.float32))
+            assert envelope.tolist() == [left, left, 4]
+    assert compiles == []
+
+
+@pytest.mark.mpi(min_size=2)
+def test_status_inside_jit_is_returned(jc):
+    # Under jit, source and tag of a wildcard receive come back as an array.
+    @jax.jit
+    def collect(x):
+        if jc.rank != 0:
+            jc.send(x * jc.rank, 0, tag=10 + jc.rank)
+            return x, jnp.zeros((jc.size - 1, 3), jnp.int32)
+        received = [jc.recv(x, return_status=True) for _ in range(1, jc.size)]
+        total = sum(y for y, _ in received)
+        return total, jnp.stack([s for _, s in received]).astype(jnp.int32)
+
+    total, envelopes = collect(jnp.ones(5, jnp.int16))
+    if jc.rank == 0:
+        np.testing.assert_array_equal(total, np.full(5, sum(range(jc.size))))
+        assert sorted(envelopes.tolist()) == [[r, 10 + r, 5] for r in range(1, jc.size)]
+    jc.barrier()
+    with pytest.raises(TypeError, match="return_status=True"):
+        jax.jit(lambda v: jc.recv(v, source=MPI.PROC_NULL, status=MPI.Status()))(jnp.ones(2))
+    with pytest.raises(TypeError, match="return_status=True"):
+        jax.vmap(lambda v: jc.recv(v, source=MPI.PROC_NULL, status=MPI.Status()))(jnp.ones(2))
+
+
+@pytest.mark.mpi(min_size=2)
+def test_short_message_count_and_zero_tail(jc):
+    # MPI lets a message be shorter than the receive buffer: the status says
+    # how many elements came, and the rest of the result is zeros.
+    if jc.rank == 0:
+        jc.send(jnp.arange(1.0, 4.0), 1, tag=5)
+    if jc.rank == 1:
+        y = jax.jit(lambda t: jc.recv(t, source=0, tag=5, return_status=True))(jnp.full(6, 7.0))
+        np.testing.assert_array_equal(y[0], [1.0, 2.0, 3.0, 0.0, 0.0, 0.0])
+        assert y[1].tolist() == [0, 5, 3]
+    jc.barrier()
+
+
+@pytest.mark.mpi
+def test_proc_null_status(jc):
+    status = MPI.Status()
+    y = jc.recv(jnp.ones(3), source=MPI.PROC_NULL, status=status)
+    np.testing.assert_array_equal(y, np.zeros(3))
+    assert (status.source, status.tag, status.Get_count(MPI.DOUBLE)) == (
+        MPI.PROC_NULL,
+        MPI.ANY_TAG,
+        0,
+    )
+    y, envelope = jc.sendrecv(
+        jnp.ones(3), jnp.ones(3), source=MPI.PROC_NULL, dest=MPI.PROC_NULL, return_status=True
+    )
+    np.testing.assert_array_equal(y, np.zeros(3))
+    assert envelope.tolist() == [MPI.PROC_NULL, MPI.ANY_TAG, 0]

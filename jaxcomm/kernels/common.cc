@@ -313,12 +313,6 @@ ffi::Error CommFromHandle(int64_t handle, const char* op, MPI_Comm* comm) {
   return ffi::Error::Success();
 }
 
-MPI_Comm CommFromHandle(int64_t handle) {
-  std::shared_lock<std::shared_mutex> lock(comms_mutex);
-  const auto found = comms.find(handle);
-  return found == comms.end() ? MPI_COMM_NULL : found->second;
-}
-
 ffi::Error CheckElements(const char* op, MPI_Comm comm, const char* buffer,
                          size_t actual, size_t expected, const std::string& how) {
   if (actual == expected) return ffi::Error::Success();
@@ -443,12 +437,6 @@ void DebugLog(MPI_Comm comm, const std::string& text) {
   // One fprintf per line keeps lines whole when ranks share a terminal.
   std::fprintf(stderr, "r%d | %s\n", CommRank(comm), text.c_str());
   std::fflush(stderr);
-}
-
-void StoreStatus(int64_t address, const MPI_Status& status) {
-  if (address != 0) {
-    std::memcpy(reinterpret_cast<void*>(address), &status, sizeof status);
-  }
 }
 
 }  // namespace jaxcomm

@@ -65,6 +65,22 @@ inline auto ArrayBuffers() {
       .Ret<ffi::AnyBuffer>();
 }
 
+// The token and one array in, the token, one array and a receive's envelope
+// ([source, tag, count]) out.
+inline auto ReceiveBuffers() { return ArrayBuffers().Ret<ffi::AnyBuffer>(); }
+
+// As ReceiveBuffers, with a second array in: the envelope of an earlier
+// receive that addresses this one.
+inline auto AddressedBuffers() {
+  return ffi::Ffi::Bind()
+      .Arg<ffi::Token>()
+      .Arg<ffi::AnyBuffer>()
+      .Arg<ffi::AnyBuffer>()
+      .Ret<ffi::Token>()
+      .Ret<ffi::AnyBuffer>()
+      .Ret<ffi::AnyBuffer>();
+}
+
 // Each handler's complete binding, generated from its row of ops.def:
 // bindings::<HandlerSymbol>().
 namespace bindings {
@@ -77,10 +93,6 @@ namespace bindings {
 #undef I64S
 #undef I64
 }  // namespace bindings
-
-// The ArrayBuffers() binding with the communicator attribute, as p2p.cc's
-// hand-written bindings still use it.
-inline auto ArrayOpBinding() { return ArrayBuffers().Attr<int64_t>("comm"); }
 
 // Makes `comm` known to the handlers and returns the value of the "comm"
 // attribute that stands for it: its Fortran handle in the low 32 bits and a
@@ -98,10 +110,6 @@ MPI_Fint FortranHandle(int64_t handle);
 // The live communicator behind a "comm" attribute, or an error naming `op`
 // if it was freed (or never registered).
 ffi::Error CommFromHandle(int64_t handle, const char* op, MPI_Comm* comm);
-
-// The same lookup for p2p.cc, which does not check: MPI_COMM_NULL, on which
-// every MPI call fails, when the communicator is not live.
-MPI_Comm CommFromHandle(int64_t handle);
 
 // Fails unless `buffer` of `op` holds `expected` elements, the number its
 // attributes and the communicator size call for (`how` says how they do):
@@ -185,10 +193,6 @@ void SetDebug(bool enabled);
 
 // Writes one line to stderr: "r<rank> | <text>".
 void DebugLog(MPI_Comm comm, const std::string& text);
-
-// Copies an MPI_Status into the Python MPI.Status object at `address`
-// (0 means none was requested).
-void StoreStatus(int64_t address, const MPI_Status& status);
 
 }  // namespace jaxcomm
 

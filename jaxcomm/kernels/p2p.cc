@@ -1,10 +1,21 @@
 // Point to point: MPI_Send, MPI_Recv, MPI_Sendrecv.
+//
+// Every receive also returns its envelope, a 3-element integer array
+// (source, tag, count in elements): the Python side fills an MPI.Status
+// from it, returns it to jitted code, and addresses derivative messages of
+// wildcard receives with it (jaxcomm_sendrecv_addressed).
 #include <cstring>
+#include <string>
 
 #include "common.h"
 
 namespace jaxcomm {
 namespace {
+
+// Peers and tags of jaxcomm_sendrecv_addressed: which side of the exchange
+// takes its peer and tag from the envelope operand (jaxcomm/ops/p2p.py).
+constexpr int64_t kReceiveFromEnvelope = 1;
+constexpr int64_t kSendToEnvelope = 2;
 
 std::string Peer(int64_t rank) {
   if (rank == MPI_ANY_SOURCE) return "any";
@@ -12,21 +23,101 @@ std::string Peer(int64_t rank) {
   return std::to_string(rank);
 }
 
-// A receive from MPI_PROC_NULL leaves the buffer alone, and XLA's output
-// buffer holds garbage: jaxcomm documents zeros.
-void ZeroIfNoSource(int64_t source, ffi::AnyBuffer& y) {
-  if (source == MPI_PROC_NULL && y.size_bytes() > 0) {
-    std::memset(y.untyped_data(), 0, y.size_bytes());
-  }
-}
-
 std::string Tag(int64_t tag) {
   return tag == MPI_ANY_TAG ? "any" : std::to_string(tag);
 }
 
+ffi::Error Invalid(const char* op, MPI_Comm comm, const std::string& why) {
+  return ffi::Error::InvalidArgument(std::string("jaxcomm: ") + op +
+                                     " on rank " +
+                                     std::to_string(CommRank(comm)) + ": " +
+                                     why);
+}
+
+bool IsEnvelopeType(ffi::DataType dtype) {
+  return dtype == ffi::DataType::S32 || dtype == ffi::DataType::S64;
+}
+
+// The buffers MPI writes into must be what the Python side declared: the
+// result as large as the message buffer it stands for, the envelope three
+// integers. Checked before any MPI call, so a mismatch never overwrites
+// memory XLA did not give us.
+ffi::Error CheckOutputs(const char* op, MPI_Comm comm, const ffi::AnyBuffer& in,
+                        const ffi::AnyBuffer& y,
+                        const ffi::AnyBuffer& envelope) {
+  if (y.element_type() != in.element_type() ||
+      y.element_count() != in.element_count()) {
+    return Invalid(op, comm,
+                   "the result buffer holds " +
+                       Elements(y.element_count(), y.element_type()) +
+                       " but the message buffer " +
+                       Elements(in.element_count(), in.element_type()));
+  }
+  if (!IsEnvelopeType(envelope.element_type()) ||
+      envelope.element_count() != 3) {
+    return Invalid(op, comm,
+                   "the status output must be 3 int32 or int64 elements, got " +
+                       Elements(envelope.element_count(),
+                                envelope.element_type()));
+  }
+  return ffi::Error::Success();
+}
+
+int64_t EnvelopeAt(const ffi::AnyBuffer& envelope, int i) {
+  if (envelope.element_type() == ffi::DataType::S32) {
+    return static_cast<const int32_t*>(envelope.untyped_data())[i];
+  }
+  return static_cast<const int64_t*>(envelope.untyped_data())[i];
+}
+
+// After a receive of up to `capacity` elements into `y`: zeros the part no
+// message filled (all of it for MPI_PROC_NULL; XLA's buffers hold garbage
+// and jaxcomm documents zeros) and writes (source, tag, count) to
+// `envelope`.
+ffi::Error FinishReceive(const char* op, MPI_Comm comm, const MPI_Status& status,
+                         MPI_Datatype type, size_t capacity,
+                         ffi::AnyBuffer& y, ffi::AnyBuffer& envelope) {
+  MPI_Count basic = 0;
+  JAXCOMM_MPI_CHECK(MPI_Get_elements_x, &status, type, &basic);
+  if (basic == MPI_UNDEFINED || basic < 0 ||
+      static_cast<size_t>(basic) > capacity) {
+    return Invalid(op, comm,
+                   "received a message that is not a whole number of " +
+                       std::string(DtypeName(y.element_type())) + " elements");
+  }
+  const size_t count = static_cast<size_t>(basic);
+  const size_t width = ffi::ByteWidth(y.element_type());
+  if (count < capacity) {
+    std::memset(ElementAt(y.untyped_data(), y.element_type(), count), 0,
+                (capacity - count) * width);
+  }
+  const int64_t fields[3] = {status.MPI_SOURCE, status.MPI_TAG,
+                             static_cast<int64_t>(count)};
+  if (envelope.element_type() == ffi::DataType::S32) {
+    if (count > static_cast<size_t>(INT32_MAX)) {
+      return Invalid(op, comm,
+                     "received " + std::to_string(count) +
+                         " elements, more than an int32 status can count; "
+                         "enable jax_enable_x64 for int64 statuses");
+    }
+    int32_t* out = static_cast<int32_t*>(envelope.untyped_data());
+    for (int i = 0; i < 3; ++i) out[i] = static_cast<int32_t>(fields[i]);
+  } else {
+    std::memcpy(envelope.untyped_data(), fields, sizeof fields);
+  }
+  return ffi::Error::Success();
+}
+
+// A cotangent going back to a receive from MPI_PROC_NULL, whose status
+// tag is MPI_ANY_TAG, still needs a valid tag.
+int SendTag(int64_t dest, int64_t tag) {
+  return dest == MPI_PROC_NULL ? 0 : static_cast<int>(tag);
+}
+
 ffi::Error SendImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
                     int64_t comm_handle, int64_t dest, int64_t tag) {
-  MPI_Comm comm = CommFromHandle(comm_handle);
+  MPI_Comm comm;
+  JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "send", &comm));
   LargeType type;
   JAXCOMM_RETURN_IF_ERROR(
       LargeType::Make(x.element_type(), x.element_count(), comm, &type));
@@ -39,11 +130,14 @@ ffi::Error SendImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
   return ffi::Error::Success();
 }
 
-ffi::Error RecvImpl(ffi::Token, ffi::AnyBuffer /*template*/,
-                    ffi::Result<ffi::Token>,
-                    ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle,
-                    int64_t source, int64_t tag, int64_t status_address) {
-  MPI_Comm comm = CommFromHandle(comm_handle);
+ffi::Error RecvImpl(ffi::Token, ffi::AnyBuffer template_buffer,
+                    ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> y,
+                    ffi::Result<ffi::AnyBuffer> envelope, int64_t comm_handle,
+                    int64_t source, int64_t tag) {
+  MPI_Comm comm;
+  JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "recv", &comm));
+  JAXCOMM_RETURN_IF_ERROR(
+      CheckOutputs("MPI_Recv", comm, template_buffer, *y, *envelope));
   LargeType type;
   JAXCOMM_RETURN_IF_ERROR(
       LargeType::Make(y->element_type(), y->element_count(), comm, &type));
@@ -55,60 +149,87 @@ ffi::Error RecvImpl(ffi::Token, ffi::AnyBuffer /*template*/,
   JAXCOMM_MPI_CHECK(MPI_Recv, y->untyped_data(), type.count(), type.type(),
                     static_cast<int>(source), static_cast<int>(tag), comm,
                     &status);
-  ZeroIfNoSource(source, *y);
-  StoreStatus(status_address, status);
-  return ffi::Error::Success();
+  return FinishReceive("MPI_Recv", comm, status, type.type(),
+                       y->element_count(), *y, *envelope);
 }
 
-ffi::Error SendrecvImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
-                        ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle,
-                        int64_t source, int64_t dest, int64_t sendtag,
-                        int64_t recvtag, int64_t status_address) {
-  MPI_Comm comm = CommFromHandle(comm_handle);
+// MPI_Sendrecv of `x` to (dest, sendtag) and into `y` from (source,
+// recvtag); shared by the plain and the addressed handler.
+ffi::Error Exchange(MPI_Comm comm, ffi::AnyBuffer& x, ffi::AnyBuffer& y,
+                    ffi::AnyBuffer& envelope, int64_t source, int64_t dest,
+                    int64_t sendtag, int64_t recvtag) {
+  JAXCOMM_RETURN_IF_ERROR(CheckOutputs("MPI_Sendrecv", comm, x, y, envelope));
   LargeType send, recv;
   JAXCOMM_RETURN_IF_ERROR(
       LargeType::Make(x.element_type(), x.element_count(), comm, &send));
   JAXCOMM_RETURN_IF_ERROR(
-      LargeType::Make(y->element_type(), y->element_count(), comm, &recv));
+      LargeType::Make(y.element_type(), y.element_count(), comm, &recv));
   if (DebugEnabled()) {
-    DebugLog(comm, "MPI_Sendrecv -> " + Peer(dest) + " tag " + Tag(sendtag) + " " +
-                       Elements(x.element_count(), x.element_type()) + " <- " +
-                       Peer(source) + " tag " + Tag(recvtag) + " " +
-                       Elements(y->element_count(), y->element_type()));
+    DebugLog(comm, "MPI_Sendrecv -> " + Peer(dest) + " tag " + Tag(sendtag) +
+                       " " + Elements(x.element_count(), x.element_type()) +
+                       " <- " + Peer(source) + " tag " + Tag(recvtag) + " " +
+                       Elements(y.element_count(), y.element_type()));
   }
   MPI_Status status;
   JAXCOMM_MPI_CHECK(MPI_Sendrecv, x.untyped_data(), send.count(), send.type(),
-                    static_cast<int>(dest), static_cast<int>(sendtag),
-                    y->untyped_data(), recv.count(), recv.type(),
+                    static_cast<int>(dest), SendTag(dest, sendtag),
+                    y.untyped_data(), recv.count(), recv.type(),
                     static_cast<int>(source), static_cast<int>(recvtag), comm,
                     &status);
-  ZeroIfNoSource(source, *y);
-  StoreStatus(status_address, status);
-  return ffi::Error::Success();
+  return FinishReceive("MPI_Sendrecv", comm, status, recv.type(),
+                       y.element_count(), y, envelope);
+}
+
+ffi::Error SendrecvImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
+                        ffi::Result<ffi::AnyBuffer> y,
+                        ffi::Result<ffi::AnyBuffer> envelope,
+                        int64_t comm_handle, int64_t source, int64_t dest,
+                        int64_t sendtag, int64_t recvtag) {
+  MPI_Comm comm;
+  JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "sendrecv", &comm));
+  return Exchange(comm, x, *y, *envelope, source, dest, sendtag, recvtag);
+}
+
+// MPI_Sendrecv whose receiving (or sending) side takes its peer and tag
+// from `address`, the envelope of an earlier receive: the derivative
+// messages of a wildcard receive travel on the path its primal took.
+ffi::Error SendrecvAddressedImpl(ffi::Token, ffi::AnyBuffer x,
+                                 ffi::AnyBuffer address,
+                                 ffi::Result<ffi::Token>,
+                                 ffi::Result<ffi::AnyBuffer> y,
+                                 ffi::Result<ffi::AnyBuffer> envelope,
+                                 int64_t comm_handle, int64_t source,
+                                 int64_t dest, int64_t sendtag,
+                                 int64_t recvtag, int64_t addressed) {
+  MPI_Comm comm;
+  JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "sendrecv", &comm));
+  if (!IsEnvelopeType(address.element_type()) || address.element_count() != 3) {
+    return Invalid("MPI_Sendrecv", comm,
+                   "the address operand must be 3 int32 or int64 elements, "
+                   "got " +
+                       Elements(address.element_count(),
+                                address.element_type()));
+  }
+  const int64_t peer = EnvelopeAt(address, 0);
+  const int64_t tag = EnvelopeAt(address, 1);
+  if (addressed == kReceiveFromEnvelope) {
+    source = peer;
+    recvtag = tag;
+  } else if (addressed == kSendToEnvelope) {
+    dest = peer;
+    sendtag = tag;
+  } else {
+    return Invalid("MPI_Sendrecv", comm,
+                   "unknown addressing mode " + std::to_string(addressed));
+  }
+  return Exchange(comm, x, *y, *envelope, source, dest, sendtag, recvtag);
 }
 
 }  // namespace
 }  // namespace jaxcomm
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommSend, jaxcomm::SendImpl,
-                              xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::Token>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::Token>()
-                                  .Attr<int64_t>("comm")
-                                  .Attr<int64_t>("dest")
-                                  .Attr<int64_t>("tag"));
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommRecv, jaxcomm::RecvImpl,
-                              jaxcomm::ArrayOpBinding()
-                                  .Attr<int64_t>("source")
-                                  .Attr<int64_t>("tag")
-                                  .Attr<int64_t>("status"));
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommSendrecv, jaxcomm::SendrecvImpl,
-                              jaxcomm::ArrayOpBinding()
-                                  .Attr<int64_t>("source")
-                                  .Attr<int64_t>("dest")
-                                  .Attr<int64_t>("sendtag")
-                                  .Attr<int64_t>("recvtag")
-                                  .Attr<int64_t>("status"));
+JAXCOMM_DEFINE_HANDLER(JaxcommSend, jaxcomm::SendImpl);
+JAXCOMM_DEFINE_HANDLER(JaxcommRecv, jaxcomm::RecvImpl);
+JAXCOMM_DEFINE_HANDLER(JaxcommSendrecv, jaxcomm::SendrecvImpl);
+JAXCOMM_DEFINE_HANDLER(JaxcommSendrecvAddressed,
+                       jaxcomm::SendrecvAddressedImpl);
