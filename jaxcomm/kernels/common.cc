@@ -302,7 +302,11 @@ MPI_Fint FortranHandle(int64_t handle) {
 }
 
 ffi::Error CommFromHandle(int64_t handle, const char* op, MPI_Comm* comm) {
-  *comm = CommFromHandle(handle);
+  {
+    std::shared_lock<std::shared_mutex> lock(comms_mutex);
+    const auto found = comms.find(handle);
+    *comm = found == comms.end() ? MPI_COMM_NULL : found->second;
+  }
   if (*comm == MPI_COMM_NULL) {
     return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
         std::string("jaxcomm: ") + op +
