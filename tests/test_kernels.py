@@ -196,7 +196,7 @@ def _custom_call_attributes(lowered):
 
 
 def _every_method(jc):
-    """Calls reaching every primitive through the public API."""
+    """Calls reaching every primitive through the public API (lowered, never run)."""
     size, rank = jc.size, jc.rank
     x = jnp.ones((size, 2))
     ring = dict(source=(rank - 1) % size, dest=(rank + 1) % size)
@@ -222,6 +222,9 @@ def _every_method(jc):
         jc.barrier()
         jc.send(x, ring["dest"])
         out.append(jc.recv(x, source=ring["source"]))
+        # The tangent of a wildcard receive is addressed by its envelope.
+        wildcard = lambda x: jc.sendrecv(x, x, source=MPI.ANY_SOURCE, dest=ring["dest"])
+        out.append(jax.jvp(wildcard, (x,), (x,))[1])
         return out
 
     return jax.jit(program).lower(x)
