@@ -12,6 +12,10 @@ import pytest
 from mpi4py import MPI
 
 
+def _maybe_jit(f, jit):
+    return jax.jit(f) if jit else f
+
+
 def _tags_out_of_order(jc, x):
     """Rank 0 sends x[0] with tag 1 and x[1] with tag 2; rank 1 receives tag 2 first."""
     if jc.rank == 0:
@@ -28,9 +32,7 @@ def _tags_out_of_order(jc, x):
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
 def test_grad_follows_tags_not_send_order(jc, jit):
-    grad = jax.grad(lambda x: _tags_out_of_order(jc, x))
-    if jit:
-        grad = jax.jit(grad)
+    grad = _maybe_jit(jax.grad(lambda x: _tags_out_of_order(jc, x)), jit)
     got = grad(jnp.array([3.0, 5.0]))
     want = [100.0, 1.0] if jc.rank == 0 else [0.0, 0.0]
     np.testing.assert_array_equal(got, want)
@@ -54,9 +56,7 @@ def test_sendrecv_grad_follows_tags(jc, jit):
             return 1 * a + 100 * b
         return jnp.sum(x * 0)
 
-    grad = jax.grad(f)
-    if jit:
-        grad = jax.jit(grad)
+    grad = _maybe_jit(jax.grad(f), jit)
     got = grad(jnp.array([3.0, 5.0]))
     want = {0: [100.0, 1.0], 1: [1000.0, 10000.0]}.get(jc.rank, [0.0, 0.0])
     np.testing.assert_array_equal(got, want)
@@ -79,9 +79,7 @@ def test_grad_of_wildcard_receives(jc, jit):
         jc.send(x, 0, tag=jc.rank)
         return jnp.sum(x * 0)
 
-    grad = jax.grad(f)
-    if jit:
-        grad = jax.jit(grad)
+    grad = _maybe_jit(jax.grad(f), jit)
     got = grad(jnp.arange(3.0) + jc.rank)
     np.testing.assert_array_equal(got, np.full(3, float(jc.rank)))
     jc.barrier()
@@ -135,9 +133,7 @@ def test_jvp_of_wildcard_receives(jc, jit):
         jc.send(x, 0, tag=jc.rank)
         return jnp.stack([x] * (jc.size - 1))
 
-    jvp = lambda x, t: jax.jvp(f, (x,), (t,))
-    if jit:
-        jvp = jax.jit(jvp)
+    jvp = _maybe_jit(lambda x, t: jax.jvp(f, (x,), (t,)), jit)
     x = jnp.full(2, float(jc.rank))
     primals, tangents = jvp(x, 10 * x)
     np.testing.assert_array_equal(tangents, 10 * primals)

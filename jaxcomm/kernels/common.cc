@@ -317,25 +317,29 @@ ffi::Error CommFromHandle(int64_t handle, const char* op, MPI_Comm* comm) {
   return ffi::Error::Success();
 }
 
+ffi::Error Invalid(const char* op, MPI_Comm comm, const std::string& why) {
+  return ffi::Error::InvalidArgument(std::string("jaxcomm: ") + op +
+                                     " on rank " +
+                                     std::to_string(CommRank(comm)) + ": " +
+                                     why);
+}
+
 ffi::Error CheckElements(const char* op, MPI_Comm comm, const char* buffer,
                          size_t actual, size_t expected, const std::string& how) {
   if (actual == expected) return ffi::Error::Success();
-  return ffi::Error::InvalidArgument(
-      std::string("jaxcomm: ") + op + " on rank " +
-      std::to_string(CommRank(comm)) + ": " + buffer + " has " +
-      std::to_string(actual) + " elements, expected " +
-      std::to_string(expected) + " (" + how + ")");
+  return Invalid(op, comm,
+                 std::string(buffer) + " has " + std::to_string(actual) +
+                     " elements, expected " + std::to_string(expected) + " (" +
+                     how + ")");
 }
 
 ffi::Error CheckOutput(const char* op, MPI_Comm comm, const ffi::AnyBuffer& x,
                        const ffi::AnyBuffer& y, size_t expected,
                        const std::string& how) {
   if (x.element_type() != y.element_type()) {
-    return ffi::Error::InvalidArgument(
-        std::string("jaxcomm: ") + op + " on rank " +
-        std::to_string(CommRank(comm)) + ": output is " +
-        DtypeName(y.element_type()) + ", expected the input's " +
-        DtypeName(x.element_type()));
+    return Invalid(op, comm,
+                   std::string("output is ") + DtypeName(y.element_type()) +
+                       ", expected the input's " + DtypeName(x.element_type()));
   }
   return CheckElements(op, comm, "output", y.element_count(), expected, how);
 }

@@ -111,6 +111,10 @@ MPI_Fint FortranHandle(int64_t handle);
 // if it was freed (or never registered).
 ffi::Error CommFromHandle(int64_t handle, const char* op, MPI_Comm* comm);
 
+// The error for arguments of `op` that do not fit together:
+// "jaxcomm: <op> on rank <r>: <why>".
+ffi::Error Invalid(const char* op, MPI_Comm comm, const std::string& why);
+
 // Fails unless `buffer` of `op` holds `expected` elements, the number its
 // attributes and the communicator size call for (`how` says how they do):
 // MPI would read or write outside the buffer otherwise.

@@ -72,19 +72,18 @@ ffi::Error CheckStacked(const char* op, MPI_Comm comm, const ffi::AnyBuffer& x,
 // Checks a counts attribute: one non-negative count of rows per rank.
 ffi::Error CheckCounts(const char* op, MPI_Comm comm, const char* name,
                        ffi::Span<const int64_t> counts, int size) {
-  const std::string where =
-      std::string("jaxcomm: ") + op + " on rank " + std::to_string(CommRank(comm)) +
-      ": ";
   if (counts.size() != static_cast<size_t>(size)) {
-    return ffi::Error::InvalidArgument(
-        where + name + " has " + std::to_string(counts.size()) +
-        " entries, expected one per rank (" + std::to_string(size) + ")");
+    return Invalid(op, comm,
+                   std::string(name) + " has " + std::to_string(counts.size()) +
+                       " entries, expected one per rank (" +
+                       std::to_string(size) + ")");
   }
   for (size_t r = 0; r < counts.size(); ++r) {
     if (counts[r] < 0) {
-      return ffi::Error::InvalidArgument(
-          where + name + "[" + std::to_string(r) + "] is " +
-          std::to_string(counts[r]) + ", expected a count of rows >= 0");
+      return Invalid(op, comm,
+                     std::string(name) + "[" + std::to_string(r) + "] is " +
+                         std::to_string(counts[r]) +
+                         ", expected a count of rows >= 0");
     }
   }
   return ffi::Error::Success();
@@ -253,11 +252,10 @@ ffi::Error AlltoallImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
   JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "alltoall", &comm));
   const int size = CommSize(comm);
   if (x.element_count() % size != 0) {
-    return ffi::Error::InvalidArgument(
-        "jaxcomm: alltoall on rank " + std::to_string(CommRank(comm)) +
-        ": input has " + std::to_string(x.element_count()) +
-        " elements, expected a multiple of the communicator size " +
-        std::to_string(size));
+    return Invalid("alltoall", comm,
+                   "input has " + std::to_string(x.element_count()) +
+                       " elements, expected a multiple of the communicator "
+                       "size " + std::to_string(size));
   }
   JAXCOMM_RETURN_IF_ERROR(CheckOutput("alltoall", comm, x, *y, x.element_count(),
                                       "like the input"));
@@ -412,11 +410,11 @@ ffi::Error AlltoallvImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
     }
   }
   if (max_rows < 0 || static_cast<size_t>(max_rows) * row < largest) {
-    return ffi::Error::InvalidArgument(
-        "jaxcomm: alltoallv on rank " + std::to_string(CommRank(comm)) +
-        ": max_rows is " + std::to_string(max_rows) + ", expected at least " +
-        std::to_string(row == 0 ? 0 : largest / row) +
-        " (the largest count or displacement, in rows)");
+    return Invalid("alltoallv", comm,
+                   "max_rows is " + std::to_string(max_rows) +
+                       ", expected at least " +
+                       std::to_string(row == 0 ? 0 : largest / row) +
+                       " (the largest count or displacement, in rows)");
   }
   if (static_cast<size_t>(max_rows) * row <= MaxCount()) {
     if (DebugEnabled()) {

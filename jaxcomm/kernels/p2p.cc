@@ -27,15 +27,18 @@ std::string Tag(int64_t tag) {
   return tag == MPI_ANY_TAG ? "any" : std::to_string(tag);
 }
 
-ffi::Error Invalid(const char* op, MPI_Comm comm, const std::string& why) {
-  return ffi::Error::InvalidArgument(std::string("jaxcomm: ") + op +
-                                     " on rank " +
-                                     std::to_string(CommRank(comm)) + ": " +
-                                     why);
-}
-
-bool IsEnvelopeType(ffi::DataType dtype) {
-  return dtype == ffi::DataType::S32 || dtype == ffi::DataType::S64;
+// Fails unless `envelope` (`what` it is, for the message) holds the three
+// int32 or int64 fields of an envelope.
+ffi::Error CheckEnvelope(const char* op, MPI_Comm comm,
+                         const ffi::AnyBuffer& envelope, const char* what) {
+  const ffi::DataType type = envelope.element_type();
+  if ((type == ffi::DataType::S32 || type == ffi::DataType::S64) &&
+      envelope.element_count() == 3) {
+    return ffi::Error::Success();
+  }
+  return Invalid(op, comm,
+                 std::string(what) + " must be 3 int32 or int64 elements, got " +
+                     Elements(envelope.element_count(), type));
 }
 
 // The buffers MPI writes into must be what the Python side declared: the
@@ -53,14 +56,7 @@ ffi::Error CheckOutputs(const char* op, MPI_Comm comm, const ffi::AnyBuffer& in,
                        " but the message buffer " +
                        Elements(in.element_count(), in.element_type()));
   }
-  if (!IsEnvelopeType(envelope.element_type()) ||
-      envelope.element_count() != 3) {
-    return Invalid(op, comm,
-                   "the status output must be 3 int32 or int64 elements, got " +
-                       Elements(envelope.element_count(),
-                                envelope.element_type()));
-  }
-  return ffi::Error::Success();
+  return CheckEnvelope(op, comm, envelope, "the status output");
 }
 
 int64_t EnvelopeAt(const ffi::AnyBuffer& envelope, int i) {
@@ -203,13 +199,8 @@ ffi::Error SendrecvAddressedImpl(ffi::Token, ffi::AnyBuffer x,
                                  int64_t recvtag, int64_t addressed) {
   MPI_Comm comm;
   JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "sendrecv", &comm));
-  if (!IsEnvelopeType(address.element_type()) || address.element_count() != 3) {
-    return Invalid("MPI_Sendrecv", comm,
-                   "the address operand must be 3 int32 or int64 elements, "
-                   "got " +
-                       Elements(address.element_count(),
-                                address.element_type()));
-  }
+  JAXCOMM_RETURN_IF_ERROR(
+      CheckEnvelope("MPI_Sendrecv", comm, address, "the address operand"));
   const int64_t peer = EnvelopeAt(address, 0);
   const int64_t tag = EnvelopeAt(address, 1);
   if (addressed == kReceiveFromEnvelope) {

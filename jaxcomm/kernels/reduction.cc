@@ -32,7 +32,8 @@ ffi::Error ElementwiseReduction(ElementwiseCall call, const char* function,
                                 const char* name, ffi::AnyBuffer x,
                                 ffi::Result<ffi::AnyBuffer>& y, MPI_Comm comm,
                                 int64_t op) {
-  JAXCOMM_RETURN_IF_ERROR(CheckOutput(name, comm, x, *y, x.element_count(), "like the input"));
+  JAXCOMM_RETURN_IF_ERROR(
+      CheckOutput(name, comm, x, *y, x.element_count(), "like the input"));
   const ffi::DataType type = x.element_type();
   MPI_Datatype dtype;
   MPI_Op mpi_op;

@@ -131,9 +131,9 @@ def no_output(*avals, **_):
 # and PROD rules) travels on a second private communicator of each JaxComm,
 # so that a derivative message can never match one of the program's own.
 
-# Fortran handle of each JaxComm's communicator -> its derivative
-# communicator's; derivative communicators map to themselves, so higher-order
-# derivative traffic stays on them.
+# The "comm" param of each JaxComm's communicator (from _runtime.register_comm)
+# -> its derivative communicator's; derivative communicators map to
+# themselves, so higher-order derivative traffic stays on them.
 _derivative_comms = {}
 
 
