@@ -6,8 +6,17 @@ MPI ranks without copies, eagerly and in compiled code, always in program
 order.
 """
 
+from ._gpu import bind_local_gpu, cuda_info, set_cuda_aware
 from ._runtime import set_debug, sync
 from ._version import __version__
 from .comm import JaxComm
 
-__all__ = ["JaxComm", "__version__", "set_debug", "sync"]
+__all__ = [
+    "JaxComm",
+    "__version__",
+    "bind_local_gpu",
+    "cuda_info",
+    "set_cuda_aware",
+    "set_debug",
+    "sync",
+]

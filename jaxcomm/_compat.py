@@ -15,6 +15,7 @@ from jax import lax
 from jax._src import core as _core
 from jax._src import dispatch as _dispatch
 from jax._src import effects as _effects
+from jax._src import xla_bridge as _xla_bridge
 from jax._src.interpreters import ad as _ad
 from jax._src.interpreters import batching as _batching
 from jax._src.interpreters import mlir as _mlir
@@ -75,6 +76,11 @@ def ordered_token(ctx):
 def set_ordered_token(ctx, token):
     """Hand the token a lowering produced on to the next jaxcomm call."""
     ctx.set_tokens_out(_mlir.TokenSet({mpi_effect: token}))
+
+
+def backends_initialized():
+    """Whether JAX has created its backends (after which its GPU set is fixed)."""
+    return _xla_bridge.backends_are_initialized()
 
 
 def device_count(axis_context):

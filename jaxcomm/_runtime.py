@@ -61,6 +61,17 @@ from . import _kernels_cpu  # noqa: E402  (only once the MPI is known to match)
 for _name, _capsule in _kernels_cpu.registrations().items():
     jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")
 
+# The CUDA kernels, when this build has them. Loading the module initialises
+# no CUDA (its runtime is linked statically and starts on the first call), and
+# JAX keeps the registrations until a CUDA backend exists, so a machine
+# without a GPU is unaffected.
+cuda_kernels = None
+if _build_info.CUDA:
+    from . import _kernels_cuda as cuda_kernels  # noqa: E402
+
+    for _name, _capsule in cuda_kernels.registrations().items():
+        jax.ffi.register_ffi_target(_name, _capsule, platform="CUDA")
+
 
 def register_comm(comm: MPI.Comm) -> int:
     """Make ``comm`` known to the kernels until :func:`unregister_comm`.
@@ -131,3 +142,5 @@ set_debug(os.environ.get("JAXCOMM_DEBUG", "") not in ("", "0"))
 def _drain_before_finalize():
     if MPI.Is_initialized() and not MPI.Is_finalized():
         sync()
+    if cuda_kernels is not None:
+        cuda_kernels.free_staging()

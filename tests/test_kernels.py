@@ -16,6 +16,7 @@ from mpi4py import MPI
 import jaxcomm.ops
 from jaxcomm import JaxComm
 from jaxcomm.ops import _base
+from jaxcomm import _runtime
 from jaxcomm._runtime import _kernels_cpu
 
 
@@ -195,8 +196,8 @@ def _custom_call_attributes(lowered):
     return found
 
 
-def _every_method(jc):
-    """Calls reaching every primitive through the public API (lowered, never run)."""
+def _every_method(jc, platform="cpu"):
+    """Calls reaching every primitive through the public API (lowered for ``platform``, never run)."""
     size, rank = jc.size, jc.rank
     x = jnp.ones((size, 2))
     ring = dict(source=(rank - 1) % size, dest=(rank + 1) % size)
@@ -227,26 +228,44 @@ def _every_method(jc):
         out.append(jax.jvp(wildcard, (x,), (x,))[1])
         return out
 
-    return jax.jit(program).lower(x)
+    return jax.jit(program).trace(x).lower(lowering_platforms=(platform,))
+
+
+# Each platform's kernels module; the CUDA one only where this build has it.
+_MODULES = {"cpu": _kernels_cpu, "cuda": _runtime.cuda_kernels}
 
 
 @pytest.mark.mpi
-def test_every_ffi_target_has_a_primitive_and_back():
-    targets = set(_kernels_cpu.attributes())
-    assert set(_kernels_cpu.registrations()) == targets
+@pytest.mark.parametrize("platform", sorted(_MODULES))
+def test_every_ffi_target_has_a_primitive_and_back(platform):
+    module = _MODULES[platform]
+    if module is None:
+        pytest.skip("jaxcomm was built without CUDA kernels")
+    targets = set(module.attributes())
+    assert set(module.registrations()) == targets
     primitives = {target for target, _ in _base.PRIMITIVES.values()}
     assert primitives == targets
 
 
 @pytest.mark.mpi
-def test_primitive_attributes_match_the_kernels_bindings(jc):
-    kernels = {
-        target: dict(attributes) for target, attributes in _kernels_cpu.attributes().items()
-    }
+@pytest.mark.parametrize("platform", sorted(_MODULES))
+def test_primitive_attributes_match_the_kernels_bindings(jc, platform):
+    module = _MODULES[platform]
+    if module is None:
+        pytest.skip("jaxcomm was built without CUDA kernels")
+    kernels = {target: dict(attributes) for target, attributes in module.attributes().items()}
     # Names, as each primitive declares them.
     for name, (target, attrs) in _base.PRIMITIVES.items():
         assert set(attrs) == set(kernels[target]), name
-    # Names and types, as the lowerings emit them.
-    emitted = _custom_call_attributes(_every_method(jc))
+    # Names and types, as the lowerings for the platform emit them (lowering
+    # for CUDA needs no GPU).
+    emitted = _custom_call_attributes(_every_method(jc, platform))
     assert set(emitted) == set(kernels)
     assert emitted == kernels
+
+
+@pytest.mark.mpi
+def test_gpu_lowering_without_cuda_kernels_names_the_fix(jc, monkeypatch):
+    monkeypatch.setattr(_runtime, "cuda_kernels", None)
+    with pytest.raises(RuntimeError, match=r"built without its CUDA kernels.*JAXCOMM_CUDA=ON"):
+        _every_method(jc, "cuda")

@@ -2,20 +2,18 @@
 #include "common.h"
 
 namespace jaxcomm {
-namespace {
 
-ffi::Error BarrierImpl(ffi::Token, ffi::Result<ffi::Token>,
+// On a GPU, Ready() also makes the barrier wait for the work queued before it.
+ffi::Error BarrierImpl(Memory& memory, ffi::Token, ffi::Result<ffi::Token>,
                        int64_t comm_handle) {
   MPI_Comm comm;
   JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "barrier", &comm));
+  JAXCOMM_RETURN_IF_ERROR(memory.Ready());
   if (DebugEnabled()) {
     DebugLog(comm, "MPI_Barrier");
   }
   JAXCOMM_MPI_CHECK(MPI_Barrier, comm);
-  return ffi::Error::Success();
+  return memory.Finish();
 }
 
-}  // namespace
 }  // namespace jaxcomm
-
-JAXCOMM_DEFINE_HANDLER(JaxcommBarrier, jaxcomm::BarrierImpl);

@@ -1,14 +1,11 @@
 // Broadcast: MPI_Bcast.
-#include <cstring>
-
 #include "common.h"
 
 namespace jaxcomm {
-namespace {
 
-ffi::Error BcastImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
-                     ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle,
-                     int64_t root) {
+ffi::Error BcastImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x,
+                     ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> y,
+                     int64_t comm_handle, int64_t root) {
   MPI_Comm comm;
   JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "bcast", &comm));
   const size_t count = x.element_count();
@@ -16,21 +13,19 @@ ffi::Error BcastImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
                                       "like the input"));
   LargeType type;
   JAXCOMM_RETURN_IF_ERROR(LargeType::Make(x.element_type(), count, comm, &type));
+  void* data;
+  JAXCOMM_RETURN_IF_ERROR(memory.Output(*y, &data));
+  // MPI_Bcast works in place, and XLA's input buffer is not ours to write:
+  // the root sends from the output buffer, the one copy this op needs.
+  if (CommRank(comm) == root) JAXCOMM_RETURN_IF_ERROR(memory.Preload(*y, 0, x));
+  JAXCOMM_RETURN_IF_ERROR(memory.Ready());
   if (DebugEnabled()) {
     DebugLog(comm, "MPI_Bcast root " + std::to_string(root) + " " +
                        Elements(count, x.element_type()));
   }
-  // MPI_Bcast works in place, and XLA's input buffer is not ours to write:
-  // the root sends from the output buffer, the one copy this op needs.
-  if (CommRank(comm) == root && count > 0) {
-    std::memcpy(y->untyped_data(), x.untyped_data(), x.size_bytes());
-  }
-  JAXCOMM_MPI_CHECK(MPI_Bcast, y->untyped_data(), type.count(), type.type(),
+  JAXCOMM_MPI_CHECK(MPI_Bcast, data, type.count(), type.type(),
                     static_cast<int>(root), comm);
-  return ffi::Error::Success();
+  return memory.Finish();
 }
 
-}  // namespace
 }  // namespace jaxcomm
-
-JAXCOMM_DEFINE_HANDLER(JaxcommBcast, jaxcomm::BcastImpl);

@@ -214,13 +214,18 @@ const char* ReduceOpName(int64_t code) {
   return (code >= 0 && code < 10) ? names[code] : "UNKNOWN";
 }
 
-ffi::Error MpiReduceOp(int64_t code, ffi::DataType dtype, MPI_Comm comm,
-                       MPI_Op* out) {
+bool IsOwnReduceOp(int64_t code, ffi::DataType dtype) {
   const bool half = dtype == ffi::DataType::F16 || dtype == ffi::DataType::BF16;
   const bool min_max = code == static_cast<int64_t>(ReduceOp::kMin) ||
                        code == static_cast<int64_t>(ReduceOp::kMax);
   const bool wide = dtype == ffi::DataType::F32 || dtype == ffi::DataType::F64;
-  if (half || (wide && min_max)) {
+  return half || (wide && min_max);
+}
+
+ffi::Error MpiReduceOp(int64_t code, ffi::DataType dtype, MPI_Comm comm,
+                       MPI_Op* out) {
+  const bool half = dtype == ffi::DataType::F16 || dtype == ffi::DataType::BF16;
+  if (IsOwnReduceOp(code, dtype)) {
     if (code < 0 || code > static_cast<int64_t>(ReduceOp::kMax)) {
       return ffi::Error::InvalidArgument(
           std::string("jaxcomm: MPI.") + ReduceOpName(code) +
@@ -264,6 +269,8 @@ std::shared_mutex comms_mutex;
 std::unordered_map<int64_t, MPI_Comm> comms;
 int64_t last_serial = 0;
 
+}  // namespace
+
 int WorldRank() {
   int initialized = 0, finalized = 0, rank = -1;
   MPI_Initialized(&initialized);
@@ -271,8 +278,6 @@ int WorldRank() {
   if (initialized && !finalized) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   return rank;
 }
-
-}  // namespace
 
 ffi::Error RegisterComm(int64_t fortran_handle, int64_t* handle) {
   if (fortran_handle < INT32_MIN || fortran_handle > INT32_MAX) {
@@ -430,6 +435,41 @@ ffi::Error LargeType::Make(MPI_Datatype base, size_t count, MPI_Comm comm,
   JAXCOMM_MPI_CHECK(MPI_Type_commit, &whole);
   out->type_ = whole;
   out->count_ = 1;
+  return ffi::Error::Success();
+}
+
+ffi::Error HostMemory::Input(const ffi::AnyBuffer& x, const void** data) {
+  *data = x.untyped_data();
+  return ffi::Error::Success();
+}
+
+ffi::Error HostMemory::Output(ffi::AnyBuffer& y, void** data) {
+  *data = y.untyped_data();
+  return ffi::Error::Success();
+}
+
+ffi::Error HostMemory::HostInput(const ffi::AnyBuffer& x, const void** data) {
+  return Input(x, data);
+}
+
+ffi::Error HostMemory::HostOutput(ffi::AnyBuffer& y, void** data) {
+  return Output(y, data);
+}
+
+ffi::Error HostMemory::Preload(ffi::AnyBuffer& y, size_t offset,
+                               const ffi::AnyBuffer& x) {
+  if (x.size_bytes() > 0) {
+    std::memcpy(static_cast<char*>(y.untyped_data()) + offset, x.untyped_data(),
+                x.size_bytes());
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error HostMemory::ZeroFrom(ffi::AnyBuffer& y, size_t offset) {
+  if (offset < y.size_bytes()) {
+    std::memset(static_cast<char*>(y.untyped_data()) + offset, 0,
+                y.size_bytes() - offset);
+  }
   return ffi::Error::Success();
 }
 

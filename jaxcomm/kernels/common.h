@@ -8,8 +8,18 @@
 #include <climits>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "xla/ffi/api/ffi.h"
+
+// Propagates a failed ffi::Error.
+#define JAXCOMM_RETURN_IF_ERROR(expr)          \
+  do {                                         \
+    ::xla::ffi::Error jaxcomm_err_ = (expr);   \
+    if (jaxcomm_err_.failure()) {              \
+      return jaxcomm_err_;                     \
+    }                                          \
+  } while (0)
 
 namespace jaxcomm {
 
@@ -45,54 +55,147 @@ ffi::Error MpiReduceOp(int64_t code, ffi::DataType dtype, MPI_Comm comm,
 
 const char* ReduceOpName(int64_t code);
 
-// The buffer parts of the handlers' FFI bindings, named in ops.def.
+// Whether MpiReduceOp gives one of jaxcomm's own ops, whose functions run on
+// the host: the buffers of such a reduction must be in host memory.
+bool IsOwnReduceOp(int64_t code, ffi::DataType dtype);
+
+// The platform layer: where one handler call's buffers live and how MPI
+// reaches them, the only thing that differs between the CPU and the CUDA
+// handlers. A handler takes the pointer MPI uses for each buffer from it,
+// calls Ready() before its first MPI call (the inputs are then in place) and
+// Finish() after its last (the outputs then reach XLA's buffers). On the
+// host (HostMemory) every pointer is the buffer itself and both calls do
+// nothing; on a GPU (cuda_memory.h) the pointers are the device buffers
+// themselves (CUDA-aware MPI) or pinned host copies.
+class Memory {
+ public:
+  virtual ~Memory() = default;
+
+  // Routes every buffer of this call through host memory, whatever the data
+  // path: for reductions with jaxcomm's own MPI ops, which run on the host.
+  // Call before the first Input or Output.
+  virtual void RequireHost() {}
+  // The pointer MPI reads input `x` through.
+  virtual ffi::Error Input(const ffi::AnyBuffer& x, const void** data) = 0;
+  // The pointer MPI writes output `y` through.
+  virtual ffi::Error Output(ffi::AnyBuffer& y, void** data) = 0;
+  // Host memory holding input `x` (or taking output `y`) whatever the data
+  // path, for the few bytes handlers read or write themselves (envelopes).
+  virtual ffi::Error HostInput(const ffi::AnyBuffer& x, const void** data) = 0;
+  virtual ffi::Error HostOutput(ffi::AnyBuffer& y, void** data) = 0;
+  // Output `y`, already given its pointer, starts with the bytes of input `x`
+  // at byte `offset` (MPI_Bcast works in place on y).
+  virtual ffi::Error Preload(ffi::AnyBuffer& y, size_t offset,
+                             const ffi::AnyBuffer& x) = 0;
+  // Waits until MPI can read the inputs through their pointers.
+  virtual ffi::Error Ready() = 0;
+  // After the MPI calls: output `y` holds zeros from byte `offset` on.
+  virtual ffi::Error ZeroFrom(ffi::AnyBuffer& y, size_t offset) = 0;
+  // Moves the outputs to their buffers.
+  virtual ffi::Error Finish() = 0;
+
+  // Input and Output typed for pointer arithmetic on elements.
+  ffi::Error Read(const ffi::AnyBuffer& x, void** data) {
+    const void* in;
+    JAXCOMM_RETURN_IF_ERROR(Input(x, &in));
+    *data = const_cast<void*>(in);
+    return ffi::Error::Success();
+  }
+  ffi::Error Zero(ffi::AnyBuffer& y) { return ZeroFrom(y, 0); }
+};
+
+// Buffers in host memory: the CPU handlers'.
+class HostMemory final : public Memory {
+ public:
+  ffi::Error Input(const ffi::AnyBuffer& x, const void** data) override;
+  ffi::Error Output(ffi::AnyBuffer& y, void** data) override;
+  ffi::Error HostInput(const ffi::AnyBuffer& x, const void** data) override;
+  ffi::Error HostOutput(ffi::AnyBuffer& y, void** data) override;
+  ffi::Error Preload(ffi::AnyBuffer& y, size_t offset,
+                     const ffi::AnyBuffer& x) override;
+  ffi::Error Ready() override { return ffi::Error::Success(); }
+  ffi::Error ZeroFrom(ffi::AnyBuffer& y, size_t offset) override;
+  ffi::Error Finish() override { return ffi::Error::Success(); }
+};
+
+// The buffer parts of the handlers' FFI bindings, named in ops.def, each
+// continuing `binding` (which may already hold the platform's context), and
+// the parameters they give the handler body, which follow its Memory&.
 // Token in and out: ops that only synchronise.
-inline auto TokenBuffers() {
-  return ffi::Ffi::Bind().Arg<ffi::Token>().Ret<ffi::Token>();
+template <typename Binding>
+auto TokenBuffers(Binding&& binding) {
+  return std::forward<Binding>(binding).template Arg<ffi::Token>().template Ret<ffi::Token>();
 }
+#define JAXCOMM_Token_PARAMS ffi::Token, ffi::Result<ffi::Token>
 
 // The token and one array in, the token out.
-inline auto SinkBuffers() {
-  return ffi::Ffi::Bind().Arg<ffi::Token>().Arg<ffi::AnyBuffer>().Ret<ffi::Token>();
+template <typename Binding>
+auto SinkBuffers(Binding&& binding) {
+  return std::forward<Binding>(binding).template Arg<ffi::Token>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Ret<ffi::Token>();
 }
+#define JAXCOMM_Sink_PARAMS ffi::Token, ffi::AnyBuffer, ffi::Result<ffi::Token>
 
 // The token and one array in, the token and one array out.
-inline auto ArrayBuffers() {
-  return ffi::Ffi::Bind()
-      .Arg<ffi::Token>()
-      .Arg<ffi::AnyBuffer>()
-      .Ret<ffi::Token>()
-      .Ret<ffi::AnyBuffer>();
+template <typename Binding>
+auto ArrayBuffers(Binding&& binding) {
+  return std::forward<Binding>(binding).template Arg<ffi::Token>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Ret<ffi::Token>()
+      .template Ret<ffi::AnyBuffer>();
 }
+#define JAXCOMM_Array_PARAMS \
+  ffi::Token, ffi::AnyBuffer, ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer>
 
 // The token and one array in, the token, one array and a receive's envelope
 // ([source, tag, count]) out.
-inline auto ReceiveBuffers() { return ArrayBuffers().Ret<ffi::AnyBuffer>(); }
+template <typename Binding>
+auto ReceiveBuffers(Binding&& binding) {
+  return ArrayBuffers(std::forward<Binding>(binding)).template Ret<ffi::AnyBuffer>();
+}
+#define JAXCOMM_Receive_PARAMS JAXCOMM_Array_PARAMS, ffi::Result<ffi::AnyBuffer>
 
 // As ReceiveBuffers, with a second array in: the envelope of an earlier
 // receive that addresses this one.
-inline auto AddressedBuffers() {
-  return ffi::Ffi::Bind()
-      .Arg<ffi::Token>()
-      .Arg<ffi::AnyBuffer>()
-      .Arg<ffi::AnyBuffer>()
-      .Ret<ffi::Token>()
-      .Ret<ffi::AnyBuffer>()
-      .Ret<ffi::AnyBuffer>();
+template <typename Binding>
+auto AddressedBuffers(Binding&& binding) {
+  return std::forward<Binding>(binding).template Arg<ffi::Token>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Ret<ffi::Token>()
+      .template Ret<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>();
 }
+#define JAXCOMM_Addressed_PARAMS                                       \
+  ffi::Token, ffi::AnyBuffer, ffi::AnyBuffer, ffi::Result<ffi::Token>, \
+      ffi::Result<ffi::AnyBuffer>, ffi::Result<ffi::AnyBuffer>
 
-// Each handler's complete binding, generated from its row of ops.def:
-// bindings::<HandlerSymbol>().
+// Each op's complete binding, from its row of ops.def:
+// bindings::<Name>(binding), and its handler body, shared by every platform:
+// ffi::Error <Name>Impl(Memory&, <buffers>, <attributes>).
+#define I64(name) .template Attr<int64_t>(#name)
+#define I64S(name) .template Attr<ffi::Span<const int64_t>>(#name)
+#define JAXCOMM_OP(name, Name, buffers, attributes)   \
+  template <typename Binding>                          \
+  auto Name(Binding&& binding) {                         \
+    return buffers##Buffers(std::forward<Binding>(binding)) attributes;       \
+  }
 namespace bindings {
-#define I64(name) .Attr<int64_t>(#name)
-#define I64S(name) .Attr<ffi::Span<const int64_t>>(#name)
-#define JAXCOMM_OP(name, symbol, buffers, attributes) \
-  inline auto symbol() { return buffers##Buffers() attributes; }
+#include "ops.def"
+}  // namespace bindings
+#undef JAXCOMM_OP
+#undef I64S
+#undef I64
+
+#define I64(name) , int64_t
+#define I64S(name) , ffi::Span<const int64_t>
+#define JAXCOMM_OP(name, Name, buffers, attributes) \
+  ffi::Error Name##Impl(Memory&, JAXCOMM_##buffers##_PARAMS attributes);
 #include "ops.def"
 #undef JAXCOMM_OP
 #undef I64S
 #undef I64
-}  // namespace bindings
 
 // Makes `comm` known to the handlers and returns the value of the "comm"
 // attribute that stands for it: its Fortran handle in the low 32 bits and a
@@ -129,6 +232,9 @@ ffi::Error CheckOutput(const char* op, MPI_Comm comm, const ffi::AnyBuffer& x,
 
 // Rank in `comm`, for log lines and error messages.
 int CommRank(MPI_Comm comm);
+
+// Rank in MPI_COMM_WORLD, or -1 outside MPI_Init..MPI_Finalize.
+int WorldRank();
 
 // Number of ranks in `comm`.
 int CommSize(MPI_Comm comm);
@@ -209,20 +315,5 @@ void DebugLog(MPI_Comm comm, const std::string& text);
       return ::jaxcomm::MpiFailure(#function, jaxcomm_rc_, comm); \
     }                                                         \
   } while (0)
-
-// Propagates a failed ffi::Error.
-#define JAXCOMM_RETURN_IF_ERROR(expr)          \
-  do {                                         \
-    ::xla::ffi::Error jaxcomm_err_ = (expr);   \
-    if (jaxcomm_err_.failure()) {              \
-      return jaxcomm_err_;                     \
-    }                                          \
-  } while (0)
-
-// Defines the FFI handler `symbol` calling `impl`, with the binding its row of
-// ops.def gives.
-#define JAXCOMM_DEFINE_HANDLER(symbol, impl)         \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(symbol, impl, \
-                                ::jaxcomm::bindings::symbol())
 
 #endif  // JAXCOMM_KERNELS_COMMON_H_

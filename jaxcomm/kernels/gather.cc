@@ -7,19 +7,12 @@
 // displacements, which no datatype widens; past MaxCount() they fall back to
 // other calls (see each handler).
 #include <algorithm>
-#include <cstring>
 #include <vector>
 
 #include "common.h"
 
 namespace jaxcomm {
 namespace {
-
-// MPI leaves the output of non-root ranks untouched, and jaxcomm promises
-// zeros there.
-void Zero(ffi::AnyBuffer& y) {
-  if (y.size_bytes() > 0) std::memset(y.untyped_data(), 0, y.size_bytes());
-}
 
 // Elements in one leading-axis row of an array of shape `dims`.
 size_t RowElements(ffi::Span<const int64_t> dims) {
@@ -174,18 +167,29 @@ class PeerBlocks {
 // datatypes carry the offsets as MPI_Aint. It stays a collective, so unlike
 // point-to-point messages (every tag belongs to the user) it can never match
 // the user's own sends and receives on this communicator.
-ffi::Error Alltoallw(ffi::AnyBuffer x, const PeerBlocks& send, void* y,
-                     const PeerBlocks& recv, MPI_Comm comm) {
+ffi::Error Alltoallw(const ffi::AnyBuffer& x, const void* in,
+                     const PeerBlocks& send, void* out, const PeerBlocks& recv,
+                     MPI_Comm comm) {
   if (DebugEnabled()) {
     DebugLog(comm, "MPI_Alltoallw " + Elements(x.element_count(), x.element_type()));
   }
-  JAXCOMM_MPI_CHECK(MPI_Alltoallw, x.untyped_data(), send.counts(), send.displs(),
-                    send.types(), y, recv.counts(), recv.displs(), recv.types(),
+  JAXCOMM_MPI_CHECK(MPI_Alltoallw, in, send.counts(), send.displs(),
+                    send.types(), out, recv.counts(), recv.displs(), recv.types(),
                     comm);
   return ffi::Error::Success();
 }
 
-ffi::Error AllgatherImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
+// The pointers MPI moves `x` and `y` through, ready for the MPI calls.
+ffi::Error Buffers(Memory& memory, ffi::AnyBuffer& x, ffi::AnyBuffer& y,
+                   void** in, void** out) {
+  JAXCOMM_RETURN_IF_ERROR(memory.Read(x, in));
+  JAXCOMM_RETURN_IF_ERROR(memory.Output(y, out));
+  return memory.Ready();
+}
+
+}  // namespace
+
+ffi::Error AllgatherImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
                          ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle) {
   MPI_Comm comm;
   JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "allgather", &comm));
@@ -193,15 +197,17 @@ ffi::Error AllgatherImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
   LargeType block;
   JAXCOMM_RETURN_IF_ERROR(
       LargeType::Make(x.element_type(), x.element_count(), comm, &block));
+  void *in, *out;
+  JAXCOMM_RETURN_IF_ERROR(Buffers(memory, x, *y, &in, &out));
   if (DebugEnabled()) {
     DebugLog(comm, "MPI_Allgather " + Elements(x.element_count(), x.element_type()));
   }
-  JAXCOMM_MPI_CHECK(MPI_Allgather, x.untyped_data(), block.count(), block.type(),
-                    y->untyped_data(), block.count(), block.type(), comm);
-  return ffi::Error::Success();
+  JAXCOMM_MPI_CHECK(MPI_Allgather, in, block.count(), block.type(),
+                    out, block.count(), block.type(), comm);
+  return memory.Finish();
 }
 
-ffi::Error GatherImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
+ffi::Error GatherImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
                       ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle,
                       int64_t root) {
   MPI_Comm comm;
@@ -210,18 +216,20 @@ ffi::Error GatherImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
   LargeType block;
   JAXCOMM_RETURN_IF_ERROR(
       LargeType::Make(x.element_type(), x.element_count(), comm, &block));
+  void *in, *out;
+  JAXCOMM_RETURN_IF_ERROR(Buffers(memory, x, *y, &in, &out));
   if (DebugEnabled()) {
     DebugLog(comm, "MPI_Gather root " + std::to_string(root) + " " +
                        Elements(x.element_count(), x.element_type()));
   }
-  JAXCOMM_MPI_CHECK(MPI_Gather, x.untyped_data(), block.count(), block.type(),
-                    y->untyped_data(), block.count(), block.type(),
+  JAXCOMM_MPI_CHECK(MPI_Gather, in, block.count(), block.type(),
+                    out, block.count(), block.type(),
                     static_cast<int>(root), comm);
-  if (CommRank(comm) != root) Zero(*y);
-  return ffi::Error::Success();
+  if (CommRank(comm) != root) JAXCOMM_RETURN_IF_ERROR(memory.Zero(*y));
+  return memory.Finish();
 }
 
-ffi::Error ScatterImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
+ffi::Error ScatterImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
                        ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle,
                        int64_t root) {
   MPI_Comm comm;
@@ -236,17 +244,19 @@ ffi::Error ScatterImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
   LargeType block;
   JAXCOMM_RETURN_IF_ERROR(
       LargeType::Make(x.element_type(), y->element_count(), comm, &block));
+  void *in, *out;
+  JAXCOMM_RETURN_IF_ERROR(Buffers(memory, x, *y, &in, &out));
   if (DebugEnabled()) {
     DebugLog(comm, "MPI_Scatter root " + std::to_string(root) + " " +
                        Elements(x.element_count(), x.element_type()));
   }
-  JAXCOMM_MPI_CHECK(MPI_Scatter, x.untyped_data(), block.count(), block.type(),
-                    y->untyped_data(), block.count(), block.type(),
+  JAXCOMM_MPI_CHECK(MPI_Scatter, in, block.count(), block.type(),
+                    out, block.count(), block.type(),
                     static_cast<int>(root), comm);
-  return ffi::Error::Success();
+  return memory.Finish();
 }
 
-ffi::Error AlltoallImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
+ffi::Error AlltoallImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
                         ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle) {
   MPI_Comm comm;
   JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "alltoall", &comm));
@@ -262,16 +272,18 @@ ffi::Error AlltoallImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
   LargeType block;
   JAXCOMM_RETURN_IF_ERROR(
       LargeType::Make(x.element_type(), x.element_count() / size, comm, &block));
+  void *in, *out;
+  JAXCOMM_RETURN_IF_ERROR(Buffers(memory, x, *y, &in, &out));
   if (DebugEnabled()) {
     DebugLog(comm, "MPI_Alltoall " + Elements(x.element_count(), x.element_type()));
   }
-  JAXCOMM_MPI_CHECK(MPI_Alltoall, x.untyped_data(), block.count(), block.type(),
-                    y->untyped_data(), block.count(), block.type(), comm);
-  return ffi::Error::Success();
+  JAXCOMM_MPI_CHECK(MPI_Alltoall, in, block.count(), block.type(),
+                    out, block.count(), block.type(), comm);
+  return memory.Finish();
 }
 
 // `counts` holds every rank's rows, so every rank takes the same path.
-ffi::Error AllgathervImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
+ffi::Error AllgathervImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
                           ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle,
                           ffi::Span<const int64_t> counts) {
   MPI_Comm comm;
@@ -280,25 +292,27 @@ ffi::Error AllgathervImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
   MPI_Datatype dtype;
   JAXCOMM_RETURN_IF_ERROR(MpiDatatype(x.element_type(), &dtype));
   const Blocks blocks(counts, RowElements(y->dimensions()));
+  void *in, *out;
   if (blocks.FitInt()) {
+    JAXCOMM_RETURN_IF_ERROR(Buffers(memory, x, *y, &in, &out));
     if (DebugEnabled()) {
       DebugLog(comm, "MPI_Allgatherv " + Elements(x.element_count(), x.element_type()));
     }
-    JAXCOMM_MPI_CHECK(MPI_Allgatherv, x.untyped_data(),
+    JAXCOMM_MPI_CHECK(MPI_Allgatherv, in,
                       static_cast<int>(x.element_count()), dtype,
-                      y->untyped_data(), blocks.IntCounts().data(),
+                      out, blocks.IntCounts().data(),
                       blocks.IntDispls().data(), dtype, comm);
-    return ffi::Error::Success();
+    return memory.Finish();
   }
   // Each rank broadcasts its block in turn, which needs no displacement
   // argument. Broadcast trees share the sending among ranks, where an
   // MPI_Alltoallw would have each owner send its block size - 1 times.
   // MPI_Bcast works in place: this rank's block goes to the output first.
   const int rank = CommRank(comm);
-  if (x.size_bytes() > 0) {
-    std::memcpy(ElementAt(y->untyped_data(), y->element_type(), blocks.displs[rank]),
-                x.untyped_data(), x.size_bytes());
-  }
+  JAXCOMM_RETURN_IF_ERROR(memory.Output(*y, &out));
+  JAXCOMM_RETURN_IF_ERROR(memory.Preload(
+      *y, blocks.displs[rank] * ffi::ByteWidth(y->element_type()), x));
+  JAXCOMM_RETURN_IF_ERROR(memory.Ready());
   for (size_t r = 0; r < blocks.counts.size(); ++r) {
     // Every rank knows every count, so all skip the same empty broadcasts.
     if (blocks.counts[r] == 0) continue;
@@ -309,13 +323,13 @@ ffi::Error AllgathervImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
                          Elements(blocks.counts[r], x.element_type()));
     }
     JAXCOMM_MPI_CHECK(MPI_Bcast,
-                      ElementAt(y->untyped_data(), y->element_type(), blocks.displs[r]),
+                      ElementAt(out, y->element_type(), blocks.displs[r]),
                       block.count(), block.type(), static_cast<int>(r), comm);
   }
-  return ffi::Error::Success();
+  return memory.Finish();
 }
 
-ffi::Error GathervImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
+ffi::Error GathervImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
                        ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle,
                        ffi::Span<const int64_t> counts, int64_t root) {
   MPI_Comm comm;
@@ -325,14 +339,16 @@ ffi::Error GathervImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
   JAXCOMM_RETURN_IF_ERROR(MpiDatatype(x.element_type(), &dtype));
   const Blocks blocks(counts, RowElements(y->dimensions()));
   const int rank = CommRank(comm);
+  void *in, *out;
+  JAXCOMM_RETURN_IF_ERROR(Buffers(memory, x, *y, &in, &out));
   if (blocks.FitInt()) {
     if (DebugEnabled()) {
       DebugLog(comm, "MPI_Gatherv root " + std::to_string(root) + " " +
                          Elements(x.element_count(), x.element_type()));
     }
-    JAXCOMM_MPI_CHECK(MPI_Gatherv, x.untyped_data(),
+    JAXCOMM_MPI_CHECK(MPI_Gatherv, in,
                       static_cast<int>(x.element_count()), dtype,
-                      y->untyped_data(), blocks.IntCounts().data(),
+                      out, blocks.IntCounts().data(),
                       blocks.IntDispls().data(), dtype, static_cast<int>(root),
                       comm);
   } else {
@@ -343,13 +359,13 @@ ffi::Error GathervImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
       JAXCOMM_RETURN_IF_ERROR(recv.Add(dtype, blocks.displs[p],
                                        rank == root ? blocks.counts[p] : 0, comm));
     }
-    JAXCOMM_RETURN_IF_ERROR(Alltoallw(x, send, y->untyped_data(), recv, comm));
+    JAXCOMM_RETURN_IF_ERROR(Alltoallw(x, in, send, out, recv, comm));
   }
-  if (rank != root) Zero(*y);
-  return ffi::Error::Success();
+  if (rank != root) JAXCOMM_RETURN_IF_ERROR(memory.Zero(*y));
+  return memory.Finish();
 }
 
-ffi::Error ScattervImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
+ffi::Error ScattervImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
                         ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle,
                         ffi::Span<const int64_t> counts, int64_t root) {
   MPI_Comm comm;
@@ -358,16 +374,18 @@ ffi::Error ScattervImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
   MPI_Datatype dtype;
   JAXCOMM_RETURN_IF_ERROR(MpiDatatype(x.element_type(), &dtype));
   const Blocks blocks(counts, RowElements(x.dimensions()));
+  void *in, *out;
+  JAXCOMM_RETURN_IF_ERROR(Buffers(memory, x, *y, &in, &out));
   if (blocks.FitInt()) {
     if (DebugEnabled()) {
       DebugLog(comm, "MPI_Scatterv root " + std::to_string(root) + " " +
                          Elements(x.element_count(), x.element_type()));
     }
-    JAXCOMM_MPI_CHECK(MPI_Scatterv, x.untyped_data(), blocks.IntCounts().data(),
-                      blocks.IntDispls().data(), dtype, y->untyped_data(),
+    JAXCOMM_MPI_CHECK(MPI_Scatterv, in, blocks.IntCounts().data(),
+                      blocks.IntDispls().data(), dtype, out,
                       static_cast<int>(y->element_count()), dtype,
                       static_cast<int>(root), comm);
-    return ffi::Error::Success();
+    return memory.Finish();
   }
   const int rank = CommRank(comm);
   PeerBlocks send, recv;
@@ -377,13 +395,14 @@ ffi::Error ScattervImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
                                      rank == root ? blocks.counts[p] : 0, comm));
     JAXCOMM_RETURN_IF_ERROR(recv.Add(dtype, 0, from_root ? y->element_count() : 0, comm));
   }
-  return Alltoallw(x, send, y->untyped_data(), recv, comm);
+  JAXCOMM_RETURN_IF_ERROR(Alltoallw(x, in, send, out, recv, comm));
+  return memory.Finish();
 }
 
 // A rank only gets its own row and column of the counts matrix; `max_rows`,
 // the largest count or displacement in the whole matrix, lets every rank
 // take the same path.
-ffi::Error AlltoallvImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
+ffi::Error AlltoallvImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
                          ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle,
                          ffi::Span<const int64_t> sendcounts,
                          ffi::Span<const int64_t> recvcounts, int64_t max_rows) {
@@ -416,15 +435,17 @@ ffi::Error AlltoallvImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
                        std::to_string(row == 0 ? 0 : largest / row) +
                        " (the largest count or displacement, in rows)");
   }
+  void *in, *out;
+  JAXCOMM_RETURN_IF_ERROR(Buffers(memory, x, *y, &in, &out));
   if (static_cast<size_t>(max_rows) * row <= MaxCount()) {
     if (DebugEnabled()) {
       DebugLog(comm, "MPI_Alltoallv " + Elements(x.element_count(), x.element_type()));
     }
-    JAXCOMM_MPI_CHECK(MPI_Alltoallv, x.untyped_data(), send_blocks.IntCounts().data(),
-                      send_blocks.IntDispls().data(), dtype, y->untyped_data(),
+    JAXCOMM_MPI_CHECK(MPI_Alltoallv, in, send_blocks.IntCounts().data(),
+                      send_blocks.IntDispls().data(), dtype, out,
                       recv_blocks.IntCounts().data(), recv_blocks.IntDispls().data(),
                       dtype, comm);
-    return ffi::Error::Success();
+    return memory.Finish();
   }
   PeerBlocks send, recv;
   for (size_t p = 0; p < sendcounts.size(); ++p) {
@@ -433,17 +454,8 @@ ffi::Error AlltoallvImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
     JAXCOMM_RETURN_IF_ERROR(
         recv.Add(dtype, recv_blocks.displs[p], recv_blocks.counts[p], comm));
   }
-  return Alltoallw(x, send, y->untyped_data(), recv, comm);
+  JAXCOMM_RETURN_IF_ERROR(Alltoallw(x, in, send, out, recv, comm));
+  return memory.Finish();
 }
 
-}  // namespace
 }  // namespace jaxcomm
-
-JAXCOMM_DEFINE_HANDLER(JaxcommAllgather, jaxcomm::AllgatherImpl);
-JAXCOMM_DEFINE_HANDLER(JaxcommGather, jaxcomm::GatherImpl);
-JAXCOMM_DEFINE_HANDLER(JaxcommScatter, jaxcomm::ScatterImpl);
-JAXCOMM_DEFINE_HANDLER(JaxcommAlltoall, jaxcomm::AlltoallImpl);
-JAXCOMM_DEFINE_HANDLER(JaxcommAllgatherv, jaxcomm::AllgathervImpl);
-JAXCOMM_DEFINE_HANDLER(JaxcommGatherv, jaxcomm::GathervImpl);
-JAXCOMM_DEFINE_HANDLER(JaxcommScatterv, jaxcomm::ScattervImpl);
-JAXCOMM_DEFINE_HANDLER(JaxcommAlltoallv, jaxcomm::AlltoallvImpl);

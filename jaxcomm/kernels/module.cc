@@ -1,34 +1,80 @@
-// The pybind11 module jaxcomm._kernels_cpu: the FFI handlers listed in
-// ops.def, their attributes, the registry of live communicators and the
-// switches the Python package needs.
+// The pybind11 modules jaxcomm._kernels_cpu and, compiled with JAXCOMM_CUDA,
+// jaxcomm._kernels_cuda: the FFI handlers listed in ops.def bound for one
+// platform, their attributes, and the switches the Python package needs. The
+// CPU module also owns the registry of live communicators; both modules
+// share it, with every other piece of state, through libjaxcomm_core.
 #include <pybind11/pybind11.h>
 
 #include <stdexcept>
 #include <string>
 
 #include "common.h"
-
-#define JAXCOMM_OP(name, symbol, buffers, attributes) \
-  XLA_FFI_DECLARE_HANDLER_SYMBOL(symbol);
-#include "ops.def"
-#undef JAXCOMM_OP
+#ifdef JAXCOMM_CUDA
+#include "cuda_memory.h"
+#endif
 
 namespace py = pybind11;
 
 namespace {
 
+#ifndef JAXCOMM_CUDA
 void ThrowIfError(const xla::ffi::Error& error) {
   if (error.failure()) throw std::runtime_error(error.message());
 }
+#endif
+
+// The body `Impl` of an op, run with this platform's Memory: the handler
+// XLA calls gets the stream first on a GPU, then the buffers and attributes.
+#ifdef JAXCOMM_CUDA
+template <auto Impl>
+struct OnPlatform {
+  template <typename... Args>
+  xla::ffi::Error operator()(cudaStream_t stream, Args... args) const {
+    jaxcomm::CudaMemory memory(stream);
+    return Impl(memory, args...);
+  }
+};
+auto PlatformBinding() {
+  return xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>();
+}
+#else
+template <auto Impl>
+struct OnPlatform {
+  template <typename... Args>
+  xla::ffi::Error operator()(Args... args) const {
+    jaxcomm::HostMemory memory;
+    return Impl(memory, args...);
+  }
+};
+auto PlatformBinding() { return xla::ffi::Ffi::Bind(); }
+#endif
 
 }  // namespace
 
-PYBIND11_MODULE(_kernels_cpu, m) {
+#define JAXCOMM_OP(name, Name, buffers, attributes)                  \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommHandler##Name,                \
+                                OnPlatform<&jaxcomm::Name##Impl>{},  \
+                                jaxcomm::bindings::Name(PlatformBinding()));
+#include "ops.def"
+#undef JAXCOMM_OP
+
+#ifdef JAXCOMM_CUDA
+#define JAXCOMM_MODULE _kernels_cuda
+#else
+#define JAXCOMM_MODULE _kernels_cpu
+#endif
+
+PYBIND11_MODULE(JAXCOMM_MODULE, m) {
+#ifdef JAXCOMM_CUDA
+  m.doc() = "jaxcomm CUDA kernels (XLA FFI handlers calling MPI).";
+#else
   m.doc() = "jaxcomm CPU kernels (XLA FFI handlers calling MPI).";
+#endif
   m.def("registrations", []() {
     py::dict targets;
-#define JAXCOMM_OP(name, symbol, buffers, attributes) \
-  targets["jaxcomm_" #name] = py::capsule(reinterpret_cast<void*>(symbol));
+#define JAXCOMM_OP(name, Name, buffers, attributes) \
+  targets["jaxcomm_" #name] =                       \
+      py::capsule(reinterpret_cast<void*>(JaxcommHandler##Name));
 #include "ops.def"
 #undef JAXCOMM_OP
     return targets;
@@ -39,7 +85,7 @@ PYBIND11_MODULE(_kernels_cpu, m) {
         py::dict targets;
 #define I64(name) attrs.append(py::make_tuple(#name, "int64"));
 #define I64S(name) attrs.append(py::make_tuple(#name, "int64[]"));
-#define JAXCOMM_OP(name, symbol, buffers, attributes) \
+#define JAXCOMM_OP(name, Name, buffers, attributes) \
   {                                                   \
     py::list attrs;                                   \
     attributes                                        \
@@ -53,6 +99,20 @@ PYBIND11_MODULE(_kernels_cpu, m) {
       },
       "{target: ((attribute, type), ...)} as the handlers bind them; type is "
       "'int64' or 'int64[]'.");
+#ifdef JAXCOMM_CUDA
+  m.def("mpi_cuda_support", &jaxcomm::MpiCudaSupport,
+        "What the MPI library says about device buffers: 1 CUDA-aware, 0 not, "
+        "-1 it has no way to say.");
+  m.def("set_cuda_aware", &jaxcomm::SetCudaAware, py::arg("mode"),
+        "Data path of device buffers: 1 straight to MPI, 0 host staging, -1 "
+        "as the MPI library says (the default).");
+  m.def("cuda_aware", &jaxcomm::CudaAware,
+        "Whether device buffers go straight to MPI now.");
+  m.def("staging_bytes", &jaxcomm::StagingBytes,
+        "Pinned host memory held for staging, in bytes.");
+  m.def("free_staging", &jaxcomm::FreeStaging,
+        "Release the pinned staging memory no call is using.");
+#else
   m.def(
       "register_comm",
       [](int64_t fortran_handle) {
@@ -99,4 +159,5 @@ PYBIND11_MODULE(_kernels_cpu, m) {
         "Cap the count of one MPI call (tests use small caps to exercise the "
         "large-message paths).");
   m.def("max_count", &jaxcomm::MaxCount);
+#endif
 }

@@ -59,20 +59,20 @@ ffi::Error CheckOutputs(const char* op, MPI_Comm comm, const ffi::AnyBuffer& in,
   return CheckEnvelope(op, comm, envelope, "the status output");
 }
 
-int64_t EnvelopeAt(const ffi::AnyBuffer& envelope, int i) {
-  if (envelope.element_type() == ffi::DataType::S32) {
-    return static_cast<const int32_t*>(envelope.untyped_data())[i];
-  }
-  return static_cast<const int64_t*>(envelope.untyped_data())[i];
+// Field i of an envelope of `type` at `data` (host memory).
+int64_t EnvelopeAt(ffi::DataType type, const void* data, int i) {
+  if (type == ffi::DataType::S32) return static_cast<const int32_t*>(data)[i];
+  return static_cast<const int64_t*>(data)[i];
 }
 
 // After a receive of up to `capacity` elements into `y`: zeros the part no
 // message filled (all of it for MPI_PROC_NULL; XLA's buffers hold garbage
-// and jaxcomm documents zeros) and writes (source, tag, count) to
-// `envelope`.
-ffi::Error FinishReceive(const char* op, MPI_Comm comm, const MPI_Status& status,
-                         MPI_Datatype type, size_t capacity,
-                         ffi::AnyBuffer& y, ffi::AnyBuffer& envelope) {
+// and jaxcomm documents zeros), writes (source, tag, count) to `fields_out`,
+// the host memory of `envelope`, and finishes the call.
+ffi::Error FinishReceive(Memory& memory, const char* op, MPI_Comm comm,
+                         const MPI_Status& status, MPI_Datatype type,
+                         size_t capacity, ffi::AnyBuffer& y,
+                         ffi::AnyBuffer& envelope, void* fields_out) {
   MPI_Count basic = 0;
   JAXCOMM_MPI_CHECK(MPI_Get_elements_x, &status, type, &basic);
   if (basic == MPI_UNDEFINED || basic < 0 ||
@@ -82,10 +82,9 @@ ffi::Error FinishReceive(const char* op, MPI_Comm comm, const MPI_Status& status
                        std::string(DtypeName(y.element_type())) + " elements");
   }
   const size_t count = static_cast<size_t>(basic);
-  const size_t width = ffi::ByteWidth(y.element_type());
   if (count < capacity) {
-    std::memset(ElementAt(y.untyped_data(), y.element_type(), count), 0,
-                (capacity - count) * width);
+    JAXCOMM_RETURN_IF_ERROR(
+        memory.ZeroFrom(y, count * ffi::ByteWidth(y.element_type())));
   }
   const int64_t fields[3] = {status.MPI_SOURCE, status.MPI_TAG,
                              static_cast<int64_t>(count)};
@@ -96,12 +95,12 @@ ffi::Error FinishReceive(const char* op, MPI_Comm comm, const MPI_Status& status
                          " elements, more than an int32 status can count; "
                          "enable jax_enable_x64 for int64 statuses");
     }
-    int32_t* out = static_cast<int32_t*>(envelope.untyped_data());
+    int32_t* out = static_cast<int32_t*>(fields_out);
     for (int i = 0; i < 3; ++i) out[i] = static_cast<int32_t>(fields[i]);
   } else {
-    std::memcpy(envelope.untyped_data(), fields, sizeof fields);
+    std::memcpy(fields_out, fields, sizeof fields);
   }
-  return ffi::Error::Success();
+  return memory.Finish();
 }
 
 // A cotangent going back to a receive from MPI_PROC_NULL, whose status
@@ -110,23 +109,29 @@ int SendTag(int64_t dest, int64_t tag) {
   return dest == MPI_PROC_NULL ? 0 : static_cast<int>(tag);
 }
 
-ffi::Error SendImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
-                    int64_t comm_handle, int64_t dest, int64_t tag) {
+}  // namespace
+
+ffi::Error SendImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x,
+                    ffi::Result<ffi::Token>, int64_t comm_handle, int64_t dest,
+                    int64_t tag) {
   MPI_Comm comm;
   JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "send", &comm));
   LargeType type;
   JAXCOMM_RETURN_IF_ERROR(
       LargeType::Make(x.element_type(), x.element_count(), comm, &type));
+  const void* in;
+  JAXCOMM_RETURN_IF_ERROR(memory.Input(x, &in));
+  JAXCOMM_RETURN_IF_ERROR(memory.Ready());
   if (DebugEnabled()) {
     DebugLog(comm, "MPI_Send -> " + Peer(dest) + " tag " + Tag(tag) + " " +
                        Elements(x.element_count(), x.element_type()));
   }
-  JAXCOMM_MPI_CHECK(MPI_Send, x.untyped_data(), type.count(), type.type(),
+  JAXCOMM_MPI_CHECK(MPI_Send, in, type.count(), type.type(),
                     static_cast<int>(dest), static_cast<int>(tag), comm);
-  return ffi::Error::Success();
+  return memory.Finish();
 }
 
-ffi::Error RecvImpl(ffi::Token, ffi::AnyBuffer template_buffer,
+ffi::Error RecvImpl(Memory& memory, ffi::Token, ffi::AnyBuffer template_buffer,
                     ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> y,
                     ffi::Result<ffi::AnyBuffer> envelope, int64_t comm_handle,
                     int64_t source, int64_t tag) {
@@ -137,29 +142,41 @@ ffi::Error RecvImpl(ffi::Token, ffi::AnyBuffer template_buffer,
   LargeType type;
   JAXCOMM_RETURN_IF_ERROR(
       LargeType::Make(y->element_type(), y->element_count(), comm, &type));
+  void *out, *fields;
+  JAXCOMM_RETURN_IF_ERROR(memory.Output(*y, &out));
+  JAXCOMM_RETURN_IF_ERROR(memory.HostOutput(*envelope, &fields));
+  JAXCOMM_RETURN_IF_ERROR(memory.Ready());
   if (DebugEnabled()) {
     DebugLog(comm, "MPI_Recv <- " + Peer(source) + " tag " + Tag(tag) + " " +
                        Elements(y->element_count(), y->element_type()));
   }
   MPI_Status status;
-  JAXCOMM_MPI_CHECK(MPI_Recv, y->untyped_data(), type.count(), type.type(),
+  JAXCOMM_MPI_CHECK(MPI_Recv, out, type.count(), type.type(),
                     static_cast<int>(source), static_cast<int>(tag), comm,
                     &status);
-  return FinishReceive("MPI_Recv", comm, status, type.type(),
-                       y->element_count(), *y, *envelope);
+  return FinishReceive(memory, "MPI_Recv", comm, status, type.type(),
+                       y->element_count(), *y, *envelope, fields);
 }
+
+namespace {
 
 // MPI_Sendrecv of `x` to (dest, sendtag) and into `y` from (source,
 // recvtag); shared by the plain and the addressed handler.
-ffi::Error Exchange(MPI_Comm comm, ffi::AnyBuffer& x, ffi::AnyBuffer& y,
-                    ffi::AnyBuffer& envelope, int64_t source, int64_t dest,
-                    int64_t sendtag, int64_t recvtag) {
+ffi::Error Exchange(Memory& memory, MPI_Comm comm, ffi::AnyBuffer& x,
+                    ffi::AnyBuffer& y, ffi::AnyBuffer& envelope, int64_t source,
+                    int64_t dest, int64_t sendtag, int64_t recvtag) {
   JAXCOMM_RETURN_IF_ERROR(CheckOutputs("MPI_Sendrecv", comm, x, y, envelope));
   LargeType send, recv;
   JAXCOMM_RETURN_IF_ERROR(
       LargeType::Make(x.element_type(), x.element_count(), comm, &send));
   JAXCOMM_RETURN_IF_ERROR(
       LargeType::Make(y.element_type(), y.element_count(), comm, &recv));
+  const void* in;
+  void *out, *fields;
+  JAXCOMM_RETURN_IF_ERROR(memory.Input(x, &in));
+  JAXCOMM_RETURN_IF_ERROR(memory.Output(y, &out));
+  JAXCOMM_RETURN_IF_ERROR(memory.HostOutput(envelope, &fields));
+  JAXCOMM_RETURN_IF_ERROR(memory.Ready());
   if (DebugEnabled()) {
     DebugLog(comm, "MPI_Sendrecv -> " + Peer(dest) + " tag " + Tag(sendtag) +
                        " " + Elements(x.element_count(), x.element_type()) +
@@ -167,29 +184,31 @@ ffi::Error Exchange(MPI_Comm comm, ffi::AnyBuffer& x, ffi::AnyBuffer& y,
                        Elements(y.element_count(), y.element_type()));
   }
   MPI_Status status;
-  JAXCOMM_MPI_CHECK(MPI_Sendrecv, x.untyped_data(), send.count(), send.type(),
-                    static_cast<int>(dest), SendTag(dest, sendtag),
-                    y.untyped_data(), recv.count(), recv.type(),
-                    static_cast<int>(source), static_cast<int>(recvtag), comm,
-                    &status);
-  return FinishReceive("MPI_Sendrecv", comm, status, recv.type(),
-                       y.element_count(), y, envelope);
+  JAXCOMM_MPI_CHECK(MPI_Sendrecv, in, send.count(), send.type(),
+                    static_cast<int>(dest), SendTag(dest, sendtag), out,
+                    recv.count(), recv.type(), static_cast<int>(source),
+                    static_cast<int>(recvtag), comm, &status);
+  return FinishReceive(memory, "MPI_Sendrecv", comm, status, recv.type(),
+                       y.element_count(), y, envelope, fields);
 }
 
-ffi::Error SendrecvImpl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
+}  // namespace
+
+ffi::Error SendrecvImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
                         ffi::Result<ffi::AnyBuffer> y,
                         ffi::Result<ffi::AnyBuffer> envelope,
                         int64_t comm_handle, int64_t source, int64_t dest,
                         int64_t sendtag, int64_t recvtag) {
   MPI_Comm comm;
   JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "sendrecv", &comm));
-  return Exchange(comm, x, *y, *envelope, source, dest, sendtag, recvtag);
+  return Exchange(memory, comm, x, *y, *envelope, source, dest, sendtag,
+                  recvtag);
 }
 
 // MPI_Sendrecv whose receiving (or sending) side takes its peer and tag
 // from `address`, the envelope of an earlier receive: the derivative
 // messages of a wildcard receive travel on the path its primal took.
-ffi::Error SendrecvAddressedImpl(ffi::Token, ffi::AnyBuffer x,
+ffi::Error SendrecvAddressedImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x,
                                  ffi::AnyBuffer address,
                                  ffi::Result<ffi::Token>,
                                  ffi::Result<ffi::AnyBuffer> y,
@@ -201,8 +220,11 @@ ffi::Error SendrecvAddressedImpl(ffi::Token, ffi::AnyBuffer x,
   JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "sendrecv", &comm));
   JAXCOMM_RETURN_IF_ERROR(
       CheckEnvelope("MPI_Sendrecv", comm, address, "the address operand"));
-  const int64_t peer = EnvelopeAt(address, 0);
-  const int64_t tag = EnvelopeAt(address, 1);
+  const void* fields;
+  JAXCOMM_RETURN_IF_ERROR(memory.HostInput(address, &fields));
+  JAXCOMM_RETURN_IF_ERROR(memory.Ready());
+  const int64_t peer = EnvelopeAt(address.element_type(), fields, 0);
+  const int64_t tag = EnvelopeAt(address.element_type(), fields, 1);
   if (addressed == kReceiveFromEnvelope) {
     source = peer;
     recvtag = tag;
@@ -213,14 +235,8 @@ ffi::Error SendrecvAddressedImpl(ffi::Token, ffi::AnyBuffer x,
     return Invalid("MPI_Sendrecv", comm,
                    "unknown addressing mode " + std::to_string(addressed));
   }
-  return Exchange(comm, x, *y, *envelope, source, dest, sendtag, recvtag);
+  return Exchange(memory, comm, x, *y, *envelope, source, dest, sendtag,
+                  recvtag);
 }
 
-}  // namespace
 }  // namespace jaxcomm
-
-JAXCOMM_DEFINE_HANDLER(JaxcommSend, jaxcomm::SendImpl);
-JAXCOMM_DEFINE_HANDLER(JaxcommRecv, jaxcomm::RecvImpl);
-JAXCOMM_DEFINE_HANDLER(JaxcommSendrecv, jaxcomm::SendrecvImpl);
-JAXCOMM_DEFINE_HANDLER(JaxcommSendrecvAddressed,
-                       jaxcomm::SendrecvAddressedImpl);

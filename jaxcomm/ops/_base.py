@@ -16,7 +16,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, mlir
 from mpi4py import MPI
 
-from .. import _compat
+from .. import _compat, _gpu, _runtime
 from .._runtime import mpi_comm
 
 # Reduction codes shared with kernels/common.h (enum ReduceOp).
@@ -79,6 +79,7 @@ def comm_primitive(name, abstract_eval, target, attrs):
     prim.def_impl(partial(_compat.apply_primitive, prim))
     _compat.def_effectful_abstract_eval(prim, abstract_eval)
     mlir.register_lowering(prim, partial(_ordered_ffi_lowering, target, attrs), platform="cpu")
+    mlir.register_lowering(prim, partial(_cuda_lowering, target, attrs), platform="cuda")
     _compat.communicating_primitives.add(prim)
     return prim
 
@@ -104,6 +105,16 @@ def _ordered_ffi_lowering(target, attrs, ctx, *args, **params):
     )
     _compat.set_ordered_token(ctx, token_out)
     return results
+
+
+def _cuda_lowering(target, attrs, ctx, *args, **params):
+    if _runtime.cuda_kernels is None:
+        raise RuntimeError(
+            f"jaxcomm op {ctx.primitive.name!r} on a GPU: {_gpu.NO_CUDA_KERNELS}. "
+            "Or keep the arrays it communicates on the CPU (jax.device_put(x, "
+            "jax.devices('cpu')[0])) and jaxcomm's CPU kernels move them."
+        )
+    return _ordered_ffi_lowering(target, attrs, ctx, *args, **params)
 
 
 def _attribute(value):

@@ -1,0 +1,348 @@
+#include "cuda_memory.h"
+
+#include <atomic>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#if __has_include(<mpi-ext.h>)
+#include <mpi-ext.h>  // Open MPI's MPIX_CUDA_AWARE_SUPPORT
+#endif
+
+namespace jaxcomm {
+namespace {
+
+ffi::Error CudaFailure(const char* function, cudaError_t code) {
+  return ffi::Error::Internal(std::string("jaxcomm: ") + function +
+                              " failed on world rank " +
+                              std::to_string(WorldRank()) + ": " +
+                              cudaGetErrorName(code) + " (" +
+                              cudaGetErrorString(code) + ")");
+}
+
+#define JAXCOMM_CUDA_CHECK(function, ...)               \
+  do {                                                  \
+    const cudaError_t jaxcomm_rc_ = function(__VA_ARGS__); \
+    if (jaxcomm_rc_ != cudaSuccess) {                   \
+      return CudaFailure(#function, jaxcomm_rc_);       \
+    }                                                   \
+  } while (0)
+
+std::atomic<int> cuda_aware_mode{-1};
+
+constexpr size_t kAlignment = 256;
+constexpr size_t kMinChunk = size_t{1} << 20;
+
+size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+}  // namespace
+
+int MpiCudaSupport() {
+#if defined(MPIX_GPU_SUPPORT_CUDA)  // MPICH 4 and later
+  int supported = 0;
+  if (MPIX_GPU_query_support(MPIX_GPU_SUPPORT_CUDA, &supported) != MPI_SUCCESS) {
+    return -1;
+  }
+  return supported ? 1 : 0;
+#elif defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
+  return MPIX_Query_cuda_support() ? 1 : 0;  // Open MPI built with CUDA
+#elif defined(MPIX_CUDA_AWARE_SUPPORT)
+  return 0;  // Open MPI built without CUDA
+#else
+  return -1;
+#endif
+}
+
+void SetCudaAware(int mode) { cuda_aware_mode.store(mode < 0 ? -1 : mode > 0); }
+
+bool CudaAware() {
+  const int mode = cuda_aware_mode.load(std::memory_order_relaxed);
+  if (mode >= 0) return mode == 1;
+  // Asked once: the answer cannot change while MPI runs.
+  static const int support = MpiCudaSupport();
+  return support == 1;
+}
+
+// Pinned host memory for one call at a time, on one device. A call carves
+// its buffers from it; the host-to-device copies of a call may still read
+// them after it returns, so the arena's event marks their end, and the next
+// call on another stream (or one that frees memory) waits for it first.
+class StagingArena {
+ public:
+  explicit StagingArena(int device) : device_(device) {}
+
+  int device() const { return device_; }
+
+  // Makes the arena ready for a call on `stream`; the memory of one call
+  // becomes one chunk as large as all of it, so a steady workload allocates
+  // nothing after its first calls.
+  ffi::Error Begin(cudaStream_t stream) {
+    if (done_ == nullptr) {
+      JAXCOMM_CUDA_CHECK(cudaEventCreateWithFlags, &done_,
+                         cudaEventDisableTiming);
+    }
+    if (recorded_ && (stream != last_stream_ || chunks_.size() > 1)) {
+      JAXCOMM_CUDA_CHECK(cudaEventSynchronize, done_);
+    }
+    if (chunks_.size() > 1) {
+      size_t total = 0;
+      for (const Chunk& chunk : chunks_) total += chunk.size;
+      JAXCOMM_RETURN_IF_ERROR(Release());
+      JAXCOMM_RETURN_IF_ERROR(Grow(total));
+    }
+    last_stream_ = stream;
+    used_ = 0;
+    return ffi::Error::Success();
+  }
+
+  // `bytes` of pinned memory, valid until the next Begin.
+  ffi::Error Take(size_t bytes, char** out) {
+    bytes = RoundUp(bytes == 0 ? 1 : bytes, kAlignment);
+    if (chunks_.empty() || used_ + bytes > chunks_.back().size) {
+      JAXCOMM_RETURN_IF_ERROR(Grow(bytes));
+    }
+    *out = chunks_.back().data + used_;
+    used_ += bytes;
+    return ffi::Error::Success();
+  }
+
+  // After a call's copies were queued on `stream`.
+  ffi::Error End(cudaStream_t stream) {
+    JAXCOMM_CUDA_CHECK(cudaEventRecord, done_, stream);
+    recorded_ = true;
+    return ffi::Error::Success();
+  }
+
+  size_t bytes() const {
+    size_t total = 0;
+    for (const Chunk& chunk : chunks_) total += chunk.size;
+    return total;
+  }
+
+  // Frees everything; the arena's last copies must have ended.
+  ffi::Error Release() {
+    for (Chunk& chunk : chunks_) JAXCOMM_CUDA_CHECK(cudaFreeHost, chunk.data);
+    chunks_.clear();
+    used_ = 0;
+    return ffi::Error::Success();
+  }
+
+  ffi::Error Destroy() {
+    if (recorded_) JAXCOMM_CUDA_CHECK(cudaEventSynchronize, done_);
+    JAXCOMM_RETURN_IF_ERROR(Release());
+    if (done_ != nullptr) JAXCOMM_CUDA_CHECK(cudaEventDestroy, done_);
+    done_ = nullptr;
+    return ffi::Error::Success();
+  }
+
+ private:
+  struct Chunk {
+    char* data;
+    size_t size;
+  };
+
+  // A new chunk of at least `bytes`; earlier chunks stay valid for this call.
+  ffi::Error Grow(size_t bytes) {
+    Chunk chunk{nullptr, RoundUp(bytes > kMinChunk ? bytes : kMinChunk, kMinChunk)};
+    void* data = nullptr;
+    // Portable: pinned for every device, whichever is current.
+    JAXCOMM_CUDA_CHECK(cudaHostAlloc, &data, chunk.size, cudaHostAllocPortable);
+    chunk.data = static_cast<char*>(data);
+    chunks_.push_back(chunk);
+    used_ = 0;
+    return ffi::Error::Success();
+  }
+
+  int device_;
+  std::vector<Chunk> chunks_;
+  size_t used_ = 0;
+  cudaEvent_t done_ = nullptr;
+  cudaStream_t last_stream_ = nullptr;
+  bool recorded_ = false;
+};
+
+namespace {
+
+// The arenas no call is using. Calls running at once (on several devices,
+// or jitted and eager work in flight together) each take their own, so one
+// call blocked in MPI never holds up another.
+std::mutex arenas_mutex;
+std::vector<StagingArena*> free_arenas;
+std::vector<StagingArena*> all_arenas;
+
+StagingArena* AcquireArena(int device) {
+  std::lock_guard<std::mutex> lock(arenas_mutex);
+  for (size_t i = 0; i < free_arenas.size(); ++i) {
+    if (free_arenas[i]->device() == device) {
+      StagingArena* arena = free_arenas[i];
+      free_arenas.erase(free_arenas.begin() + i);
+      return arena;
+    }
+  }
+  all_arenas.push_back(new StagingArena(device));
+  return all_arenas.back();
+}
+
+void ReleaseArena(StagingArena* arena) {
+  std::lock_guard<std::mutex> lock(arenas_mutex);
+  free_arenas.push_back(arena);
+}
+
+}  // namespace
+
+size_t StagingBytes() {
+  std::lock_guard<std::mutex> lock(arenas_mutex);
+  size_t total = 0;
+  for (const StagingArena* arena : all_arenas) total += arena->bytes();
+  return total;
+}
+
+void FreeStaging() {
+  std::lock_guard<std::mutex> lock(arenas_mutex);
+  for (StagingArena* arena : free_arenas) {
+    int previous;
+    if (cudaGetDevice(&previous) == cudaSuccess &&
+        cudaSetDevice(arena->device()) == cudaSuccess) {
+      // At exit there is no one left to tell about a failure.
+      (void)arena->Destroy();
+      cudaSetDevice(previous);
+    }
+    for (size_t i = 0; i < all_arenas.size(); ++i) {
+      if (all_arenas[i] == arena) all_arenas.erase(all_arenas.begin() + i);
+    }
+    delete arena;
+  }
+  free_arenas.clear();
+}
+
+CudaMemory::CudaMemory(cudaStream_t stream)
+    : stream_(stream), direct_(CudaAware()) {
+  // The handler runs on one of XLA's threads; CUDA calls below must act on
+  // the stream's device.
+#if CUDART_VERSION >= 12080
+  cudaError_t rc = cudaStreamGetDevice(stream, &device_);
+  if (rc == cudaSuccess) rc = cudaSetDevice(device_);
+  if (rc != cudaSuccess) init_error_ = CudaFailure("cudaStreamGetDevice", rc);
+#else
+  cudaError_t rc = cudaGetDevice(&device_);
+  if (rc != cudaSuccess) init_error_ = CudaFailure("cudaGetDevice", rc);
+#endif
+}
+
+CudaMemory::~CudaMemory() {
+  if (arena_ != nullptr) {
+    // If recording fails the stream is broken, and XLA reports that.
+    (void)arena_->End(stream_);
+    ReleaseArena(arena_);
+  }
+}
+
+CudaMemory::Staged* CudaMemory::Find(const void* device) {
+  for (int i = 0; i < num_staged_; ++i) {
+    if (staged_[i].device == device) return &staged_[i];
+  }
+  return nullptr;
+}
+
+ffi::Error CudaMemory::Stage(void* device, size_t bytes, bool copy_in,
+                             bool copy_out, void** host) {
+  JAXCOMM_RETURN_IF_ERROR(init_error_);
+  if (num_staged_ == kMaxStaged) {
+    return ffi::Error::Internal("jaxcomm: too many staged buffers in one call");
+  }
+  if (arena_ == nullptr) {
+    arena_ = AcquireArena(device_);
+    ffi::Error begun = arena_->Begin(stream_);
+    if (begun.failure()) {
+      ReleaseArena(arena_);
+      arena_ = nullptr;
+      return begun;
+    }
+  }
+  char* data;
+  JAXCOMM_RETURN_IF_ERROR(arena_->Take(bytes, &data));
+  if (copy_in && bytes > 0) {
+    JAXCOMM_CUDA_CHECK(cudaMemcpyAsync, data, device, bytes,
+                       cudaMemcpyDeviceToHost, stream_);
+  }
+  staged_[num_staged_++] = Staged{device, data, copy_out ? bytes : 0};
+  *host = data;
+  return ffi::Error::Success();
+}
+
+ffi::Error CudaMemory::Input(const ffi::AnyBuffer& x, const void** data) {
+  JAXCOMM_RETURN_IF_ERROR(init_error_);
+  if (direct_) {
+    *data = x.untyped_data();
+    return ffi::Error::Success();
+  }
+  return HostInput(x, data);
+}
+
+ffi::Error CudaMemory::Output(ffi::AnyBuffer& y, void** data) {
+  JAXCOMM_RETURN_IF_ERROR(init_error_);
+  if (direct_) {
+    *data = y.untyped_data();
+    return ffi::Error::Success();
+  }
+  return HostOutput(y, data);
+}
+
+ffi::Error CudaMemory::HostInput(const ffi::AnyBuffer& x, const void** data) {
+  void* host;
+  JAXCOMM_RETURN_IF_ERROR(
+      Stage(x.untyped_data(), x.size_bytes(), true, false, &host));
+  *data = host;
+  return ffi::Error::Success();
+}
+
+ffi::Error CudaMemory::HostOutput(ffi::AnyBuffer& y, void** data) {
+  return Stage(y.untyped_data(), y.size_bytes(), false, true, data);
+}
+
+ffi::Error CudaMemory::Preload(ffi::AnyBuffer& y, size_t offset,
+                               const ffi::AnyBuffer& x) {
+  if (x.size_bytes() == 0) return ffi::Error::Success();
+  if (Staged* staged = Find(y.untyped_data())) {
+    JAXCOMM_CUDA_CHECK(cudaMemcpyAsync, staged->host + offset, x.untyped_data(),
+                       x.size_bytes(), cudaMemcpyDeviceToHost, stream_);
+  } else {
+    JAXCOMM_CUDA_CHECK(cudaMemcpyAsync,
+                       static_cast<char*>(y.untyped_data()) + offset,
+                       x.untyped_data(), x.size_bytes(),
+                       cudaMemcpyDeviceToDevice, stream_);
+  }
+  return ffi::Error::Success();
+}
+
+// Also waits for the kernels that wrote the inputs: XLA queued them on the
+// stream before this call.
+ffi::Error CudaMemory::Ready() {
+  JAXCOMM_RETURN_IF_ERROR(init_error_);
+  JAXCOMM_CUDA_CHECK(cudaStreamSynchronize, stream_);
+  return ffi::Error::Success();
+}
+
+ffi::Error CudaMemory::ZeroFrom(ffi::AnyBuffer& y, size_t offset) {
+  if (offset >= y.size_bytes()) return ffi::Error::Success();
+  if (Staged* staged = Find(y.untyped_data())) {
+    if (staged->copy_back > offset) staged->copy_back = offset;
+  }
+  JAXCOMM_CUDA_CHECK(cudaMemsetAsync,
+                     static_cast<char*>(y.untyped_data()) + offset, 0,
+                     y.size_bytes() - offset, stream_);
+  return ffi::Error::Success();
+}
+
+ffi::Error CudaMemory::Finish() {
+  for (int i = 0; i < num_staged_; ++i) {
+    const Staged& staged = staged_[i];
+    if (staged.copy_back > 0) {
+      JAXCOMM_CUDA_CHECK(cudaMemcpyAsync, staged.device, staged.host,
+                         staged.copy_back, cudaMemcpyHostToDevice, stream_);
+    }
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace jaxcomm

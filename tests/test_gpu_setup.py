@@ -1,0 +1,166 @@
+"""The GPU plumbing that runs without a GPU: data-path switches, cuda_info,
+bind_local_gpu and the build's CUDA module. tests/gpu/ holds the tests that
+move arrays in GPU memory."""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import jaxcomm
+from jaxcomm import _build_info, _runtime
+
+_LAUNCHER_VARS = ("PMI_", "HYDRA_", "MPIR_", "OMPI_", "PMIX_", "PRTE_", "MPI_LOCAL")
+_UNDER_LAUNCHER = any(k.startswith(_LAUNCHER_VARS) for k in os.environ)
+_SINGLETON = "spawns its own MPI processes; runs in the plain pytest run"
+
+
+def _clean_env(**extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCHER_VARS)}
+    for name in ("CUDA_VISIBLE_DEVICES", "XLA_PYTHON_CLIENT_PREALLOCATE", "JAXCOMM_CUDA_AWARE"):
+        env.pop(name, None)
+    env.update(extra)
+    return env
+
+
+def _run(argv, env, timeout=180):
+    # Away from the source tree, whose jaxcomm has no compiled kernels.
+    return subprocess.run(
+        argv, capture_output=True, text=True, timeout=timeout, env=env, cwd=os.path.dirname(sys.executable)
+    )
+
+
+@pytest.mark.mpi
+def test_cuda_info_describes_the_build():
+    info = jaxcomm.cuda_info()
+    assert set(info) == {
+        "built", "gpus", "mpi_cuda_support", "cuda_aware", "path", "reason", "staging_bytes"
+    }
+    assert info["built"] is _build_info.CUDA
+    assert info["built"] == (_runtime.cuda_kernels is not None)
+    assert isinstance(info["gpus"], int) and info["gpus"] >= 0
+    if info["built"]:
+        assert info["path"] == ("cuda-aware" if info["cuda_aware"] else "host staging")
+        assert info["mpi_cuda_support"] in (True, False, None)
+        assert info["staging_bytes"] >= 0
+    else:
+        assert info["path"] is None and not info["cuda_aware"]
+        assert "JAXCOMM_CUDA=ON" in info["reason"]
+
+
+@pytest.mark.mpi
+def test_set_cuda_aware_switches_the_path_and_back():
+    if _runtime.cuda_kernels is None:
+        pytest.skip("jaxcomm was built without CUDA kernels")
+    automatic = jaxcomm.cuda_info()
+    try:
+        for enabled in (True, False):
+            jaxcomm.set_cuda_aware(enabled)
+            info = jaxcomm.cuda_info()
+            assert info["cuda_aware"] is enabled
+            assert info["path"] == ("cuda-aware" if enabled else "host staging")
+            assert info["reason"].startswith("set by set_cuda_aware()")
+            assert bool(_runtime.cuda_kernels.cuda_aware()) is enabled
+    finally:
+        jaxcomm.set_cuda_aware(None)
+    assert jaxcomm.cuda_info() == automatic
+    assert automatic["cuda_aware"] is (automatic["mpi_cuda_support"] is True)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("value", ["yes", 1, 0.0])
+def test_set_cuda_aware_takes_only_true_false_none(value):
+    with pytest.raises(ValueError, match="True, False or None"):
+        jaxcomm.set_cuda_aware(value)
+
+
+@pytest.mark.mpi
+def test_bind_local_gpu_too_late_raises_on_every_rank():
+    import jax
+
+    jax.devices()  # the backends exist from here on
+    with pytest.raises(RuntimeError, match="after JAX initialised its backends"):
+        jaxcomm.bind_local_gpu()
+
+
+_BIND = """
+import os, jaxcomm
+from mpi4py import MPI
+try:
+    index = jaxcomm.bind_local_gpu()
+except RuntimeError as err:
+    print(f"r{MPI.COMM_WORLD.rank} error {err}", flush=True)
+else:
+    print(f"r{MPI.COMM_WORLD.rank} index {index} visible {os.environ['CUDA_VISIBLE_DEVICES']} "
+          f"preallocate {os.environ.get('XLA_PYTHON_CLIENT_PREALLOCATE')}", flush=True)
+"""
+
+
+def _mpiexec(n):
+    launcher = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which(
+        "mpiexec"
+    )
+    if launcher is None:
+        pytest.skip("no mpiexec")
+    version = subprocess.run([launcher, "--version"], capture_output=True, text=True).stdout
+    extra = ["--oversubscribe"] if "Open MPI" in version or "open-mpi" in version else []
+    return [launcher, *extra, "-n", str(n)]
+
+
+@pytest.mark.skipif(_UNDER_LAUNCHER, reason=_SINGLETON)
+def test_bind_local_gpu_spreads_a_nodes_ranks_over_its_gpus(tmp_path):
+    script = tmp_path / "bind.py"
+    script.write_text(_BIND)
+    env = _clean_env(
+        CUDA_VISIBLE_DEVICES="4,6", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1"
+    )
+    done = _run([*_mpiexec(3), sys.executable, str(script)], env)
+    assert done.returncode == 0, done.stderr
+    # Ranks' lines may interleave; each one's fields are found whole.
+    found = sorted(re.findall(r"r(\d) index (\d) visible (\d) preallocate (\w+)", done.stdout))
+    # Three ranks, two GPUs: they share, so JAX must not preallocate.
+    assert found == [
+        ("0", "0", "4", "false"),
+        ("1", "1", "6", "false"),
+        ("2", "0", "4", "false"),
+    ], done.stdout
+
+
+@pytest.mark.skipif(_UNDER_LAUNCHER, reason=_SINGLETON)
+def test_bind_local_gpu_alone_keeps_preallocation_and_finds_no_gpu_clearly(tmp_path):
+    script = tmp_path / "bind.py"
+    script.write_text(_BIND)
+    done = _run([sys.executable, str(script)], _clean_env(CUDA_VISIBLE_DEVICES="2"))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "r0 index 0 visible 2 preallocate None"
+    done = _run([sys.executable, str(script)], _clean_env(CUDA_VISIBLE_DEVICES=""))
+    assert done.returncode == 0, done.stderr
+    assert "r0 error jaxcomm.bind_local_gpu(): no NVIDIA GPU found" in done.stdout
+
+
+@pytest.mark.skipif(_UNDER_LAUNCHER, reason=_SINGLETON)
+@pytest.mark.skipif(not _build_info.CUDA, reason="jaxcomm was built without CUDA kernels")
+def test_jaxcomm_cuda_aware_environment_variable():
+    script = "import jaxcomm; info = jaxcomm.cuda_info(); print(info['path'], '|', info['reason'])"
+    done = _run([sys.executable, "-c", script], _clean_env(JAXCOMM_CUDA_AWARE="1"))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("cuda-aware | set by JAXCOMM_CUDA_AWARE")
+    done = _run([sys.executable, "-c", script], _clean_env(JAXCOMM_CUDA_AWARE="0"))
+    assert done.stdout.startswith("host staging | set by JAXCOMM_CUDA_AWARE")
+    done = _run([sys.executable, "-c", script], _clean_env(JAXCOMM_CUDA_AWARE="yes"))
+    assert done.returncode != 0
+    assert "JAXCOMM_CUDA_AWARE must be 0 or 1, got 'yes'" in done.stderr
+
+
+@pytest.mark.skipif(not _build_info.CUDA, reason="jaxcomm was built without CUDA kernels")
+def test_cuda_module_loads_without_a_cuda_runtime_library():
+    # The runtime is linked statically: importing jaxcomm on a machine with
+    # the CUDA module but no libcudart (or another version of it) works.
+    linked = subprocess.run(
+        ["ldd", _runtime.cuda_kernels.__file__], capture_output=True, text=True
+    ).stdout
+    assert "libjaxcomm_core" in linked, linked
+    assert "libcudart" not in linked, linked
