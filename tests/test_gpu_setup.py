@@ -20,7 +20,14 @@ _SINGLETON = "spawns its own MPI processes; runs in the plain pytest run"
 
 def _clean_env(**extra):
     env = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCHER_VARS)}
-    for name in ("CUDA_VISIBLE_DEVICES", "XLA_PYTHON_CLIENT_PREALLOCATE", "JAXCOMM_CUDA_AWARE"):
+    # PYTHONUNBUFFERED would split a print's text from its newline, and mix
+    # the ranks' lines.
+    for name in (
+        "CUDA_VISIBLE_DEVICES",
+        "XLA_PYTHON_CLIENT_PREALLOCATE",
+        "JAXCOMM_CUDA_AWARE",
+        "PYTHONUNBUFFERED",
+    ):
         env.pop(name, None)
     env.update(extra)
     return env
@@ -120,7 +127,7 @@ def test_bind_local_gpu_spreads_a_nodes_ranks_over_its_gpus(tmp_path):
     done = _run([*_mpiexec(3), sys.executable, str(script)], env)
     assert done.returncode == 0, done.stderr
     # Ranks' lines may interleave; each one's fields are found whole.
-    found = sorted(re.findall(r"r(\d) index (\d) visible (\d) preallocate (\w+)", done.stdout))
+    found = sorted(re.findall(r"r(\d) index (\d) visible (\d) preallocate (false|true|None)", done.stdout))
     # Three ranks, two GPUs: they share, so JAX must not preallocate.
     assert found == [
         ("0", "0", "4", "false"),
