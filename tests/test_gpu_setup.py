@@ -36,7 +36,12 @@ def _clean_env(**extra):
 def _run(argv, env, timeout=180):
     # Away from the source tree, whose jaxcomm has no compiled kernels.
     return subprocess.run(
-        argv, capture_output=True, text=True, timeout=timeout, env=env, cwd=os.path.dirname(sys.executable)
+        argv,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=os.path.dirname(sys.executable),
     )
 
 
@@ -127,7 +132,8 @@ def test_bind_local_gpu_spreads_a_nodes_ranks_over_its_gpus(tmp_path):
     done = _run([*_mpiexec(3), sys.executable, str(script)], env)
     assert done.returncode == 0, done.stderr
     # Ranks' lines may interleave; each one's fields are found whole.
-    found = sorted(re.findall(r"r(\d) index (\d) visible (\d) preallocate (false|true|None)", done.stdout))
+    line = r"r(\d) index (\d) visible (\d) preallocate (false|true|None)"
+    found = sorted(re.findall(line, done.stdout))
     # Three ranks, two GPUs: they share, so JAX must not preallocate.
     assert found == [
         ("0", "0", "4", "false"),

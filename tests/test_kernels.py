@@ -197,7 +197,7 @@ def _custom_call_attributes(lowered):
 
 
 def _every_method(jc, platform="cpu"):
-    """Calls reaching every primitive through the public API (lowered for ``platform``, never run)."""
+    """Calls reaching every primitive through the public API, lowered for ``platform``, never run."""
     size, rank = jc.size, jc.rank
     x = jnp.ones((size, 2))
     ring = dict(source=(rank - 1) % size, dest=(rank + 1) % size)
