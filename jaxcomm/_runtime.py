@@ -58,9 +58,6 @@ _check_mpi_matches()
 
 from . import _kernels_cpu  # noqa: E402  (only once the MPI is known to match)
 
-for _name, _capsule in _kernels_cpu.registrations().items():
-    jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")
-
 # The CUDA kernels, when this build has them. Loading the module initialises
 # no CUDA (its runtime is linked statically and starts on the first call), and
 # JAX keeps the registrations until a CUDA backend exists, so a machine
@@ -71,6 +68,23 @@ if _build_info.CUDA:
 
     for _name, _capsule in cuda_kernels.registrations().items():
         jax.ffi.register_ffi_target(_name, _capsule, platform="CUDA")
+
+# A developer check (tests/cuda_emulation/README.md): XLA's CPU runs the CUDA
+# kernels' platform layer over an emulated CUDA runtime, in place of the CPU
+# kernels, so the whole test suite exercises it without a GPU.
+_cpu_handlers = _kernels_cpu
+if os.environ.get("JAXCOMM_EMULATE_CUDA", "") not in ("", "0"):
+    try:
+        from . import _kernels_cuda_emulated as _cpu_handlers  # noqa: E402
+    except ImportError:
+        raise ImportError(
+            "JAXCOMM_EMULATE_CUDA is set, but this jaxcomm was built without the emulated "
+            "CUDA module: rebuild with -C cmake.define.JAXCOMM_CUDA_EMULATION=ON"
+        ) from None
+    cuda_kernels = _cpu_handlers
+
+for _name, _capsule in _cpu_handlers.registrations().items():
+    jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")
 
 
 def register_comm(comm: MPI.Comm) -> int:

@@ -177,3 +177,46 @@ def test_cuda_module_loads_without_a_cuda_runtime_library():
     ).stdout
     assert "libjaxcomm_core" in linked, linked
     assert "libcudart" not in linked, linked
+
+
+# Under the emulated CUDA runtime (tests/cuda_emulation/README.md) the CUDA
+# kernels' staging layer runs on the CPU, and these check its memory reuse.
+_EMULATED = hasattr(_runtime.cuda_kernels, "host_allocations")
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(not _EMULATED, reason="needs JAXCOMM_EMULATE_CUDA=1")
+def test_staging_memory_is_allocated_once_and_reused(jc):
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    kernels = _runtime.cuda_kernels
+    ring = dict(source=(jc.rank - 1) % jc.size, dest=(jc.rank + 1) % jc.size)
+
+    def body(_, x):
+        x = jc.allreduce(x) / jc.size
+        x = jc.bcast(x, root=0)
+        return jc.sendrecv(x, x, **ring)
+
+    loop = jax.jit(lambda x, n: jax.lax.fori_loop(0, n, body, x))
+    x = jnp.arange(1000.0)
+    jax.block_until_ready(loop(x, 10))
+    allocations, held = kernels.host_allocations(), kernels.staging_bytes()
+    out = loop(x, 10_000)
+    for _ in range(100):
+        out = jc.allreduce(out) / jc.size
+    np.testing.assert_array_equal(out, np.arange(1000.0))
+    assert kernels.host_allocations() == allocations
+    assert kernels.staging_bytes() == held
+
+    # A larger call grows the memory once; the next calls reuse it as one block.
+    big = jnp.ones(4 << 20, jnp.float32)
+    np.testing.assert_array_equal(jc.allreduce(big), np.full(4 << 20, jc.size, np.float32))
+    grown = kernels.staging_bytes()
+    assert grown > held
+    for _ in range(3):
+        jc.allreduce(big)
+        jc.allreduce(x)
+    assert kernels.staging_bytes() == grown
+    assert kernels.live_host_allocations() == 1

@@ -208,7 +208,10 @@ void FreeStaging() {
       cudaSetDevice(previous);
     }
     for (size_t i = 0; i < all_arenas.size(); ++i) {
-      if (all_arenas[i] == arena) all_arenas.erase(all_arenas.begin() + i);
+      if (all_arenas[i] == arena) {
+        all_arenas.erase(all_arenas.begin() + i);
+        break;
+      }
     }
     delete arena;
   }

@@ -25,7 +25,19 @@ void ThrowIfError(const xla::ffi::Error& error) {
 
 // The body `Impl` of an op, run with this platform's Memory: the handler
 // XLA calls gets the stream first on a GPU, then the buffers and attributes.
-#ifdef JAXCOMM_CUDA
+// The emulated CUDA module (tests/cuda_emulation) runs the CUDA platform
+// layer on XLA's CPU, which has no stream.
+#if defined(JAXCOMM_CUDA_EMULATION)
+template <auto Impl>
+struct OnPlatform {
+  template <typename... Args>
+  xla::ffi::Error operator()(Args... args) const {
+    jaxcomm::CudaMemory memory(nullptr);
+    return Impl(memory, args...);
+  }
+};
+auto PlatformBinding() { return xla::ffi::Ffi::Bind(); }
+#elif defined(JAXCOMM_CUDA)
 template <auto Impl>
 struct OnPlatform {
   template <typename... Args>
@@ -58,7 +70,11 @@ auto PlatformBinding() { return xla::ffi::Ffi::Bind(); }
 #include "ops.def"
 #undef JAXCOMM_OP
 
-#ifdef JAXCOMM_CUDA
+#if defined(JAXCOMM_CUDA_EMULATION)
+#define JAXCOMM_MODULE _kernels_cuda_emulated
+long EmulatedHostAllocations();
+long EmulatedLiveHostAllocations();
+#elif defined(JAXCOMM_CUDA)
 #define JAXCOMM_MODULE _kernels_cuda
 #else
 #define JAXCOMM_MODULE _kernels_cpu
@@ -112,6 +128,12 @@ PYBIND11_MODULE(JAXCOMM_MODULE, m) {
         "Pinned host memory held for staging, in bytes.");
   m.def("free_staging", &jaxcomm::FreeStaging,
         "Release the pinned staging memory no call is using.");
+#ifdef JAXCOMM_CUDA_EMULATION
+  m.def("host_allocations", &EmulatedHostAllocations,
+        "Pinned allocations made so far (emulated runtime).");
+  m.def("live_host_allocations", &EmulatedLiveHostAllocations,
+        "Pinned allocations not yet freed (emulated runtime).");
+#endif
 #else
   m.def(
       "register_comm",
