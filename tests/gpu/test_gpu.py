@@ -287,10 +287,12 @@ def test_dtypes(jc, data_path, dtype):
     for op_name, combine in _reduction_ops(dtype).items():
         op = getattr(MPI, op_name)
         want = functools.reduce(combine, every).astype(dtype)
-        for call in (functools.partial(jc.allreduce, op=op), jax.jit(lambda v: jc.allreduce(v, op=op))):
+        reduce = functools.partial(jc.allreduce, op=op)
+        for call in (reduce, jax.jit(reduce)):
             _check(call(x), want)
     for root in range(size):
-        for call in (functools.partial(jc.bcast, root=root), jax.jit(lambda v: jc.bcast(v, root))):
+        bcast = functools.partial(jc.bcast, root=root)
+        for call in (bcast, jax.jit(bcast)):
             _check(call(x), every[root])
     ring = lambda v: jc.sendrecv(v, v, source=left, dest=right)
     for call in (ring, jax.jit(ring)):
@@ -403,8 +405,9 @@ def _rss_bytes():
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _gpu_bytes_in_use():
-    return GPU.memory_stats()["bytes_in_use"]
+def _memory():
+    """Pinned staging bytes, GPU bytes in use and process RSS."""
+    return jaxcomm.cuda_info()["staging_bytes"], GPU.memory_stats()["bytes_in_use"], _rss_bytes()
 
 
 # Every array made between two readings is dropped before the second, so
@@ -438,9 +441,9 @@ def test_no_memory_growth_over_10000_calls(jc, data_path):
         return result
 
     run(10, 20)  # compiles, and lets staging buffers reach their size
-    staging, gpu_bytes, rss = jaxcomm.cuda_info()["staging_bytes"], _gpu_bytes_in_use(), _rss_bytes()
+    staging, gpu_bytes, rss = _memory()
     result = run(10_000, 200)
-    after = jaxcomm.cuda_info()["staging_bytes"], _gpu_bytes_in_use(), _rss_bytes()
+    after = _memory()
 
     np.testing.assert_array_equal(result, np.full(16384, float(size - 1), F32))
     assert after[0] <= staging, f"staging buffers grew from {staging} to {after[0]} bytes"
