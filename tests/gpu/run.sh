@@ -82,6 +82,9 @@ EOF
 install_wheels() {
   local pip=("$venv/bin/python" -m pip install --disable-pip-version-check --no-index
              --find-links "$wheel_dir")
+  if [[ -f $wheel_dir/SHA256SUMS ]]; then
+    (cd "$wheel_dir" && sha256sum --check --quiet SHA256SUMS) || return
+  fi
   # Ours, even where the system has an mpi4py: the kernels and mpi4py must
   # run the same MPI, the one whose mpicc builds the kernels.
   "${pip[@]}" --ignore-installed --no-deps mpich mpi4py || return
