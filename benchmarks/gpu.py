@@ -1,0 +1,493 @@
+"""Latency and bandwidth of jaxcomm on GPU arrays, side by side with references.
+
+Run:  mpiexec -n 2 python benchmarks/gpu.py [--quick] [--out DIR]
+
+For allreduce (float32 sum), bcast (root 0), allgather and sendrecv (a ring),
+from 8 B to 256 MiB per rank, rank 0 prints the median time of one call and
+its bandwidth (bytes per rank / time) for:
+  jaxcomm     jax.jit(jc.<op>) on GPU arrays, once per data path jaxcomm has
+              here (host staging; cuda-aware where the MPI library is)
+  by hand     jax.device_get + mpi4py on NumPy + jax.device_put
+  C++ ref     cudaMemcpyAsync into pinned buffers, the MPI call, and back, in
+              C++ (gpu_reference.cc): the physical limit of host staging
+and, for 8 B, an allreduce in a jitted fori_loop (time per iteration) next
+to the mpi4py call alone on NumPy. It prints whether jaxcomm meets its
+targets (not asserted) and writes results.csv, results.json, table.md and,
+with matplotlib, bandwidth.png to --out.
+
+Without a GPU it says so and exits 0; --cpu measures CPU arrays instead
+(no C++ reference), which checks this script anywhere.
+"""
+
+import argparse
+import csv
+import ctypes
+import hashlib
+import json
+import math
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+from mpi4py import MPI
+
+import jaxcomm
+from jaxcomm import JaxComm
+
+OPS = ("allreduce", "bcast", "allgather", "sendrecv")
+KIND = {name: code for code, name in enumerate(OPS)}  # gpu_reference.cc's `kind`
+MIB = 1 << 20
+FULL_SIZES = [8 * 4**k for k in range(13)] + [256 * MIB]  # 8 B .. 128 MiB, 256 MiB
+QUICK_SIZES = [8, 2048, 512 * 1024, 16 * MIB, 256 * MIB]
+TARGET_FROM = 16 * MIB
+TARGETS = {"by hand": 1.5, "C++ ref": 0.8, "fori_loop": 1.5}
+HERE = pathlib.Path(__file__).resolve().parent
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="five sizes, fewer iterations")
+    parser.add_argument("--out", default="gpu_benchmark", help="directory for the results")
+    parser.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS))
+    parser.add_argument("--max-bytes", type=int, default=256 * MIB, help="largest size per rank")
+    parser.add_argument("--build-dir", default=os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "jaxcomm"),
+        help="where gpu_reference.cc is built (once per source and compiler)")
+    parser.add_argument("--cpu", action="store_true",
+                        help="measure CPU arrays (no C++ reference), e.g. to check the script")
+    args = parser.parse_args(argv)
+    if args.max_bytes < 8:
+        parser.error("--max-bytes must be at least 8")
+    return args
+
+
+def sizes_for(args):
+    sizes = QUICK_SIZES if args.quick else FULL_SIZES
+    return [s for s in sizes if s <= args.max_bytes]
+
+
+def iterations_for(nbytes, quick):
+    """Timed calls per size: enough to move about 1 GiB (256 MiB with --quick)."""
+    budget, low, high = (256 * MIB, 3, 50) if quick else (1024 * MIB, 5, 200)
+    return max(low, min(high, budget // nbytes))
+
+
+def format_bytes(n):
+    for unit, scale in (("GiB", 1 << 30), ("MiB", MIB), ("KiB", 1024)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale} {unit}"
+    return f"{n} B"
+
+
+def _cell(value, fmt):
+    return "-" if value is None or not math.isfinite(value) else format(value, fmt)
+
+
+def bandwidth(nbytes, seconds):
+    """GB/s of ``nbytes`` per rank in ``seconds``, or None."""
+    if seconds is None or not math.isfinite(seconds) or seconds <= 0:
+        return None
+    return nbytes / seconds / 1e9
+
+
+def ratio(a, b):
+    return None if a is None or b is None or not b else a / b
+
+
+def table_rows(results):
+    """One row per (op, size, jaxcomm path): times, bandwidths and ratios."""
+    rows = []
+    refs = {(r["op"], r["bytes"], r["method"]): r["seconds"] for r in results}
+    for r in results:
+        if not r["method"].startswith("jaxcomm"):
+            continue
+        key = (r["op"], r["bytes"])
+        hand, cpp = refs.get((*key, "by hand")), refs.get((*key, "C++ ref"))
+        bw = bandwidth(r["bytes"], r["seconds"])
+        rows.append({
+            "op": r["op"], "bytes": r["bytes"], "path": r["method"].split(": ", 1)[-1],
+            "jaxcomm_us": _us(r["seconds"]), "by_hand_us": _us(hand), "cpp_us": _us(cpp),
+            "jaxcomm_gbs": bw,
+            "by_hand_gbs": bandwidth(r["bytes"], hand),
+            "cpp_gbs": bandwidth(r["bytes"], cpp),
+            "vs_by_hand": ratio(bw, bandwidth(r["bytes"], hand)),
+            "vs_cpp": ratio(bw, bandwidth(r["bytes"], cpp)),
+        })
+    return rows
+
+
+def _us(seconds):
+    return None if seconds is None else seconds * 1e6
+
+
+def format_table(rows, loop=None):
+    """A Markdown table of ``table_rows`` and the fori_loop comparison."""
+    lines = [
+        "| op | bytes | jaxcomm path | jaxcomm us | by hand us | C++ ref us | jaxcomm GB/s "
+        "| by hand GB/s | C++ ref GB/s | jaxcomm / by hand | jaxcomm / C++ ref |",
+        "|" + " --- |" * 11,
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['op']} | {format_bytes(r['bytes'])} | {r['path']} "
+            f"| {_cell(r['jaxcomm_us'], '.1f')} | {_cell(r['by_hand_us'], '.1f')} "
+            f"| {_cell(r['cpp_us'], '.1f')} | {_cell(r['jaxcomm_gbs'], '.3g')} "
+            f"| {_cell(r['by_hand_gbs'], '.3g')} | {_cell(r['cpp_gbs'], '.3g')} "
+            f"| {_cell(r['vs_by_hand'], '.2f')} | {_cell(r['vs_cpp'], '.2f')} |"
+        )
+    if loop:
+        lines += ["", "| 8 B allreduce | us per call |", "| --- | --- |"]
+        lines += [f"| {name} | {_cell(_us(s), '.2f')} |" for name, s in loop.items()]
+    return "\n".join(lines)
+
+
+def check_targets(rows, loop):
+    """(verdict, text) lines for the targets; printed, never asserted."""
+    checks = []
+    staged = [r for r in rows if r["path"] == "host staging" and r["bytes"] >= TARGET_FROM]
+    for key, name in (("vs_by_hand", "by hand"), ("vs_cpp", "C++ ref")):
+        goal = TARGETS[name]
+        for op in dict.fromkeys(r["op"] for r in staged):
+            values = [r[key] for r in staged if r["op"] == op and r[key] is not None]
+            if not values:
+                checks.append(("n/a", f"{op}: host staging vs {name} at >= 16 MiB: not measured"))
+                continue
+            worst = min(values)
+            verdict = "pass" if worst >= goal else "miss"
+            checks.append((verdict, f"{op}: host staging >= {goal}x {name} bandwidth at "
+                                    f">= 16 MiB: worst {worst:.2f}x"))
+    hand = loop.get("mpi4py Allreduce on NumPy") if loop else None
+    for name, seconds in (loop or {}).items():
+        if not name.startswith("jaxcomm") or hand is None or seconds is None:
+            continue
+        times = seconds / hand
+        verdict = "pass" if times <= TARGETS["fori_loop"] else "miss"
+        checks.append((verdict, f"8 B {name}: within {TARGETS['fori_loop']}x of mpi4py "
+                                f"latency: {times:.2f}x"))
+    return checks
+
+
+def write_results(out, results, rows, loop, checks, meta):
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "results.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["op", "bytes", "method", "seconds", "error"])
+        writer.writeheader()
+        for r in results:
+            writer.writerow({k: r.get(k) for k in writer.fieldnames})
+    (out / "results.json").write_text(json.dumps(
+        {"meta": meta, "results": results, "rows": rows, "loop": loop,
+         "targets": [{"verdict": v, "text": t} for v, t in checks]}, indent=1))
+    text = format_table(rows, loop)
+    if checks:
+        text += "\n\nTargets (reported, not asserted):\n\n"
+        text += "\n".join(f"- {v.upper()}: {t}" for v, t in checks)
+    (out / "table.md").write_text(text + "\n")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    ops = list(dict.fromkeys(r["op"] for r in results))
+    fig, axes = plt.subplots(1, len(ops), figsize=(4.5 * len(ops), 4), squeeze=False)
+    for ax, op in zip(axes[0], ops, strict=True):
+        for method in dict.fromkeys(r["method"] for r in results if r["op"] == op):
+            points = [(r["bytes"], bandwidth(r["bytes"], r["seconds"])) for r in results
+                      if r["op"] == op and r["method"] == method]
+            points = [(b, g) for b, g in points if g is not None]
+            if points:
+                ax.plot(*zip(*points, strict=True), marker="o", label=method)
+        ax.set(xscale="log", yscale="log", title=op, xlabel="bytes per rank", ylabel="GB/s")
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(out / "bandwidth.png", dpi=120)
+    return out / "bandwidth.png"
+
+
+# Measurement -----------------------------------------------------------------
+
+
+def median_seconds(call, iterations, comm, warmup=2):
+    """Median wall time of one ``call()`` (which waits for its result)."""
+    for _ in range(warmup):
+        call()
+    comm.Barrier()
+    samples = []
+    for _ in range(iterations):
+        start = time.perf_counter()
+        call()
+        samples.append(time.perf_counter() - start)
+    return float(np.median(samples))
+
+
+def jaxcomm_calls(jc):
+    right, left = (jc.rank + 1) % jc.size, (jc.rank - 1) % jc.size
+    fns = {
+        "allreduce": lambda v: jc.allreduce(v, op=MPI.SUM),
+        "bcast": lambda v: jc.bcast(v, root=0),
+        "allgather": lambda v: jc.allgather(v, tiled=True),
+        "sendrecv": lambda v: jc.sendrecv(v, v, source=left, dest=right),
+    }
+    return {name: jax.jit(fn) for name, fn in fns.items()}
+
+
+def by_hand_call(op, comm, x, device):
+    """The transfer a user would write without jaxcomm: to NumPy, mpi4py, back."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    n = x.shape[0]
+    out = np.empty(n * size if op == "allgather" else n, np.float32)
+
+    def call():
+        if op == "bcast":
+            host = np.asarray(jax.device_get(x)) if rank == 0 else out
+            comm.Bcast(host, root=0)
+            result = host
+        else:
+            host = np.asarray(jax.device_get(x))
+            if op == "allreduce":
+                comm.Allreduce(host, out, op=MPI.SUM)
+            elif op == "allgather":
+                comm.Allgather(host, out)
+            else:
+                comm.Sendrecv(host, (rank + 1) % size, recvbuf=out, source=(rank - 1) % size)
+            result = out
+        jax.device_put(result, device).block_until_ready()
+
+    return call
+
+
+def _cuda_home():
+    nvcc = shutil.which("nvcc")
+    candidates = [pathlib.Path(nvcc).resolve().parent.parent] if nvcc else []
+    candidates += [pathlib.Path(p) for p in (os.environ.get("CUDA_HOME"),
+                                             os.environ.get("CUDA_PATH"), "/usr/local/cuda") if p]
+    for home in candidates:
+        if (home / "include" / "cuda_runtime.h").exists():
+            return home
+    raise RuntimeError("CUDA not found: put nvcc on PATH or set CUDA_HOME")
+
+
+def compile_reference(build_dir):
+    """Build gpu_reference.cc into ``build_dir`` (once per source and MPI), return its path."""
+    source = HERE / "gpu_reference.cc"
+    cuda = _cuda_home()
+    mpicxx = shutil.which("mpicxx")
+    if mpicxx:
+        compiler, extra = [mpicxx], []
+    elif shutil.which("mpicc"):
+        compiler, extra = [shutil.which("mpicc"), "-x", "c++"], ["-lstdc++"]
+    else:
+        raise RuntimeError("no mpicxx or mpicc on PATH: use the MPI mpi4py runs")
+    command = [*compiler, "-O2", "-std=c++17", "-shared", "-fPIC", str(source),
+               f"-I{cuda}/include", f"-L{cuda}/lib64", "-lcudart_static", "-ldl", "-lrt",
+               "-lpthread", *extra]
+    key = hashlib.sha256(source.read_bytes() + " ".join(command).encode()).hexdigest()[:12]
+    library = pathlib.Path(build_dir) / f"libgpu_reference-{key}.so"
+    if not library.exists():
+        library.parent.mkdir(parents=True, exist_ok=True)
+        partial = library.with_suffix(f".{os.getpid()}.tmp")
+        done = subprocess.run([*command, "-o", str(partial)], capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr}")
+        partial.replace(library)
+    return library
+
+
+def load_reference(comm, build_dir):
+    """The C++ reference via ctypes; node-local rank 0 builds it, the others wait."""
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    error = None
+    if local.Get_rank() == 0:
+        try:
+            compile_reference(build_dir)
+        except (RuntimeError, OSError) as err:
+            error = str(err)
+    error = local.bcast(error, root=0)
+    local.Free()
+    if error is None:
+        try:
+            lib = ctypes.CDLL(str(compile_reference(build_dir)))
+        except (RuntimeError, OSError) as err:
+            error = str(err)
+    if comm.allreduce(error is not None, op=MPI.LOR):
+        return None, error or "failed on another rank"
+    lib.jaxcomm_reference.restype = ctypes.c_double
+    lib.jaxcomm_reference.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_void_p,
+                                      ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int]
+    lib.jaxcomm_reference_error.restype = ctypes.c_char_p
+    return lib, None
+
+
+def reference_seconds(lib, op, comm, x, out, iterations):
+    x.block_until_ready()
+    out.block_until_ready()
+    comm.Barrier()
+    seconds = lib.jaxcomm_reference(KIND[op], comm.py2f(), x.unsafe_buffer_pointer(),
+                                    out.unsafe_buffer_pointer(), x.nbytes, iterations, 2)
+    if seconds < 0:
+        raise RuntimeError(lib.jaxcomm_reference_error().decode())
+    return seconds
+
+
+def data_paths():
+    """jaxcomm's GPU data paths to measure: (label, set_cuda_aware value)."""
+    if not hasattr(jaxcomm, "cuda_info"):
+        return [("default", None)]
+    paths = [("host staging", False)]
+    if MPI.COMM_WORLD.allreduce(jaxcomm.cuda_info()["mpi_cuda_support"] is True, op=MPI.LAND):
+        paths.append(("cuda-aware", True))
+    return paths
+
+
+def measure(name, fn, comm, log):
+    """``fn()``'s seconds, or None (with the error logged) if it raised on any rank."""
+    try:
+        seconds, error = fn(), None
+    except Exception as err:  # noqa: BLE001  (one failing method must not end the run)
+        seconds, error = None, f"{type(err).__name__}: {err}".splitlines()[0]
+    failed = comm.allreduce(error is not None, op=MPI.LOR)
+    if failed and comm.Get_rank() == 0:
+        log(f"  {name}: {error or 'failed on another rank'}")
+    return (None, error or "failed on another rank") if failed else (seconds, None)
+
+
+def loop_latency(jc, comm, device, steps):
+    """8 B: seconds per allreduce in a jitted fori_loop, per path, and mpi4py's alone."""
+    x = jax.device_put(np.zeros(2, np.float32), device)  # sums stay zero
+    loop = jax.jit(lambda v: jax.lax.fori_loop(0, steps, lambda _, w: jc.allreduce(w), v))
+    buf, out = np.zeros(2, np.float32), np.empty(2, np.float32)
+
+    def per_call(call, repeats=5):
+        call()
+        samples = []
+        for _ in range(repeats):
+            comm.Barrier()
+            start = time.perf_counter()
+            call()
+            samples.append((time.perf_counter() - start) / steps)
+        return float(np.median(samples))
+
+    def by_hand():
+        for _ in range(steps):
+            comm.Allreduce(buf, out)
+
+    return per_call(lambda: loop(x).block_until_ready()), per_call(by_hand)
+
+
+def measure_size(op, nbytes, quick, comm, device, paths, use_path, lib, log):
+    """Results of every method for one op and size."""
+    iterations = iterations_for(nbytes, quick)
+    n = nbytes // 4
+    x = jax.device_put(np.ones(n, np.float32), device)
+    results = []
+
+    def record(method, fn):
+        seconds, error = measure(f"{op} {format_bytes(nbytes)} {method}", fn, comm, log)
+        results.append({"op": op, "bytes": nbytes, "method": method, "seconds": seconds,
+                        "error": error})
+
+    for label, cuda_aware in paths:
+        call = use_path(label, cuda_aware)[op]
+        record(f"jaxcomm: {label}",
+               lambda call=call: median_seconds(lambda: call(x).block_until_ready(), iterations,
+                                                comm))
+    record("by hand",
+           lambda: median_seconds(by_hand_call(op, comm, x, device), iterations, comm))
+    if lib is not None:
+        out_rows = n * comm.Get_size() if op == "allgather" else n
+        target = jax.device_put(np.zeros(out_rows, np.float32), device)
+        record("C++ ref", lambda: reference_seconds(lib, op, comm, x, target, iterations))
+    return results
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if hasattr(jaxcomm, "bind_local_gpu") and not args.cpu:
+        jaxcomm.bind_local_gpu()  # before JAX starts its backends
+    comm = MPI.COMM_WORLD.Clone()
+    rank = comm.Get_rank()
+    log = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
+    out = pathlib.Path(args.out)
+
+    try:
+        gpus = len(jax.devices("gpu"))
+    except RuntimeError:
+        gpus = 0
+    if not args.cpu and not comm.allreduce(gpus, op=MPI.MIN):
+        message = (f"gpu.py: JAX sees no GPU (on at least one rank; platforms here: "
+                   f"{sorted({d.platform for d in jax.devices()})}): nothing measured. Run it "
+                   "where jax has CUDA and a GPU, or pass --cpu to check the script on CPU.")
+        log(message)
+        if rank == 0:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "table.md").write_text(message + "\n")
+        return 0
+
+    device = jax.devices("cpu" if args.cpu else "gpu")[0]
+    jc = JaxComm(comm)
+    paths = [("cpu", None)] if args.cpu else data_paths()
+    lib, ref_error = (None, "not with --cpu") if args.cpu else load_reference(
+        comm, args.build_dir)
+    if ref_error:
+        log(f"C++ reference unavailable: {ref_error}")
+    info = jaxcomm.cuda_info() if hasattr(jaxcomm, "cuda_info") and not args.cpu else None
+    meta = {"ranks": comm.Get_size(), "device": str(device), "jax": jax.__version__,
+            "jaxcomm": jaxcomm.__version__, "mpi": MPI.Get_library_version().splitlines()[0],
+            "cuda_info": info, "quick": args.quick}
+    log(f"{comm.Get_size()} ranks on {device}; jax {jax.__version__}, {meta['mpi'].strip()}")
+    log(f"cuda_info: {info}")
+
+    results = []
+    current = {"path": None, "calls": jaxcomm_calls(jc)}
+
+    def use_path(label, cuda_aware):
+        """Switch jaxcomm's data path; compiled code is dropped on a switch."""
+        if cuda_aware is not None and current["path"] != label:
+            jaxcomm.set_cuda_aware(cuda_aware)
+            jax.clear_caches()
+            current["calls"] = jaxcomm_calls(jc)
+        current["path"] = label
+        return current["calls"]
+
+    for op in args.ops:
+        for nbytes in sizes_for(args):
+            done = measure_size(op, nbytes, args.quick, comm, device, paths, use_path, lib, log)
+            results += done
+            log(f"{op:>9} {format_bytes(nbytes):>8}: " + ", ".join(
+                f"{r['method']} {_cell(_us(r['seconds']), '.1f')} us" for r in done))
+
+    loop = {}
+    steps = 200 if args.quick else 1000
+    for label, cuda_aware in paths:
+        use_path(label, cuda_aware)
+        timing = measure(f"fori_loop {label}", lambda: loop_latency(jc, comm, device, steps),
+                         comm, log)[0]
+        loop[f"jaxcomm fori_loop: {label}"] = timing[0] if timing else None
+        loop["mpi4py Allreduce on NumPy"] = timing[1] if timing else None
+    if hasattr(jaxcomm, "set_cuda_aware") and not args.cpu:
+        jaxcomm.set_cuda_aware(None)
+
+    if rank == 0:
+        rows = table_rows(results)
+        checks = check_targets(rows, loop)
+        plot = write_results(out, results, rows, loop, checks, meta)
+        print()
+        print(format_table(rows, loop))
+        print("\nTargets (reported, not asserted):")
+        for verdict, text in checks:
+            print(f"  {verdict.upper():4} {text}")
+        plotted = f" (plot {plot.name})" if plot else " (no matplotlib: no plot)"
+        print(f"\nresults in {out}{plotted}")
+    jc.free()
+    comm.Free()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Download the wheels that tests/gpu/run.sh installs on a GPU machine without
+# network: MPICH (mpicc, mpiexec, libmpi), mpi4py, pytest-mpi, and the build
+# tools the machine may lack. Run it where PyPI is reachable; the folder
+# (about 15 MiB) then travels to the GPU machine.
+#
+#   tests/gpu/prepare_wheels.sh WHEEL_DIR [PYTHON_VERSION]    (default 3.12)
+#
+# Versions are pinned to the ones jaxcomm is tested with; set GPU_WHEELS to a
+# space-separated list of requirements to fetch others.
+set -euo pipefail
+
+if [[ $# -lt 1 || $# -gt 2 || $1 == -h || $1 == --help ]]; then
+  sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'
+  exit 2
+fi
+wheel_dir=$1
+python_version=${2:-3.12}
+python=${PYTHON:-python3}
+limit_mib=40
+
+# mpi4py 4.x wheels load whichever libmpi they find at run time (here the
+# mpich wheel's, in the same environment); scikit-build-core needs packaging
+# and pathspec; pytest-mpi needs pytest and its own dependencies.
+wheels=(mpich==5.0.2 mpi4py==4.1.2 pytest-mpi==0.6 pybind11==3.1.0
+  scikit-build-core==1.1.2 packaging pathspec pytest pluggy iniconfig pygments)
+if [[ -n ${GPU_WHEELS:-} ]]; then
+  read -r -a wheels <<<"$GPU_WHEELS"
+fi
+
+mkdir -p "$wheel_dir"
+"$python" -m pip download --quiet --disable-pip-version-check \
+  --only-binary=:all: --no-deps --implementation cp \
+  --python-version "$python_version" \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+  --platform manylinux2014_x86_64 --platform manylinux1_x86_64 \
+  --dest "$wheel_dir" "${wheels[@]}"
+
+(cd "$wheel_dir" && sha256sum -- *.whl >SHA256SUMS)
+total_kib=$(du -sk "$wheel_dir" | cut -f1)
+ls -l "$wheel_dir"
+echo "total: $((total_kib / 1024)) MiB in $wheel_dir"
+if ((total_kib > limit_mib * 1024)); then
+  echo "error: the wheel folder is over $limit_mib MiB; it must stay small to travel" >&2
+  exit 1
+fi

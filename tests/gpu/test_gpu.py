@@ -1,0 +1,503 @@
+"""Every op on GPU arrays, on both data paths: values, devices, transformations, memory.
+
+Expected values come from NumPy, written in terms of ``size``; the data are
+small integers, exact in every dtype, so results compare exactly. Jitted
+functions are built inside each test, after ``data_path`` chose the path.
+"""
+
+import functools
+import gc
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import ALL_DTYPES, rank_data, unchanged
+from mpi4py import MPI
+
+import jaxcomm
+
+from .conftest import (
+    BIND_ERROR,
+    BOUND_GPU,
+    CPU,
+    GPU,
+    GPUS,
+    assert_on,
+    on_gpu,
+    requires_gpu,
+)
+
+pytestmark = requires_gpu
+
+F32 = np.dtype(np.float32)
+ROWS = 3  # trailing rows of the blocks that rooted and v-ops move
+
+
+def _stack(arrays, shape, dtype):
+    return np.stack(arrays) if arrays else np.zeros((0, *shape), dtype)
+
+
+def _total(arrays, shape, dtype):
+    """Elementwise sum of ``arrays`` in their dtype (zeros for none)."""
+    return functools.reduce(np.add, arrays, np.zeros(shape, dtype))
+
+
+def _offsets(counts):
+    return np.concatenate([[0], np.cumsum(counts)]).astype(int)
+
+
+# One case: (function of (jc, x), this rank's x, expected result or None when
+# the call returns nothing). Each builder returns the cases of one op.
+
+
+def _allreduce(jc):
+    shape = (3, 4)
+    every = [rank_data(q, shape, F32) for q in range(jc.size)]
+    return [(lambda jc, v: jc.allreduce(v, op=MPI.SUM), every[jc.rank], _total(every, shape, F32))]
+
+
+def _reduce(jc):
+    shape = (3, 4)
+    every = [rank_data(q, shape, F32) for q in range(jc.size)]
+    total = _total(every, shape, F32)
+    return [
+        (
+            lambda jc, v, root=root: jc.reduce(v, op=MPI.SUM, root=root),
+            every[jc.rank],
+            total if jc.rank == root else np.zeros(shape, F32),
+        )
+        for root in range(jc.size)
+    ]
+
+
+def _scan(jc):
+    shape = (3, 4)
+    every = [rank_data(q, shape, F32) for q in range(jc.size)]
+    return [(lambda jc, v: jc.scan(v), every[jc.rank], _total(every[: jc.rank + 1], shape, F32))]
+
+
+def _exscan(jc):
+    shape = (3, 4)
+    every = [rank_data(q, shape, F32) for q in range(jc.size)]
+    # Rank 0's result, undefined in MPI, is zeros in jaxcomm.
+    return [(lambda jc, v: jc.exscan(v), every[jc.rank], _total(every[: jc.rank], shape, F32))]
+
+
+def _reduce_scatter(jc):
+    shape = (jc.size, ROWS)
+    every = [rank_data(q, shape, F32) for q in range(jc.size)]
+    want = _total([x[jc.rank] for x in every], (ROWS,), F32)
+    return [(lambda jc, v: jc.reduce_scatter(v, op=MPI.SUM), every[jc.rank], want)]
+
+
+def _bcast(jc):
+    shape = (3, 4)
+    every = [rank_data(q, shape, F32) for q in range(jc.size)]
+    return [
+        (lambda jc, v, root=root: jc.bcast(v, root=root), every[jc.rank], every[root])
+        for root in range(jc.size)
+    ]
+
+
+def _allgather(jc):
+    shape = (3, 4)
+    every = [rank_data(q, shape, F32) for q in range(jc.size)]
+    return [(lambda jc, v: jc.allgather(v), every[jc.rank], np.stack(every))]
+
+
+def _gather(jc):
+    shape = (3, 4)
+    every = [rank_data(q, shape, F32) for q in range(jc.size)]
+    stacked = np.stack(every)
+    return [
+        (
+            lambda jc, v, root=root: jc.gather(v, root=root),
+            every[jc.rank],
+            stacked if jc.rank == root else np.zeros_like(stacked),
+        )
+        for root in range(jc.size)
+    ]
+
+
+def _scatter(jc):
+    shape = (jc.size, ROWS)
+    every = [rank_data(q, shape, F32) for q in range(jc.size)]
+    return [
+        (lambda jc, v, root=root: jc.scatter(v, root=root), every[jc.rank], every[root][jc.rank])
+        for root in range(jc.size)
+    ]
+
+
+def _alltoall(jc):
+    shape = (jc.size, ROWS)
+    every = [rank_data(q, shape, F32) for q in range(jc.size)]
+    want = np.stack([x[jc.rank] for x in every])
+    return [(lambda jc, v: jc.alltoall(v), every[jc.rank], want)]
+
+
+def _v_counts(size):
+    # 1, 2, 0, 1, 2, 0, ... rows: one rank in three contributes none.
+    return [(q + 1) % 3 for q in range(size)]
+
+
+def _allgatherv(jc):
+    counts = _v_counts(jc.size)
+    every = [rank_data(q, (counts[q], ROWS), F32) for q in range(jc.size)]
+    want = np.concatenate(every)
+    return [(lambda jc, v: jc.allgatherv(v, counts), every[jc.rank], want)]
+
+
+def _gatherv(jc):
+    counts = _v_counts(jc.size)
+    every = [rank_data(q, (counts[q], ROWS), F32) for q in range(jc.size)]
+    joined = np.concatenate(every)
+    return [
+        (
+            lambda jc, v, root=root: jc.gatherv(v, counts, root=root),
+            every[jc.rank],
+            joined if jc.rank == root else np.zeros_like(joined),
+        )
+        for root in range(jc.size)
+    ]
+
+
+def _scatterv(jc):
+    counts = _v_counts(jc.size)
+    start = _offsets(counts)[jc.rank]
+    shape = (sum(counts), ROWS)
+    every = [rank_data(q, shape, F32) for q in range(jc.size)]
+    return [
+        (
+            lambda jc, v, root=root: jc.scatterv(v, counts, root=root),
+            every[jc.rank],
+            every[root][start : start + counts[jc.rank]],
+        )
+        for root in range(jc.size)
+    ]
+
+
+def _alltoallv(jc):
+    size, rank = jc.size, jc.rank
+    counts = [[(i + 2 * j + 1) % 3 for j in range(size)] for i in range(size)]
+    every = [rank_data(i, (sum(counts[i]), ROWS), F32) for i in range(size)]
+    blocks = []
+    for i in range(size):
+        start = _offsets(counts[i])[rank]
+        blocks.append(every[i][start : start + counts[i][rank]])
+    return [(lambda jc, v: jc.alltoallv(v, counts), every[rank], np.concatenate(blocks))]
+
+
+def _send_recv(jc):
+    # Pairs (0, 1), (2, 3), ...: the even rank sends first, then receives.
+    # A rank without a partner talks to MPI.PROC_NULL and receives zeros.
+    shape = (3, 4)
+    partner = jc.rank ^ 1 if jc.rank ^ 1 < jc.size else MPI.PROC_NULL
+
+    def exchange(jc, v):
+        if jc.rank % 2 == 0:
+            jc.send(v, dest=partner, tag=5)
+            return jc.recv(v, source=partner, tag=6)
+        got = jc.recv(v, source=partner, tag=5)
+        jc.send(v, dest=partner, tag=6)
+        return got
+
+    want = np.zeros(shape, F32) if partner == MPI.PROC_NULL else rank_data(partner, shape, F32)
+    return [(exchange, rank_data(jc.rank, shape, F32), want)]
+
+
+def _sendrecv(jc):
+    shape = (3, 4)
+    right, left = (jc.rank + 1) % jc.size, (jc.rank - 1) % jc.size
+    return [
+        (
+            lambda jc, v: jc.sendrecv(v, v, source=left, dest=right),
+            rank_data(jc.rank, shape, F32),
+            rank_data(left, shape, F32),
+        )
+    ]
+
+
+def _barrier(jc):
+    return [(lambda jc, v: jc.barrier(), np.zeros(1, F32), None)]
+
+
+OPS = {
+    "allreduce": _allreduce,
+    "reduce": _reduce,
+    "scan": _scan,
+    "exscan": _exscan,
+    "reduce_scatter": _reduce_scatter,
+    "bcast": _bcast,
+    "allgather": _allgather,
+    "gather": _gather,
+    "scatter": _scatter,
+    "alltoall": _alltoall,
+    "allgatherv": _allgatherv,
+    "gatherv": _gatherv,
+    "scatterv": _scatterv,
+    "alltoallv": _alltoallv,
+    "send_recv": _send_recv,
+    "sendrecv": _sendrecv,
+    "barrier": _barrier,
+}
+
+
+def _check(result, want):
+    if want is None:
+        assert result is None
+        return
+    assert_on(result)
+    assert result.dtype == want.dtype and result.shape == want.shape
+    np.testing.assert_array_equal(np.asarray(result), want)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("name", OPS)
+def test_op(jc, data_path, name, jit):
+    for fn, x, want in OPS[name](jc):
+        call = jax.jit(functools.partial(fn, jc)) if jit else functools.partial(fn, jc)
+        xg = on_gpu(x)
+        result = call(xg)
+        jaxcomm.sync()
+        _check(result, want)
+        unchanged(xg, x)
+        assert_on(xg)
+
+
+def _reduction_ops(dtype):
+    if dtype == np.dtype(bool):
+        return {"LOR": np.logical_or, "LAND": np.logical_and}
+    if np.issubdtype(dtype, np.complexfloating):
+        return {"SUM": np.add}
+    return {"SUM": np.add, "MAX": np.maximum}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
+def test_dtypes(jc, data_path, dtype):
+    # float16 and bfloat16 reductions go through the host on either path.
+    shape = (5, 3)
+    size, rank = jc.size, jc.rank
+    every = [rank_data(q, shape, dtype) for q in range(size)]
+    x = on_gpu(every[rank])
+    right, left = (rank + 1) % size, (rank - 1) % size
+    for op_name, combine in _reduction_ops(dtype).items():
+        op = getattr(MPI, op_name)
+        want = functools.reduce(combine, every).astype(dtype)
+        reduce = functools.partial(jc.allreduce, op=op)
+        for call in (reduce, jax.jit(reduce)):
+            _check(call(x), want)
+    for root in range(size):
+        bcast = functools.partial(jc.bcast, root=root)
+        for call in (bcast, jax.jit(bcast)):
+            _check(call(x), every[root])
+    ring = lambda v: jc.sendrecv(v, v, source=left, dest=right)
+    for call in (ring, jax.jit(ring)):
+        _check(call(x), every[left])
+    unchanged(x, every[rank])
+
+
+_LARGE_BYTES = 256 << 20
+
+
+@pytest.mark.mpi
+@pytest.mark.large
+def test_large_allreduce_and_sendrecv(jc, data_path):
+    n = _LARGE_BYTES // 4
+    size, rank = jc.size, jc.rank
+    left = (rank - 1) % size
+    # Built on the GPU: period 1000 keeps every sum exact in float32.
+    pattern = jax.jit(lambda r: (jnp.arange(n, dtype=jnp.int32) % 1000).astype(jnp.float32) + r)
+    x = pattern(on_gpu(np.float32(rank)))
+    total = jax.jit(jc.allreduce)(x)
+    shifted = jax.jit(lambda v: jc.sendrecv(v, v, source=left, dest=(rank + 1) % size))(x)
+    want_total = size * pattern(on_gpu(np.float32(0))) + sum(range(size))
+    assert_on((total, shifted))
+    assert bool(jnp.array_equal(total, want_total))
+    assert bool(jnp.array_equal(shifted, pattern(on_gpu(np.float32(left)))))
+    assert bool(jnp.array_equal(x, pattern(on_gpu(np.float32(rank)))))
+
+
+@pytest.mark.mpi
+def test_grad_of_jitted_allreduce(jc, data_path):
+    every = [rank_data(q, (4, 3), F32) for q in range(jc.size)]
+    x = on_gpu(every[jc.rank])
+    loss = jax.jit(lambda v: jnp.sum(jnp.sin(jc.allreduce(v))))
+    # Replicated-value convention: allreduce(SUM) transposes to the identity.
+    want = np.cos(_total(every, (4, 3), F32))
+    for grad in (jax.grad(loss), jax.jit(jax.grad(loss))):
+        g = grad(x)
+        assert_on(g)
+        np.testing.assert_allclose(np.asarray(g), want, rtol=1e-6)
+
+
+@pytest.mark.mpi
+def test_vmap(jc, data_path):
+    size, rank = jc.size, jc.rank
+    every = [rank_data(q, (6, 4), F32) for q in range(size)]
+    x = on_gpu(every[rank])
+    left = (rank - 1) % size
+    total = jax.vmap(jc.allreduce)(x)
+    ring = jax.jit(jax.vmap(lambda v: jc.sendrecv(v, v, source=left, dest=(rank + 1) % size)))
+    shifted = ring(x)
+    assert_on((total, shifted))
+    np.testing.assert_array_equal(np.asarray(total), _total(every, (6, 4), F32))
+    np.testing.assert_array_equal(np.asarray(shifted), every[left])
+
+
+@pytest.mark.mpi
+def test_fori_loop_ring_shifts(jc, data_path):
+    size, rank = jc.size, jc.rank
+    right, left = (rank + 1) % size, (rank - 1) % size
+
+    @jax.jit
+    def pass_around(x):
+        # After `size` shifts every value is back home, having visited all.
+        def body(_, state):
+            value, seen = state
+            value = jc.sendrecv(value, value, source=left, dest=right)
+            return value, seen + value
+
+        return jax.lax.fori_loop(0, size, body, (x, jnp.zeros_like(x)))
+
+    value, seen = pass_around(on_gpu(np.full(1000, float(rank), F32)))
+    assert_on((value, seen))
+    np.testing.assert_array_equal(np.asarray(value), np.full(1000, float(rank), F32))
+    np.testing.assert_array_equal(np.asarray(seen), np.full(1000, float(sum(range(size))), F32))
+
+
+@pytest.mark.mpi
+def test_proc_null_gives_zeros(jc, data_path):
+    x = on_gpu(rank_data(jc.rank, (4, 3), F32) + 1)
+    calls = [
+        lambda v: jc.recv(v, source=MPI.PROC_NULL),
+        lambda v: jc.sendrecv(v, v, source=MPI.PROC_NULL, dest=MPI.PROC_NULL),
+    ]
+    for call in (*calls, *map(jax.jit, calls)):
+        _check(call(x), np.zeros((4, 3), F32))
+
+
+@pytest.mark.mpi(min_size=2)
+def test_gpu_and_cpu_peers(jc, data_path):
+    # Rank 1 keeps its arrays in host memory; every other rank uses its GPU.
+    size, rank = jc.size, jc.rank
+    device = CPU if rank == 1 else GPU
+    right, left = (rank + 1) % size, (rank - 1) % size
+    every = [rank_data(q, (4, 3), F32) for q in range(size)]
+    x = jax.device_put(every[rank], device)
+    ring = lambda v: jc.sendrecv(v, v, source=left, dest=right)
+    for call in (jc.allreduce, jax.jit(jc.allreduce)):
+        total = call(x)
+        assert_on(total, device)
+        np.testing.assert_array_equal(np.asarray(total), _total(every, (4, 3), F32))
+    for call in (ring, jax.jit(ring)):
+        shifted = call(x)
+        assert_on(shifted, device)
+        np.testing.assert_array_equal(np.asarray(shifted), every[left])
+    unchanged(x, every[rank])
+
+
+def _rss_bytes():
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _memory():
+    """Pinned staging bytes, GPU bytes in use and process RSS."""
+    return jaxcomm.cuda_info()["staging_bytes"], GPU.memory_stats()["bytes_in_use"], _rss_bytes()
+
+
+# Every array made between two readings is dropped before the second, so
+# JAX's allocator should be back where it was; 1 MiB leaves room for its
+# bookkeeping while one leaked 64 KiB result per eager call (12.5 MiB over
+# 200 calls) would not fit.
+GPU_BYTES_TOLERANCE = 1 << 20
+RSS_GROWTH_LIMIT = 64 << 20
+
+
+@pytest.mark.mpi
+def test_no_memory_growth_over_10000_calls(jc, data_path):
+    size, rank = jc.size, jc.rank
+    right, left = (rank + 1) % size, (rank - 1) % size
+    x = on_gpu(np.full(16384, float(rank), F32))  # 64 KiB
+
+    def step(v):
+        v = jc.allreduce(v, op=MPI.MAX)  # every rank holds size - 1 from here on
+        return jc.sendrecv(v, v, source=left, dest=right)
+
+    loop = jax.jit(lambda v, n: jax.lax.fori_loop(0, n, lambda _, w: step(w), v))
+
+    def run(iterations, eager_calls):
+        y = loop(x, iterations)
+        for _ in range(eager_calls):
+            y = step(y)
+        result = np.asarray(y)
+        del y
+        jaxcomm.sync()
+        gc.collect()
+        return result
+
+    run(10, 20)  # compiles, and lets staging buffers reach their size
+    staging, gpu_bytes, rss = _memory()
+    result = run(10_000, 200)
+    after = _memory()
+
+    np.testing.assert_array_equal(result, np.full(16384, float(size - 1), F32))
+    assert after[0] <= staging, f"staging buffers grew from {staging} to {after[0]} bytes"
+    assert abs(after[1] - gpu_bytes) <= GPU_BYTES_TOLERANCE, (
+        f"GPU bytes in use went from {gpu_bytes} to {after[1]}"
+    )
+    assert after[2] - rss < RSS_GROWTH_LIMIT, f"RSS grew by {(after[2] - rss) >> 20} MiB"
+
+
+_INFO_KEYS = {"built", "gpus", "mpi_cuda_support", "cuda_aware", "path", "reason", "staging_bytes"}
+
+
+def _check_info(info):
+    assert set(info) == _INFO_KEYS, info
+    assert info["built"] is True, info
+    assert info["gpus"] == len(jax.devices("gpu")), info
+    assert info["mpi_cuda_support"] in (True, False, None), info
+    assert isinstance(info["cuda_aware"], bool), info
+    assert info["path"] == ("cuda-aware" if info["cuda_aware"] else "host staging"), info
+    assert isinstance(info["reason"], str) and info["reason"], info
+    assert isinstance(info["staging_bytes"], int) and info["staging_bytes"] >= 0, info
+
+
+@pytest.mark.mpi
+def test_cuda_info_is_consistent(jc, cuda_aware_mpi):
+    info = jaxcomm.cuda_info()
+    everyone = jc.comm.allgather(info["mpi_cuda_support"])
+    try:
+        _check_info(info)
+        assert len(set(everyone)) == 1, f"ranks disagree on mpi_cuda_support: {everyone}"
+        if info["mpi_cuda_support"] is not True and "JAXCOMM_CUDA_AWARE" not in os.environ:
+            assert info["cuda_aware"] is False, f"automatic path on a plain MPI: {info}"
+        jaxcomm.set_cuda_aware(False)
+        forced = jaxcomm.cuda_info()
+        _check_info(forced)
+        assert (forced["cuda_aware"], forced["path"]) == (False, "host staging"), forced
+        if cuda_aware_mpi:
+            jaxcomm.set_cuda_aware(True)
+            forced = jaxcomm.cuda_info()
+            _check_info(forced)
+            assert (forced["cuda_aware"], forced["path"]) == (True, "cuda-aware"), forced
+        jaxcomm.set_cuda_aware(None)
+        assert jaxcomm.cuda_info()["cuda_aware"] is info["cuda_aware"]
+    finally:
+        jaxcomm.set_cuda_aware(None)
+
+
+@pytest.mark.mpi
+def test_bind_local_gpu():
+    assert hasattr(jaxcomm, "bind_local_gpu"), "jaxcomm has no bind_local_gpu()"
+    if BIND_ERROR is not None:
+        raise BIND_ERROR
+    assert isinstance(BOUND_GPU, int) and BOUND_GPU >= 0, BOUND_GPU
+    assert os.environ.get("CUDA_VISIBLE_DEVICES"), "bind_local_gpu left CUDA_VISIBLE_DEVICES unset"
+    assert GPUS == 1, f"each rank should see only its own GPU, JAX sees {GPUS}"
+    with pytest.raises(RuntimeError):
+        jaxcomm.bind_local_gpu()  # JAX's backends are up by now
