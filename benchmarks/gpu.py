@@ -337,8 +337,6 @@ def reference_seconds(lib, op, comm, x, out, iterations):
 
 def data_paths():
     """jaxcomm's GPU data paths to measure: (label, set_cuda_aware value)."""
-    if not hasattr(jaxcomm, "cuda_info"):
-        return [("default", None)]
     paths = [("host staging", False)]
     if MPI.COMM_WORLD.allreduce(jaxcomm.cuda_info()["mpi_cuda_support"] is True, op=MPI.LAND):
         paths.append(("cuda-aware", True))
@@ -408,8 +406,11 @@ def measure_size(op, nbytes, quick, comm, device, paths, use_path, lib, log):
 
 def main(argv=None):
     args = parse_args(argv)
-    if hasattr(jaxcomm, "bind_local_gpu") and not args.cpu:
-        jaxcomm.bind_local_gpu()  # before JAX starts its backends
+    if not args.cpu:
+        try:
+            jaxcomm.bind_local_gpu()  # before JAX starts its backends
+        except RuntimeError:
+            pass  # no GPU on this node: said below, when JAX finds none
     comm = MPI.COMM_WORLD.Clone()
     rank = comm.Get_rank()
     log = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
@@ -436,7 +437,7 @@ def main(argv=None):
         comm, args.build_dir)
     if ref_error:
         log(f"C++ reference unavailable: {ref_error}")
-    info = jaxcomm.cuda_info() if hasattr(jaxcomm, "cuda_info") and not args.cpu else None
+    info = None if args.cpu else jaxcomm.cuda_info()
     meta = {"ranks": comm.Get_size(), "device": str(device), "jax": jax.__version__,
             "jaxcomm": jaxcomm.__version__, "mpi": MPI.Get_library_version().splitlines()[0],
             "cuda_info": info, "quick": args.quick}
@@ -470,7 +471,7 @@ def main(argv=None):
                          comm, log)[0]
         loop[f"jaxcomm fori_loop: {label}"] = timing[0] if timing else None
         loop["mpi4py Allreduce on NumPy"] = timing[1] if timing else None
-    if hasattr(jaxcomm, "set_cuda_aware") and not args.cpu:
+    if not args.cpu:
         jaxcomm.set_cuda_aware(None)
 
     if rank == 0:

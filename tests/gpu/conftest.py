@@ -26,11 +26,10 @@ import jaxcomm
 # collects this directory too) failing here would break unrelated tests.
 BIND_ERROR = None
 BOUND_GPU = None
-if hasattr(jaxcomm, "bind_local_gpu"):
-    try:
-        BOUND_GPU = jaxcomm.bind_local_gpu()
-    except Exception as err:  # noqa: BLE001  (reported by test_bind_local_gpu)
-        BIND_ERROR = err
+try:
+    BOUND_GPU = jaxcomm.bind_local_gpu()
+except RuntimeError as err:  # reported by test_bind_local_gpu
+    BIND_ERROR = err
 
 
 def _local_gpus():
@@ -59,12 +58,13 @@ def pytest_configure(config):
 
 
 def _cuda_info():
-    if not hasattr(jaxcomm, "cuda_info"):
+    info = jaxcomm.cuda_info()
+    if not info["built"]:
         pytest.fail(
             f"JAX sees a GPU, but jaxcomm {jaxcomm.__version__} at {jaxcomm.__file__} "
-            "has no cuda_info(): it was built without GPU support"
+            "was built without its CUDA kernels"
         )
-    return jaxcomm.cuda_info()
+    return info
 
 
 @pytest.fixture(scope="session")
