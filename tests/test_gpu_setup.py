@@ -11,7 +11,7 @@ import sys
 import pytest
 
 import jaxcomm
-from jaxcomm import _build_info, _runtime
+from jaxcomm import _build_info, _gpu, _runtime
 
 _LAUNCHER_VARS = ("PMI_", "HYDRA_", "MPIR_", "OMPI_", "PMIX_", "PRTE_", "MPI_LOCAL")
 _UNDER_LAUNCHER = any(k.startswith(_LAUNCHER_VARS) for k in os.environ)
@@ -67,8 +67,11 @@ def test_cuda_info_describes_the_build():
 def test_set_cuda_aware_switches_the_path_and_back():
     if _runtime.cuda_kernels is None:
         pytest.skip("jaxcomm was built without CUDA kernels")
-    automatic = jaxcomm.cuda_info()
+    saved = _gpu._override  # JAXCOMM_CUDA_AWARE's, if set: put back at the end
     try:
+        jaxcomm.set_cuda_aware(None)
+        automatic = jaxcomm.cuda_info()
+        assert automatic["cuda_aware"] is (automatic["mpi_cuda_support"] is True)
         for enabled in (True, False):
             jaxcomm.set_cuda_aware(enabled)
             info = jaxcomm.cuda_info()
@@ -76,10 +79,10 @@ def test_set_cuda_aware_switches_the_path_and_back():
             assert info["path"] == ("cuda-aware" if enabled else "host staging")
             assert info["reason"].startswith("set by set_cuda_aware()")
             assert bool(_runtime.cuda_kernels.cuda_aware()) is enabled
-    finally:
         jaxcomm.set_cuda_aware(None)
-    assert jaxcomm.cuda_info() == automatic
-    assert automatic["cuda_aware"] is (automatic["mpi_cuda_support"] is True)
+        assert jaxcomm.cuda_info() == automatic
+    finally:
+        _gpu._apply(*(saved or (None, "")))
 
 
 @pytest.mark.mpi
@@ -199,7 +202,27 @@ def test_staging_memory_is_allocated_once_and_reused(jc):
         x = jc.bcast(x, root=0)
         return jc.sendrecv(x, x, **ring)
 
-    loop = jax.jit(lambda x, n: jax.lax.fori_loop(0, n, body, x))
+    saved = _gpu._override
+    try:
+        jaxcomm.set_cuda_aware(False)
+        _check_staging_reuse(jc, jax.jit(lambda x, n: jax.lax.fori_loop(0, n, body, x)))
+        # The direct path stages nothing but envelopes: a larger allreduce
+        # than any before leaves the pinned memory as it was.
+        jaxcomm.set_cuda_aware(True)
+        held = kernels.staging_bytes()
+        big = jnp.ones(8 << 20, jnp.float32)
+        np.testing.assert_array_equal(jc.allreduce(big), np.full(8 << 20, jc.size, np.float32))
+        assert kernels.staging_bytes() == held
+    finally:
+        _gpu._apply(*(saved or (None, "")))
+
+
+def _check_staging_reuse(jc, loop):
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    kernels = _runtime.cuda_kernels
     x = jnp.arange(1000.0)
     jax.block_until_ready(loop(x, 10))
     allocations, held = kernels.host_allocations(), kernels.staging_bytes()
