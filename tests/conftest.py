@@ -119,6 +119,23 @@ def unchanged(x, original):
     np.testing.assert_array_equal(np.asarray(x), original)
 
 
+# Variables an MPI launcher sets in its ranks. A test that starts MPI
+# processes of its own runs only outside a launch (the plain pytest run), and
+# hands them an environment without these, so they do not join the job.
+LAUNCHER_VARS = ("PMI_", "HYDRA_", "MPIR_", "OMPI_", "PMIX_", "PRTE_", "MPI_LOCAL")
+spawns_own_mpi = pytest.mark.skipif(
+    any(k.startswith(LAUNCHER_VARS) for k in os.environ),
+    reason="spawns its own MPI processes; runs in the plain pytest run",
+)
+
+
+def environment_without_launcher(**extra):
+    """This process's environment minus the launcher's variables, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_VARS)}
+    env.update(extra)
+    return env
+
+
 @contextlib.contextmanager
 def mpi_debug():
     """Log every MPI call made by the kernels (to stderr) inside the block."""

@@ -1,7 +1,6 @@
 """JaxComm construction and lifetime, package metadata, docstrings."""
 
 import inspect
-import os
 import pathlib
 import subprocess
 import sys
@@ -9,7 +8,7 @@ import sys
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import mpi_debug
+from conftest import mpi_debug, spawns_own_mpi
 from mpi4py import MPI
 
 import jaxcomm
@@ -146,13 +145,7 @@ def test_thread_level_is_multiple():
     assert MPI.Query_thread() == MPI.THREAD_MULTIPLE
 
 
-_LAUNCHER_VARS = ("PMI_", "HYDRA_", "MPIR_", "OMPI_", "PMIX_", "PRTE_", "MPI_LOCAL")
-
-
-@pytest.mark.skipif(
-    any(k.startswith(_LAUNCHER_VARS) for k in os.environ),
-    reason="spawns its own singleton MPI process; runs in the plain pytest run",
-)
+@spawns_own_mpi
 def test_exit_with_dispatched_work_does_not_hang(tmp_path):
     # A program that leaves jitted MPI work behind and simply ends: the exit
     # hook must drain it before mpi4py finalises MPI.

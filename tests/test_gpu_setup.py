@@ -9,17 +9,14 @@ import subprocess
 import sys
 
 import pytest
+from conftest import environment_without_launcher, spawns_own_mpi
 
 import jaxcomm
 from jaxcomm import _build_info, _gpu, _runtime
 
-_LAUNCHER_VARS = ("PMI_", "HYDRA_", "MPIR_", "OMPI_", "PMIX_", "PRTE_", "MPI_LOCAL")
-_UNDER_LAUNCHER = any(k.startswith(_LAUNCHER_VARS) for k in os.environ)
-_SINGLETON = "spawns its own MPI processes; runs in the plain pytest run"
-
 
 def _clean_env(**extra):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCHER_VARS)}
+    env = environment_without_launcher()
     # PYTHONUNBUFFERED would split a print's text from its newline, and mix
     # the ranks' lines.
     for name in (
@@ -125,7 +122,7 @@ def _mpiexec(n):
     return [launcher, *extra, "-n", str(n)]
 
 
-@pytest.mark.skipif(_UNDER_LAUNCHER, reason=_SINGLETON)
+@spawns_own_mpi
 def test_bind_local_gpu_spreads_a_nodes_ranks_over_its_gpus(tmp_path):
     script = tmp_path / "bind.py"
     script.write_text(_BIND)
@@ -145,7 +142,7 @@ def test_bind_local_gpu_spreads_a_nodes_ranks_over_its_gpus(tmp_path):
     ], done.stdout
 
 
-@pytest.mark.skipif(_UNDER_LAUNCHER, reason=_SINGLETON)
+@spawns_own_mpi
 def test_bind_local_gpu_alone_keeps_preallocation_and_finds_no_gpu_clearly(tmp_path):
     script = tmp_path / "bind.py"
     script.write_text(_BIND)
@@ -157,7 +154,7 @@ def test_bind_local_gpu_alone_keeps_preallocation_and_finds_no_gpu_clearly(tmp_p
     assert "r0 error jaxcomm.bind_local_gpu(): no NVIDIA GPU found" in done.stdout
 
 
-@pytest.mark.skipif(_UNDER_LAUNCHER, reason=_SINGLETON)
+@spawns_own_mpi
 @pytest.mark.skipif(not _build_info.CUDA, reason="jaxcomm was built without CUDA kernels")
 def test_jaxcomm_cuda_aware_environment_variable():
     script = "import jaxcomm; info = jaxcomm.cuda_info(); print(info['path'], '|', info['reason'])"

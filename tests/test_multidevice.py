@@ -1,12 +1,9 @@
 """More than one local device per process: jaxcomm refuses, naming the way out."""
 
-import os
 import subprocess
 import sys
 
-import pytest
-
-_LAUNCHER_VARS = ("PMI_", "HYDRA_", "MPIR_", "OMPI_", "PMIX_", "PRTE_", "MPI_LOCAL")
+from conftest import environment_without_launcher, spawns_own_mpi
 
 _SCRIPT = """
 import jax, jax.numpy as jnp, numpy as np
@@ -38,15 +35,11 @@ for name, run in cases.items():
 """
 
 
-@pytest.mark.skipif(
-    any(k.startswith(_LAUNCHER_VARS) for k in os.environ),
-    reason="spawns its own singleton MPI process; runs in the plain pytest run",
-)
+@spawns_own_mpi
 def test_several_devices_per_process_are_refused_clearly(tmp_path):
     script = tmp_path / "two_devices.py"
     script.write_text(_SCRIPT)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCHER_VARS)}
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+    env = environment_without_launcher(XLA_FLAGS="--xla_force_host_platform_device_count=2")
     done = subprocess.run(
         [sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env
     )
