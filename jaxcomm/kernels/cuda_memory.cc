@@ -85,8 +85,7 @@ class StagingArena {
       JAXCOMM_CUDA_CHECK(cudaEventSynchronize, done_);
     }
     if (chunks_.size() > 1) {
-      size_t total = 0;
-      for (const Chunk& chunk : chunks_) total += chunk.size;
+      const size_t total = bytes();
       JAXCOMM_RETURN_IF_ERROR(Release());
       JAXCOMM_RETURN_IF_ERROR(Grow(total));
     }

@@ -74,9 +74,6 @@ def cuda_aware_mpi():
     return MPI.COMM_WORLD.allreduce(supported, op=MPI.LAND)
 
 
-_path_in_use = [None]
-
-
 @pytest.fixture(params=["host staging", "cuda-aware"])
 def data_path(request, cuda_aware_mpi):
     """Run the test with GPU buffers on one data path, then go back to automatic.
@@ -87,13 +84,9 @@ def data_path(request, cuda_aware_mpi):
     cuda_aware = request.param == "cuda-aware"
     if cuda_aware and not cuda_aware_mpi:
         pytest.skip(CUDA_AWARE_REASON)
+    # The kernels read the path at every call, so code compiled under the
+    # other path (jit caches survive between tests) takes this one too.
     jaxcomm.set_cuda_aware(cuda_aware)
-    if _path_in_use[0] != request.param:
-        # Whether the path is read when a call is compiled or when it runs is
-        # the kernels' business: dropping compiled code on a switch makes
-        # these tests hold either way.
-        jax.clear_caches()
-        _path_in_use[0] = request.param
     assert jaxcomm.cuda_info()["cuda_aware"] is cuda_aware
     yield request.param
     jaxcomm.set_cuda_aware(None)
