@@ -8,8 +8,11 @@ hook that makes every rank run the same differentiation rules
 (:func:`_instantiate_tangents`).
 """
 
+import contextvars
+import os
 import weakref
 
+import jax
 import numpy as np
 from jax import lax
 from jax._src import core as _core
@@ -19,6 +22,7 @@ from jax._src import xla_bridge as _xla_bridge
 from jax._src.interpreters import ad as _ad
 from jax._src.interpreters import batching as _batching
 from jax._src.interpreters import mlir as _mlir
+from jax._src.interpreters import pxla as _pxla
 
 abstract_token = _core.abstract_token
 apply_primitive = _dispatch.apply_primitive
@@ -188,3 +192,132 @@ def _instantiating(process_primitive):
 for _trace_type, _tracer_type in _AD_TRACES.items():
     _tracer_type.__init__ = _remembering(_tracer_type.__init__)
     _trace_type.process_primitive = _instantiating(_trace_type.process_primitive)
+
+
+# Fast dispatch -----------------------------------------------------------------
+#
+# An executable whose jaxpr has an ordered effect takes JAX's Python dispatch
+# path, which threads a runtime token from one computation to the next: about
+# 30x the cost of a plain jitted call. jaxcomm keeps its effect while tracing
+# (JAX then threads the token through control flow, autodiff and vmap), but
+# lowers a top-level computation with the token created inside it. The
+# executable then has no effects at the dispatch level and takes JAX's C++
+# fast path; the order between computations comes from the runtime, which
+# runs the computations of one device one after another in dispatch order
+# (PjRt's CPU client; one stream per GPU). tests/test_dispatch.py checks that
+# on every supported jax.
+#
+# Computations on different devices have no such order. So the scheme applies
+# to the backend jaxcomm first lowers for, when it has one local device ("the
+# fast device"). Computations of any other backend (CPU arrays in a process
+# that uses its GPU) keep runtime tokens, and are ordered with the fast
+# device's by waiting for its work before each of them is dispatched, and for
+# each of them to finish before the call returns. A backend with several
+# devices keeps runtime tokens throughout: jaxcomm's lowering cannot tell
+# which of them a computation will run on.
+
+_FAST_DISPATCH_JAX = ((0, 10), (0, 12))  # the jax versions whose internals this patches
+
+
+def _jax_version():
+    return tuple(int(part) for part in jax.__version__.split(".")[:2])
+
+
+fast_dispatch_enabled = (
+    os.environ.get("JAXCOMM_FAST_DISPATCH", "1") != "0"
+    and _FAST_DISPATCH_JAX[0] <= _jax_version() <= _FAST_DISPATCH_JAX[1]
+    and hasattr(_pxla, "_cached_lowering_to_hlo")
+    and hasattr(_mlir, "jaxpr_subcomp")
+    and hasattr(_dispatch, "RuntimeTokenSet")
+)
+
+# The device whose jaxcomm computations are dispatched without tokens; set by
+# the first one lowered.
+fast_device = None
+
+# Test switch: fast dispatch on every device, which breaks ordering between
+# devices (the negative control of tests/dispatch_ahead.py).
+fast_dispatch_any_device = False
+
+# Set while a computation is lowered with its token created inside: the
+# jaxpr whose lowering gets the token.
+_token_inside = contextvars.ContextVar("jaxcomm_token_inside", default=None)
+
+
+def _without_mpi_effect(jaxpr):
+    """``jaxpr`` (a ``Jaxpr`` or ``ClosedJaxpr``) minus jaxcomm's effect at its top level."""
+    if isinstance(jaxpr, _core.ClosedJaxpr):
+        return jaxpr.replace(jaxpr=_without_mpi_effect(jaxpr.jaxpr))
+    return jaxpr.replace(effects=frozenset(e for e in jaxpr.effects if e is not mpi_effect))
+
+
+def _fast_dispatch_applies(backend):
+    # The lowering is for a backend, not yet for one of its devices.
+    global fast_device
+    if fast_dispatch_any_device:
+        return True
+    devices = backend.local_devices()
+    if len(devices) != 1:
+        return False
+    if fast_device is None:
+        fast_device = devices[0]
+    return devices[0] == fast_device
+
+
+def runtime_token_effects(compiled):
+    """Whether a ``jax.stages.Compiled`` takes runtime tokens (and JAX's Python dispatch)."""
+    call = compiled._executable.unsafe_call
+    return bool(call.ordered_effects) or call.has_unordered_effects
+
+
+_lowering_to_hlo = _pxla._cached_lowering_to_hlo
+
+
+def _cached_lowering_to_hlo(jaxpr, module_name, backend, *args, **kwargs):
+    if mpi_effect not in jaxpr.effects or not _fast_dispatch_applies(backend):
+        return _lowering_to_hlo(jaxpr, module_name, backend, *args, **kwargs)
+    stripped = _without_mpi_effect(jaxpr)
+    inner = stripped.jaxpr if isinstance(stripped, _core.ClosedJaxpr) else stripped
+    reset = _token_inside.set(inner)
+    try:
+        return _lowering_to_hlo(stripped, module_name, backend, *args, **kwargs)
+    finally:
+        _token_inside.reset(reset)
+
+
+_jaxpr_subcomp = _mlir.jaxpr_subcomp
+
+
+def _jaxpr_subcomp_with_token(ctx, jaxpr, name_stack, tokens, *args, **kwargs):
+    if jaxpr is _token_inside.get() and mpi_effect not in tokens.effects():
+        tokens = _mlir.TokenSet({**dict(tokens.items()), mpi_effect: _mlir.create_token()})
+    return _jaxpr_subcomp(ctx, jaxpr, name_stack, tokens, *args, **kwargs)
+
+
+# Set by _runtime: blocks until the fast device has run everything dispatched to it.
+wait_for_fast_device = None
+
+_get_token_input = _dispatch.RuntimeTokenSet.get_token_input
+_set_token_result = _dispatch.RuntimeTokenSet.set_token_result
+
+
+def _get_token_input_after_fast_device(self, effect, devices):
+    if effect is mpi_effect and fast_device is not None:
+        wait_for_fast_device()
+    return _get_token_input(self, effect, devices)
+
+
+def _set_token_result_when_done(self, effect, token):
+    _set_token_result(self, effect, token)
+    if effect is mpi_effect and fast_device is not None:
+        try:
+            token.block_until_ready()
+        except Exception:  # noqa: BLE001  (the token's next user raises it)
+            pass
+
+
+if fast_dispatch_enabled:
+    _pxla._cached_lowering_to_hlo = _cached_lowering_to_hlo
+    _mlir.jaxpr_subcomp = _jaxpr_subcomp_with_token
+    _dispatch.RuntimeTokenSet.get_token_input = _get_token_input_after_fast_device
+    _dispatch.RuntimeTokenSet.set_token_result = _set_token_result_when_done

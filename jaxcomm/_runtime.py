@@ -6,11 +6,15 @@ installs the exit hook that drains pending MPI work before MPI is finalised.
 """
 
 import atexit
+import functools
 import os
 import re
 
 import jax
+import numpy as np
 from mpi4py import MPI
+
+from . import _compat
 
 try:
     from . import _build_info
@@ -122,6 +126,21 @@ def set_debug(enabled: bool = True) -> None:
     _kernels_cpu.set_debug(bool(enabled))
 
 
+def raise_recorded_error() -> None:
+    """Raise the first failure of a jaxcomm kernel not yet reported, if there is one."""
+    message = _kernels_cpu.take_error()
+    if message is not None:
+        raise RuntimeError(f"an MPI call jaxcomm dispatched earlier failed: {message}")
+
+
+_increment = jax.jit(lambda x: x + 1)
+
+
+@functools.cache
+def _probe_input(device):
+    return jax.device_put(np.int8(0), device)
+
+
 def sync() -> None:
     """Wait until every dispatched jaxcomm operation has finished.
 
@@ -129,8 +148,37 @@ def sync() -> None:
     still be running when Python moves on. Call ``sync()`` before handing over
     to plain mpi4py code that must see their effects (for example before
     freeing a communicator or finalising MPI).
+
+    Raises:
+        RuntimeError: if an MPI call that jaxcomm dispatched failed since the
+            last ``sync()``. JAX raises such a failure from the call or from
+            its outputs, but a computation with no outputs that ran after its
+            call returned has nowhere to report it; jaxcomm keeps the first
+            one for ``sync()`` (and the exit hook), so no failure goes
+            unnoticed. It is raised once, and jaxcomm goes on working.
+    """
+    wait_for_dispatched()
+    raise_recorded_error()
+
+
+def wait_for_dispatched() -> None:
+    """Wait until every dispatched jaxcomm operation has finished, raising nothing of jaxcomm's.
+
+    For collective steps (freeing or splitting a communicator): raising on the
+    one rank whose kernel failed would leave the others waiting in them.
     """
     jax.effects_barrier()
+    _wait_for_fast_device()
+
+
+def _wait_for_fast_device():
+    # A device runs its computations in dispatch order, so a computation
+    # dispatched now finishes after every earlier one.
+    if _compat.fast_device is not None:
+        _increment(_probe_input(_compat.fast_device)).block_until_ready()
+
+
+_compat.wait_for_fast_device = _wait_for_fast_device
 
 
 def check_thread_level() -> None:
@@ -154,7 +202,9 @@ set_debug(os.environ.get("JAXCOMM_DEBUG", "") not in ("", "0"))
 
 @atexit.register
 def _drain_before_finalize():
-    if MPI.Is_initialized() and not MPI.Is_finalized():
-        sync()
-    if cuda_kernels is not None:
-        cuda_kernels.free_staging()
+    try:
+        if MPI.Is_initialized() and not MPI.Is_finalized():
+            sync()
+    finally:
+        if cuda_kernels is not None:
+            cuda_kernels.free_staging()

@@ -6,6 +6,7 @@ parameters and delegates to a primitive in ``jaxcomm.ops``.
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Sequence
 from typing import Any
@@ -16,7 +17,13 @@ import numpy as np
 from mpi4py import MPI
 
 from . import ops
-from ._runtime import check_thread_level, register_comm, sync, unregister_comm
+from ._runtime import (
+    check_thread_level,
+    register_comm,
+    sync,
+    unregister_comm,
+    wait_for_dispatched,
+)
 from .ops._base import (
     ALLOWED_DTYPES,
     REDUCTION_OPS,
@@ -193,6 +200,91 @@ def _received(
     return (result, envelope) if return_status else result
 
 
+# Eager calls ----------------------------------------------------------------
+#
+# An eager method call binds its primitive through JAX's Python dispatch,
+# about 40 us. Instead, each JaxComm keeps one jitted function per method and
+# static arguments, and an eager call goes through it: JAX's C++ dispatch then
+# keys its compiled programs on the arrays' shapes and dtypes, at the cost of a
+# plain jitted call. Arguments that cannot key such a cache (tracers, an
+# MPI.Status to fill, values JAX cannot pass) take the ordinary path, which
+# also raises jaxcomm's errors for invalid ones.
+
+_CONCRETE_LEAVES = (np.ndarray, np.generic, int, float, complex)
+
+
+def _is_concrete(x: Any) -> bool:
+    """Whether ``x`` is a non-empty pytree of concrete arrays or scalars."""
+    leaves = jax.tree_util.tree_leaves(x)
+    return bool(leaves) and all(
+        isinstance(leaf, _CONCRETE_LEAVES)
+        or (isinstance(leaf, jax.Array) and not isinstance(leaf, jax.core.Tracer))
+        for leaf in leaves
+    )
+
+
+def _static_key(value: Any) -> Any:
+    """A hashable stand-in for a static argument; raises TypeError for one that has none."""
+    if isinstance(value, MPI.Op):
+        return ("MPI.Op", value.py2f())
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, *map(_static_key, value))
+    if isinstance(value, (jax.Array, np.ndarray, MPI.Status)):
+        raise TypeError("not a static argument")
+    hash(value)
+    # Typed, because 0 == 0.0 == False would share an entry (and skip a type check).
+    return (type(value), value)
+
+
+def _call_key(name, static, kwargs):
+    """The cache key of a call's static arguments, or None if they cannot make one."""
+    try:
+        return (name, _static_key(static), _static_key(sorted(kwargs.items())))
+    except TypeError:
+        return None
+
+
+def _jitted_when_eager(method):
+    """Send eager calls of ``method(self, *arrays, **static)`` through a cached jitted function.
+
+    ``method`` takes its arrays (pytrees) as the leading positional arguments
+    named in ``arrays`` and everything else as static values.
+    """
+
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        arrays, static = _split_arrays(method, args)
+        if self._comm is None or not all(map(_is_concrete, arrays)):
+            return method(self, *args, **kwargs)
+        key = _call_key(method.__name__, static, kwargs)
+        if key is None:
+            return method(self, *args, **kwargs)
+        jitted = self._eager.get(key)
+        if jitted is None:
+            jitted = jax.jit(
+                lambda *a, _static=static, _kwargs=kwargs: method(self, *a, *_static, **_kwargs)
+            )
+            self._eager[key] = jitted
+        return jitted(*arrays)
+
+    return call
+
+
+def _split_arrays(method, args):
+    """``args`` split into the method's leading array arguments and the rest."""
+    count = _ARRAY_ARGUMENTS[method.__name__]
+    return args[:count], args[count:]
+
+
+# How many leading positional arguments of each eagerly jitted method are arrays.
+_ARRAY_ARGUMENTS = {
+    "allreduce": 1, "reduce": 1, "scan": 1, "exscan": 1, "reduce_scatter": 1, "bcast": 1,
+    "barrier": 0, "allgather": 1, "gather": 1, "scatter": 1, "alltoall": 1, "allgatherv": 1,
+    "gatherv": 1, "scatterv": 1, "alltoallv": 1, "send": 1, "recv": 1, "sendrecv": 1,
+    "shift": 1,
+}
+
+
 class JaxComm:
     """An MPI communicator for JAX arrays, usable eagerly and inside ``jax.jit``.
 
@@ -236,6 +328,7 @@ class JaxComm:
 
     def _own(self, comm: MPI.Intracomm) -> None:
         self._comm: MPI.Intracomm | None = comm
+        self._eager: dict = {}  # see _jitted_when_eager
         # Derivative messages travel apart from the program's own (ops/_base.py).
         self._derivative = comm.Clone()
         for owned in (self._comm, self._derivative):
@@ -282,13 +375,14 @@ class JaxComm:
         hands its handle to a new communicator.
         """
         if self._comm is not None:
-            sync()
+            wait_for_dispatched()
             derivative = unregister_derivative_comm(self._handle)
             unregister_comm(derivative)
             unregister_comm(self._handle)
             self._derivative.Free()
             self._comm.Free()
             self._comm = None
+            self._eager.clear()
 
     def split(self, color: int, key: int = 0) -> JaxComm | None:
         """Split into disjoint communicators, one per ``color``.
@@ -319,7 +413,7 @@ class JaxComm:
         key = _static_int(key, "key")
         if color < 0 and color != MPI.UNDEFINED:
             raise ValueError(f"color={color} must be non-negative or MPI.UNDEFINED")
-        sync()
+        wait_for_dispatched()
         comm = self._comm.Split(color, key)
         return None if comm == MPI.COMM_NULL else JaxComm._adopt(comm)
 
@@ -420,6 +514,7 @@ class JaxComm:
             raise ValueError(f"direction={direction} is not an axis of a {cart.ndim}-d grid")
         return cart.Shift(direction, _static_int(disp, "disp"))
 
+    @_jitted_when_eager
     def shift(self, x: ArrayLike, direction: int, disp: int = 1, tag: int = 0) -> jax.Array:
         """Send ``x`` ``disp`` steps along a grid axis; receive the same from behind.
 
@@ -533,6 +628,7 @@ class JaxComm:
 
     # Collectives -------------------------------------------------------------
 
+    @_jitted_when_eager
     def allreduce(self, x: Any, op: MPI.Op = MPI.SUM) -> Any:
         """Combine ``x`` from every rank with ``op``; every rank gets the result.
 
@@ -563,6 +659,7 @@ class JaxComm:
         leaves, treedef, code = _reduction_leaves(x, op)
         return _tree_call(leaves, treedef, "allreduce", op=code, comm=handle)
 
+    @_jitted_when_eager
     def reduce(self, x: Any, op: MPI.Op = MPI.SUM, root: int = 0) -> Any:
         """Combine ``x`` from every rank with ``op`` onto rank ``root``.
 
@@ -591,6 +688,7 @@ class JaxComm:
         root = self._root(root)
         return _tree_call(leaves, treedef, "reduce", op=code, root=root, comm=handle)
 
+    @_jitted_when_eager
     def scan(self, x: ArrayLike, op: MPI.Op = MPI.SUM) -> jax.Array:
         """Combine ``x`` from ranks ``0..rank`` with ``op`` (inclusive prefix reduction).
 
@@ -613,6 +711,7 @@ class JaxComm:
         x, code = _reduction_operand(x, op)
         return ops.scan(x, op=code, comm=handle)
 
+    @_jitted_when_eager
     def exscan(self, x: ArrayLike, op: MPI.Op = MPI.SUM) -> jax.Array:
         """Combine ``x`` from ranks ``0..rank-1`` with ``op`` (exclusive prefix reduction).
 
@@ -636,6 +735,7 @@ class JaxComm:
         x, code = _reduction_operand(x, op)
         return ops.exscan(x, op=code, comm=handle)
 
+    @_jitted_when_eager
     def reduce_scatter(
         self, x: ArrayLike, op: MPI.Op = MPI.SUM, *, tiled: bool = False
     ) -> jax.Array:
@@ -682,6 +782,7 @@ class JaxComm:
             )
         return ops.reduce_scatter(x, op=code, size=size, tiled=bool(tiled), comm=handle)
 
+    @_jitted_when_eager
     def bcast(self, x: Any, root: int = 0) -> Any:
         """Send root's ``x`` to every rank.
 
@@ -706,6 +807,7 @@ class JaxComm:
         leaves, treedef = _leaves(x, "x")
         return _tree_call(leaves, treedef, "bcast", root=self._root(root), comm=handle)
 
+    @_jitted_when_eager
     def barrier(self) -> None:
         """Block until every rank has reached this barrier.
 
@@ -716,6 +818,7 @@ class JaxComm:
         handle = self._live()
         ops.barrier(comm=handle)
 
+    @_jitted_when_eager
     def allgather(self, x: Any, *, tiled: bool = False) -> Any:
         """Collect ``x`` from every rank on every rank, in rank order.
 
@@ -750,6 +853,7 @@ class JaxComm:
         return _tree_call(leaves, treedef, "allgather", _static_bool(tiled, "tiled"),
                           size=self._size, comm=handle)
 
+    @_jitted_when_eager
     def gather(self, x: Any, root: int = 0, *, tiled: bool = False) -> Any:
         """Collect ``x`` from every rank on ``root``, in rank order.
 
@@ -785,6 +889,7 @@ class JaxComm:
         return _tree_call(leaves, treedef, "gather", _static_bool(tiled, "tiled"),
                           root=self._root(root), size=self._size, comm=handle)
 
+    @_jitted_when_eager
     def scatter(self, x: ArrayLike, root: int = 0, *, tiled: bool = False) -> jax.Array:
         """Send one piece of root's ``x`` to each rank: rank ``r`` gets piece ``r``.
 
@@ -822,6 +927,7 @@ class JaxComm:
         self._split_rows(x, tiled)
         return ops.scatter(x, root=self._root(root), size=self._size, tiled=tiled, comm=handle)
 
+    @_jitted_when_eager
     def alltoall(self, x: ArrayLike, *, tiled: bool = False) -> jax.Array:
         """Send block ``r`` of ``x``'s leading axis to rank ``r``, from every rank.
 
@@ -854,6 +960,7 @@ class JaxComm:
         self._split_rows(x, _static_bool(tiled, "tiled"))
         return ops.alltoall(x, comm=handle)
 
+    @_jitted_when_eager
     def allgatherv(self, x: ArrayLike, counts: Any) -> jax.Array:
         """Concatenate ``x`` from every rank along its leading axis, on every rank.
 
@@ -888,6 +995,7 @@ class JaxComm:
         self._own_rows(x, counts)
         return ops.allgatherv(x, counts=counts, comm=handle)
 
+    @_jitted_when_eager
     def gatherv(self, x: ArrayLike, counts: Any, root: int = 0) -> jax.Array:
         """Concatenate ``x`` from every rank along its leading axis, on ``root``.
 
@@ -923,6 +1031,7 @@ class JaxComm:
         self._own_rows(x, counts)
         return ops.gatherv(x, counts=counts, root=self._root(root), comm=handle)
 
+    @_jitted_when_eager
     def scatterv(self, x: ArrayLike, counts: Any, root: int = 0) -> jax.Array:
         """Split root's ``x`` along its leading axis into pieces of ``counts`` rows.
 
@@ -961,6 +1070,7 @@ class JaxComm:
             x, counts=counts, root=self._root(root), rank=self._rank, comm=handle
         )
 
+    @_jitted_when_eager
     def alltoallv(self, x: ArrayLike, counts: Any) -> jax.Array:
         """Exchange blocks of rows of different sizes between every pair of ranks.
 
@@ -1016,6 +1126,7 @@ class JaxComm:
 
     # Point to point ----------------------------------------------------------
 
+    @_jitted_when_eager
     def send(self, x: ArrayLike, dest: int, tag: int = 0) -> None:
         """Send ``x`` to rank ``dest``.
 
@@ -1035,6 +1146,7 @@ class JaxComm:
         x = _as_array(x, "x")
         ops.send(x, dest=self._peer(dest, "dest"), tag=self._tag(tag, "tag"), comm=handle)
 
+    @_jitted_when_eager
     def recv(
         self,
         x: Any,
@@ -1091,6 +1203,7 @@ class JaxComm:
             result, envelope, status, _static_bool(return_status, "return_status"), "recv"
         )
 
+    @_jitted_when_eager
     def sendrecv(
         self,
         sendbuf: ArrayLike,

@@ -13,6 +13,8 @@ dtype are then skipped.
 import contextlib
 import os
 import pathlib
+import shutil
+import subprocess
 import sys
 
 # `python -m pytest` puts the source checkout first on sys.path, where the
@@ -127,6 +129,39 @@ spawns_own_mpi = pytest.mark.skipif(
     any(k.startswith(LAUNCHER_VARS) for k in os.environ),
     reason="spawns its own MPI processes; runs in the plain pytest run",
 )
+
+
+# A jitted function that ran once before raises its runtime errors as
+# ValueError (JAX's C++ dispatch path types them so: jax issue #34083), and
+# as jax.errors.JaxRuntimeError otherwise.
+RUNTIME_ERRORS = (jax.errors.JaxRuntimeError, ValueError)
+
+
+def reported_again(match):
+    """Check that jaxcomm reports a kernel failure once more, then goes on working."""
+    with pytest.raises(RuntimeError, match=match):
+        jaxcomm.sync()
+    jaxcomm.sync()
+
+
+@pytest.fixture(autouse=True)
+def no_unreported_failure():
+    """Fail a test that leaves a kernel failure unreported, instead of the next one."""
+    yield
+    message = jaxcomm._runtime._kernels_cpu.take_error()
+    assert message is None, f"a jaxcomm kernel failed and nothing reported it: {message}"
+
+
+def mpiexec(n):
+    """The command line that starts ``n`` ranks with this environment's launcher."""
+    launcher = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which(
+        "mpiexec"
+    )
+    if launcher is None:
+        pytest.skip("no mpiexec")
+    version = subprocess.run([launcher, "--version"], capture_output=True, text=True).stdout
+    extra = ["--oversubscribe"] if "Open MPI" in version or "open-mpi" in version else []
+    return [launcher, *extra, "-n", str(n)]
 
 
 def environment_without_launcher(**extra):

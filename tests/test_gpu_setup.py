@@ -4,12 +4,11 @@ move arrays in GPU memory."""
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 
 import pytest
-from conftest import environment_without_launcher, spawns_own_mpi
+from conftest import environment_without_launcher, mpiexec, spawns_own_mpi
 
 import jaxcomm
 from jaxcomm import _build_info, _gpu, _runtime
@@ -111,17 +110,6 @@ else:
 """
 
 
-def _mpiexec(n):
-    launcher = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which(
-        "mpiexec"
-    )
-    if launcher is None:
-        pytest.skip("no mpiexec")
-    version = subprocess.run([launcher, "--version"], capture_output=True, text=True).stdout
-    extra = ["--oversubscribe"] if "Open MPI" in version or "open-mpi" in version else []
-    return [launcher, *extra, "-n", str(n)]
-
-
 @spawns_own_mpi
 def test_bind_local_gpu_spreads_a_nodes_ranks_over_its_gpus(tmp_path):
     script = tmp_path / "bind.py"
@@ -129,7 +117,7 @@ def test_bind_local_gpu_spreads_a_nodes_ranks_over_its_gpus(tmp_path):
     env = _clean_env(
         CUDA_VISIBLE_DEVICES="4,6", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1"
     )
-    done = _run([*_mpiexec(3), sys.executable, str(script)], env)
+    done = _run([*mpiexec(3), sys.executable, str(script)], env)
     assert done.returncode == 0, done.stderr
     # Ranks' lines may interleave; each one's fields are found whole.
     line = r"r(\d) index (\d) visible (\d) preallocate (false|true|None)"

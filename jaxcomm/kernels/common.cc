@@ -481,6 +481,33 @@ bool DebugEnabled() { return debug_enabled.load(std::memory_order_relaxed); }
 
 void SetDebug(bool enabled) { debug_enabled.store(enabled); }
 
+namespace {
+std::atomic<bool> error_recorded{false};
+std::mutex error_mutex;
+std::string recorded_error;
+}  // namespace
+
+ffi::Error Recorded(ffi::Error error) {
+  if (error.failure()) {
+    std::lock_guard<std::mutex> lock(error_mutex);
+    if (!error_recorded.load(std::memory_order_relaxed)) {
+      recorded_error = error.message();
+      error_recorded.store(true, std::memory_order_release);
+    }
+  }
+  return error;
+}
+
+bool TakeRecordedError(std::string* message) {
+  if (!error_recorded.load(std::memory_order_acquire)) return false;
+  std::lock_guard<std::mutex> lock(error_mutex);
+  if (!error_recorded.load(std::memory_order_relaxed)) return false;
+  *message = std::move(recorded_error);
+  recorded_error.clear();
+  error_recorded.store(false, std::memory_order_relaxed);
+  return true;
+}
+
 void DebugLog(MPI_Comm comm, const std::string& text) {
   // One fprintf per line keeps lines whole when ranks share a terminal.
   std::fprintf(stderr, "r%d | %s\n", CommRank(comm), text.c_str());

@@ -301,6 +301,17 @@ std::string Elements(size_t count, ffi::DataType dtype);
 bool DebugEnabled();
 void SetDebug(bool enabled);
 
+// The process-wide slot for the first failure of a handler not yet reported
+// to Python. XLA drops the error of a computation that has no outputs and
+// runs after its dispatch returned, so every failure is kept here until
+// jaxcomm.sync(), the next jaxcomm call or the exit hook raises it.
+// Returns `error` unchanged.
+ffi::Error Recorded(ffi::Error error);
+
+// Moves the recorded failure's message into `message`, emptying the slot;
+// false if there is none.
+bool TakeRecordedError(std::string* message);
+
 // Writes one line to stderr: "r<rank> | <text>".
 void DebugLog(MPI_Comm comm, const std::string& text);
 

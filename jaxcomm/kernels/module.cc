@@ -33,7 +33,7 @@ struct OnPlatform {
   template <typename... Args>
   xla::ffi::Error operator()(Args... args) const {
     jaxcomm::CudaMemory memory(nullptr);
-    return Impl(memory, args...);
+    return jaxcomm::Recorded(Impl(memory, args...));
   }
 };
 auto PlatformBinding() { return xla::ffi::Ffi::Bind(); }
@@ -43,7 +43,7 @@ struct OnPlatform {
   template <typename... Args>
   xla::ffi::Error operator()(cudaStream_t stream, Args... args) const {
     jaxcomm::CudaMemory memory(stream);
-    return Impl(memory, args...);
+    return jaxcomm::Recorded(Impl(memory, args...));
   }
 };
 auto PlatformBinding() {
@@ -55,7 +55,7 @@ struct OnPlatform {
   template <typename... Args>
   xla::ffi::Error operator()(Args... args) const {
     jaxcomm::HostMemory memory;
-    return Impl(memory, args...);
+    return jaxcomm::Recorded(Impl(memory, args...));
   }
 };
 auto PlatformBinding() { return xla::ffi::Ffi::Bind(); }
@@ -177,6 +177,15 @@ PYBIND11_MODULE(JAXCOMM_MODULE, m) {
   m.def("set_debug", &jaxcomm::SetDebug, py::arg("enabled"),
         "Turn the one-line-per-MPI-call log on stderr on or off.");
   m.def("debug_enabled", &jaxcomm::DebugEnabled);
+  m.def(
+      "take_error",
+      []() -> py::object {
+        std::string message;
+        if (!jaxcomm::TakeRecordedError(&message)) return py::none();
+        return py::str(message);
+      },
+      "The first failure of a handler not yet reported (emptying the slot), "
+      "or None.");
   m.def("set_max_count", &jaxcomm::SetMaxCount, py::arg("count"),
         "Cap the count of one MPI call (tests use small caps to exercise the "
         "large-message paths).");

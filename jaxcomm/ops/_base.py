@@ -63,6 +63,7 @@ ALLOWED_DTYPES = {
 PRIMITIVES = {}
 
 
+
 def comm_primitive(name, abstract_eval, target, attrs):
     """Create the primitive ``<name>_p`` lowered to the FFI target ``target``.
 
