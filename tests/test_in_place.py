@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from conftest import unchanged
+from jaxcomm.ops import _base
 
 # op -> (call, the result on `rank` for inputs (rank + 1) * x, as a multiple of x).
 IN_PLACE = {
@@ -93,3 +94,15 @@ def test_donated_inputs(jc, name):
     np.testing.assert_allclose(y, want)
     np.testing.assert_array_equal(again, original * 2)
     unchanged(x, original)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("name", IN_PLACE)
+def test_kernels_also_take_an_output_buffer_of_its_own(jc, name, monkeypatch):
+    # The FFI targets do not rely on the alias: lowered without it, the output
+    # has a buffer of its own and the kernels use the MPI call's plain form.
+    op, x, want = _case(jc, name)
+    monkeypatch.setattr(_base, "_ARRAY_IN_PLACE", None)
+    step = jax.jit(op)
+    assert "output_to_operand_aliasing" not in step.lower(x).compile().as_text()
+    np.testing.assert_allclose(step(x), want)
