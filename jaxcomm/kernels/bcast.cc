@@ -9,15 +9,22 @@ ffi::Error BcastImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x,
   MPI_Comm comm;
   JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "bcast", &comm));
   const size_t count = x.element_count();
-  JAXCOMM_RETURN_IF_ERROR(CheckOutput("bcast", comm, x, *y, x.element_count(),
-                                      "like the input"));
+  JAXCOMM_RETURN_IF_ERROR(
+      CheckOutput("bcast", comm, x, *y, x.element_count(), LikeTheInput));
   LargeType type;
   JAXCOMM_RETURN_IF_ERROR(LargeType::Make(x.element_type(), count, comm, &type));
+  const bool is_root = CommRank(comm) == root;
   void* data;
-  JAXCOMM_RETURN_IF_ERROR(memory.Output(*y, &data));
-  // MPI_Bcast works in place, and XLA's input buffer is not ours to write:
-  // the root sends from the output buffer, the one copy this op needs.
-  if (CommRank(comm) == root) JAXCOMM_RETURN_IF_ERROR(memory.Preload(*y, 0, x));
+  if (SameBuffer(x, *y)) {
+    // XLA gave y x's buffer (the lowering aliases them): the root's data is
+    // already where MPI_Bcast works, in place.
+    JAXCOMM_RETURN_IF_ERROR(is_root ? memory.InPlace(*y, &data)
+                                    : memory.Output(*y, &data));
+  } else {
+    // The input buffer is not ours to write: the root sends from the output.
+    JAXCOMM_RETURN_IF_ERROR(memory.Output(*y, &data));
+    if (is_root) JAXCOMM_RETURN_IF_ERROR(memory.Preload(*y, 0, x));
+  }
   JAXCOMM_RETURN_IF_ERROR(memory.Ready());
   if (DebugEnabled()) {
     DebugLog(comm, "MPI_Bcast root " + std::to_string(root) + " " +

@@ -7,9 +7,7 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
-#include <shared_mutex>
 #include <type_traits>
-#include <unordered_map>
 
 namespace jaxcomm {
 namespace {
@@ -263,11 +261,19 @@ ffi::Error MpiReduceOp(int64_t code, ffi::DataType dtype, MPI_Comm comm,
 
 namespace {
 
-// The live communicators, by the "comm" attribute that stands for each.
-// Handlers look up on every call, free() removes: readers share the lock.
-std::shared_mutex comms_mutex;
-std::unordered_map<int64_t, MPI_Comm> comms;
+// The live communicators, each in the slot its serial picks: a handler's
+// lookup is a few atomic loads, with no lock, map or allocation. A serial whose slot is taken is skipped, which keeps serials
+// unique; MPI libraries allow far fewer communicators than there are slots.
+struct CommSlot {
+  std::atomic<int64_t> handle;  // 0: free
+  std::atomic<MPI_Comm> comm;
+};
+constexpr int64_t kCommSlots = int64_t{1} << 14;
+CommSlot comm_slots[kCommSlots];
+std::mutex register_mutex;  // held by RegisterComm and UnregisterComm only
 int64_t last_serial = 0;
+
+CommSlot& SlotOf(int64_t handle) { return comm_slots[(handle >> 32) % kCommSlots]; }
 
 }  // namespace
 
@@ -286,20 +292,28 @@ ffi::Error RegisterComm(int64_t fortran_handle, int64_t* handle) {
         " does not fit 32 bits");
   }
   const MPI_Comm comm = MPI_Comm_f2c(static_cast<MPI_Fint>(fortran_handle));
-  std::unique_lock<std::shared_mutex> lock(comms_mutex);
-  // 2**31 communicators before the serials run out keeps handles positive.
-  if (last_serial == INT32_MAX) {
-    return ffi::Error(ffi::ErrorCode::kResourceExhausted,
-        "jaxcomm: too many communicators created in this process");
+  std::lock_guard<std::mutex> lock(register_mutex);
+  for (int64_t tries = 0; tries < kCommSlots; ++tries) {
+    // 2**31 serials before they run out keeps handles positive.
+    if (last_serial == INT32_MAX) break;
+    const int64_t candidate = (++last_serial << 32) |
+                              static_cast<uint32_t>(fortran_handle);
+    CommSlot& slot = SlotOf(candidate);
+    if (slot.handle.load() != 0) continue;
+    slot.comm.store(comm);
+    slot.handle.store(candidate);
+    *handle = candidate;
+    return ffi::Error::Success();
   }
-  *handle = (++last_serial << 32) | static_cast<uint32_t>(fortran_handle);
-  comms.emplace(*handle, comm);
-  return ffi::Error::Success();
+  return ffi::Error(ffi::ErrorCode::kResourceExhausted,
+      "jaxcomm: too many communicators created in this process");
 }
 
 void UnregisterComm(int64_t handle) {
-  std::unique_lock<std::shared_mutex> lock(comms_mutex);
-  comms.erase(handle);
+  if (handle >> 32 <= 0) return;
+  std::lock_guard<std::mutex> lock(register_mutex);
+  int64_t expected = handle;
+  SlotOf(handle).handle.compare_exchange_strong(expected, 0);
 }
 
 MPI_Fint FortranHandle(int64_t handle) {
@@ -307,19 +321,20 @@ MPI_Fint FortranHandle(int64_t handle) {
 }
 
 ffi::Error CommFromHandle(int64_t handle, const char* op, MPI_Comm* comm) {
-  {
-    std::shared_lock<std::shared_mutex> lock(comms_mutex);
-    const auto found = comms.find(handle);
-    *comm = found == comms.end() ? MPI_COMM_NULL : found->second;
+  if (handle >> 32 > 0) {
+    CommSlot& slot = SlotOf(handle);
+    if (slot.handle.load() == handle) {
+      *comm = slot.comm.load();
+      // The slot may have been freed and taken again in between.
+      if (slot.handle.load() == handle) return ffi::Error::Success();
+    }
   }
-  if (*comm == MPI_COMM_NULL) {
-    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
-        std::string("jaxcomm: ") + op +
-        ": communicator was freed (JaxComm.free); a compiled function that "
-        "captured it cannot run again: trace it anew with a live JaxComm "
-        "(world rank " + std::to_string(WorldRank()) + ")");
-  }
-  return ffi::Error::Success();
+  *comm = MPI_COMM_NULL;
+  return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
+      std::string("jaxcomm: ") + op +
+      ": communicator was freed (JaxComm.free); a compiled function that "
+      "captured it cannot run again: trace it anew with a live JaxComm "
+      "(world rank " + std::to_string(WorldRank()) + ")");
 }
 
 ffi::Error Invalid(const char* op, MPI_Comm comm, const std::string& why) {
@@ -329,24 +344,19 @@ ffi::Error Invalid(const char* op, MPI_Comm comm, const std::string& why) {
                                      why);
 }
 
-ffi::Error CheckElements(const char* op, MPI_Comm comm, const char* buffer,
+ffi::Error WrongElements(const char* op, MPI_Comm comm, const char* buffer,
                          size_t actual, size_t expected, const std::string& how) {
-  if (actual == expected) return ffi::Error::Success();
   return Invalid(op, comm,
                  std::string(buffer) + " has " + std::to_string(actual) +
                      " elements, expected " + std::to_string(expected) + " (" +
                      how + ")");
 }
 
-ffi::Error CheckOutput(const char* op, MPI_Comm comm, const ffi::AnyBuffer& x,
-                       const ffi::AnyBuffer& y, size_t expected,
-                       const std::string& how) {
-  if (x.element_type() != y.element_type()) {
-    return Invalid(op, comm,
-                   std::string("output is ") + DtypeName(y.element_type()) +
-                       ", expected the input's " + DtypeName(x.element_type()));
-  }
-  return CheckElements(op, comm, "output", y.element_count(), expected, how);
+ffi::Error WrongOutputType(const char* op, MPI_Comm comm,
+                           const ffi::AnyBuffer& x, const ffi::AnyBuffer& y) {
+  return Invalid(op, comm,
+                 std::string("output is ") + DtypeName(y.element_type()) +
+                     ", expected the input's " + DtypeName(x.element_type()));
 }
 
 int CommRank(MPI_Comm comm) {
@@ -446,6 +456,10 @@ ffi::Error HostMemory::Input(const ffi::AnyBuffer& x, const void** data) {
 ffi::Error HostMemory::Output(ffi::AnyBuffer& y, void** data) {
   *data = y.untyped_data();
   return ffi::Error::Success();
+}
+
+ffi::Error HostMemory::InPlace(ffi::AnyBuffer& y, void** data) {
+  return Output(y, data);
 }
 
 ffi::Error HostMemory::HostInput(const ffi::AnyBuffer& x, const void** data) {

@@ -79,6 +79,10 @@ class Memory {
   virtual ffi::Error Input(const ffi::AnyBuffer& x, const void** data) = 0;
   // The pointer MPI writes output `y` through.
   virtual ffi::Error Output(ffi::AnyBuffer& y, void** data) = 0;
+  // The pointer MPI reads and writes output `y` through, for a call that
+  // works in place: XLA gave `y` the input's buffer (the lowering aliases
+  // them), so `y` holds the input on entry.
+  virtual ffi::Error InPlace(ffi::AnyBuffer& y, void** data) = 0;
   // Host memory holding input `x` (or taking output `y`) whatever the data
   // path, for the few bytes handlers read or write themselves (envelopes).
   virtual ffi::Error HostInput(const ffi::AnyBuffer& x, const void** data) = 0;
@@ -109,6 +113,7 @@ class HostMemory final : public Memory {
  public:
   ffi::Error Input(const ffi::AnyBuffer& x, const void** data) override;
   ffi::Error Output(ffi::AnyBuffer& y, void** data) override;
+  ffi::Error InPlace(ffi::AnyBuffer& y, void** data) override;
   ffi::Error HostInput(const ffi::AnyBuffer& x, const void** data) override;
   ffi::Error HostOutput(ffi::AnyBuffer& y, void** data) override;
   ffi::Error Preload(ffi::AnyBuffer& y, size_t offset,
@@ -211,24 +216,52 @@ void UnregisterComm(int64_t handle);
 MPI_Fint FortranHandle(int64_t handle);
 
 // The live communicator behind a "comm" attribute, or an error naming `op`
-// if it was freed (or never registered).
+// if it was freed (or never registered). Takes no lock and allocates nothing
+// unless it fails: every handler call starts with it.
 ffi::Error CommFromHandle(int64_t handle, const char* op, MPI_Comm* comm);
 
 // The error for arguments of `op` that do not fit together:
 // "jaxcomm: <op> on rank <r>: <why>".
 ffi::Error Invalid(const char* op, MPI_Comm comm, const std::string& why);
 
-// Fails unless `buffer` of `op` holds `expected` elements, the number its
-// attributes and the communicator size call for (`how` says how they do):
-// MPI would read or write outside the buffer otherwise.
-ffi::Error CheckElements(const char* op, MPI_Comm comm, const char* buffer,
+// The error of CheckElements.
+ffi::Error WrongElements(const char* op, MPI_Comm comm, const char* buffer,
                          size_t actual, size_t expected, const std::string& how);
+
+// The error of CheckOutput for an output whose element type is not x's.
+ffi::Error WrongOutputType(const char* op, MPI_Comm comm,
+                           const ffi::AnyBuffer& x, const ffi::AnyBuffer& y);
+
+// Fails unless `buffer` of `op` holds `expected` elements, the number its
+// attributes and the communicator size call for: MPI would read or write
+// outside the buffer otherwise. how() says how they call for it; it is only
+// called when the check fails, so a passing check builds no string.
+template <typename How>
+ffi::Error CheckElements(const char* op, MPI_Comm comm, const char* buffer,
+                         size_t actual, size_t expected, How&& how) {
+  if (actual == expected) return ffi::Error::Success();
+  return WrongElements(op, comm, buffer, actual, expected, how());
+}
 
 // Fails unless the output `y` has the element type of the input `x` and
 // `expected` elements, as CheckElements.
+template <typename How>
 ffi::Error CheckOutput(const char* op, MPI_Comm comm, const ffi::AnyBuffer& x,
-                       const ffi::AnyBuffer& y, size_t expected,
-                       const std::string& how);
+                       const ffi::AnyBuffer& y, size_t expected, How&& how) {
+  if (x.element_type() != y.element_type()) {
+    return WrongOutputType(op, comm, x, y);
+  }
+  return CheckElements(op, comm, "output", y.element_count(), expected, how);
+}
+
+// The `how` of an output shaped like its input.
+inline std::string LikeTheInput() { return "like the input"; }
+
+// Whether XLA gave output `y` the buffer of input `x` (ops whose lowering
+// aliases them): the MPI call then works in place.
+inline bool SameBuffer(const ffi::AnyBuffer& x, const ffi::AnyBuffer& y) {
+  return x.untyped_data() == y.untyped_data() && x.size_bytes() == y.size_bytes();
+}
 
 // Rank in `comm`, for log lines and error messages.
 int CommRank(MPI_Comm comm);
@@ -293,6 +326,13 @@ ffi::Error ForEachChunk(size_t total, Fn&& fn) {
 // Address of element `offset` of a buffer of `dtype`.
 inline void* ElementAt(void* data, ffi::DataType dtype, size_t offset) {
   return static_cast<char*>(data) + offset * ffi::ByteWidth(dtype);
+}
+
+// The same for a buffer argument of an MPI call, which may also be
+// MPI_IN_PLACE or null (not significant on this rank): those stay as they are.
+inline void* ArgumentAt(void* data, ffi::DataType dtype, size_t offset) {
+  if (data == MPI_IN_PLACE || data == nullptr) return data;
+  return ElementAt(data, dtype, offset);
 }
 
 // "count <n> <dtype>", the tail of most log lines.

@@ -272,22 +272,30 @@ ffi::Error CudaMemory::Stage(void* device, size_t bytes, bool copy_in,
   return ffi::Error::Success();
 }
 
-ffi::Error CudaMemory::Input(const ffi::AnyBuffer& x, const void** data) {
+ffi::Error CudaMemory::Reach(void* device, size_t bytes, bool copy_in,
+                             bool copy_out, void** data) {
   JAXCOMM_RETURN_IF_ERROR(init_error_);
   if (direct_) {
-    *data = x.untyped_data();
+    *data = device;
     return ffi::Error::Success();
   }
-  return HostInput(x, data);
+  return Stage(device, bytes, copy_in, copy_out, data);
+}
+
+ffi::Error CudaMemory::Input(const ffi::AnyBuffer& x, const void** data) {
+  void* reached;
+  JAXCOMM_RETURN_IF_ERROR(
+      Reach(x.untyped_data(), x.size_bytes(), true, false, &reached));
+  *data = reached;
+  return ffi::Error::Success();
 }
 
 ffi::Error CudaMemory::Output(ffi::AnyBuffer& y, void** data) {
-  JAXCOMM_RETURN_IF_ERROR(init_error_);
-  if (direct_) {
-    *data = y.untyped_data();
-    return ffi::Error::Success();
-  }
-  return HostOutput(y, data);
+  return Reach(y.untyped_data(), y.size_bytes(), false, true, data);
+}
+
+ffi::Error CudaMemory::InPlace(ffi::AnyBuffer& y, void** data) {
+  return Reach(y.untyped_data(), y.size_bytes(), true, true, data);
 }
 
 ffi::Error CudaMemory::HostInput(const ffi::AnyBuffer& x, const void** data) {

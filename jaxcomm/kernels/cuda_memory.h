@@ -31,7 +31,8 @@ class StagingArena;
 // One handler call on buffers in GPU memory. Host staging copies go through
 // an arena of pinned memory, allocated once and reused by later calls (grown
 // when a call needs more), and only the copies each buffer needs are made:
-// inputs device-to-host, outputs host-to-device, zeros with cudaMemsetAsync.
+// inputs device-to-host, outputs host-to-device (both for a buffer worked on
+// in place), zeros with cudaMemsetAsync.
 class CudaMemory final : public Memory {
  public:
   explicit CudaMemory(cudaStream_t stream);
@@ -42,6 +43,7 @@ class CudaMemory final : public Memory {
   void RequireHost() override { direct_ = false; }
   ffi::Error Input(const ffi::AnyBuffer& x, const void** data) override;
   ffi::Error Output(ffi::AnyBuffer& y, void** data) override;
+  ffi::Error InPlace(ffi::AnyBuffer& y, void** data) override;
   ffi::Error HostInput(const ffi::AnyBuffer& x, const void** data) override;
   ffi::Error HostOutput(ffi::AnyBuffer& y, void** data) override;
   ffi::Error Preload(ffi::AnyBuffer& y, size_t offset,
@@ -62,6 +64,10 @@ class CudaMemory final : public Memory {
 
   ffi::Error Stage(void* device, size_t bytes, bool copy_in, bool copy_out,
                    void** host);
+  // The pointer MPI uses for a device buffer: the buffer itself on the direct
+  // path, else its staged host copy.
+  ffi::Error Reach(void* device, size_t bytes, bool copy_in, bool copy_out,
+                   void** data);
   Staged* Find(const void* device);
 
   cudaStream_t stream_;

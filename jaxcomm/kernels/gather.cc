@@ -22,29 +22,49 @@ size_t RowElements(ffi::Span<const int64_t> dims) {
 }
 
 // Per-rank blocks of whole rows, stored one after another in rank order, in
-// elements.
-struct Blocks {
-  Blocks(ffi::Span<const int64_t> rows, size_t row_elements) {
+// elements, and their int forms for one MPI call where they fit.
+class Blocks {
+ public:
+  // The blocks of `rows` rows of `row_elements` each, in this thread's
+  // storage (`which`: 0 or 1, for a call's two sets): later calls reuse it,
+  // so a steady workload allocates nothing. A thread runs one handler at a
+  // time.
+  static const Blocks& Of(int which, ffi::Span<const int64_t> rows,
+                          size_t row_elements) {
+    thread_local Blocks scratch[2];
+    Blocks& blocks = scratch[which];
+    blocks.counts.clear();
+    blocks.displs.clear();
+    blocks.int_counts_.clear();
+    blocks.int_displs_.clear();
+    blocks.fit_int_ = true;
     size_t offset = 0;
     for (int64_t r : rows) {
-      counts.push_back(static_cast<size_t>(r) * row_elements);
-      displs.push_back(offset);
-      offset += counts.back();
+      const size_t count = static_cast<size_t>(r) * row_elements;
+      blocks.counts.push_back(count);
+      blocks.displs.push_back(offset);
+      blocks.fit_int_ = blocks.fit_int_ && count <= MaxCount() && offset <= MaxCount();
+      offset += count;
     }
+    if (blocks.fit_int_) {
+      blocks.int_counts_.assign(blocks.counts.begin(), blocks.counts.end());
+      blocks.int_displs_.assign(blocks.displs.begin(), blocks.displs.end());
+    }
+    return blocks;
   }
 
   // Whether every count and displacement fits the int arguments of one call.
-  bool FitInt() const {
-    for (size_t i = 0; i < counts.size(); ++i) {
-      if (counts[i] > MaxCount() || displs[i] > MaxCount()) return false;
-    }
-    return true;
-  }
+  bool FitInt() const { return fit_int_; }
 
-  std::vector<int> IntCounts() const { return {counts.begin(), counts.end()}; }
-  std::vector<int> IntDispls() const { return {displs.begin(), displs.end()}; }
+  // The int arguments, where FitInt().
+  const int* IntCounts() const { return int_counts_.data(); }
+  const int* IntDispls() const { return int_displs_.data(); }
 
   std::vector<size_t> counts, displs;
+
+ private:
+  std::vector<int> int_counts_, int_displs_;
+  bool fit_int_ = true;
 };
 
 // "communicator size <size> x <what> <n>", how a block-per-rank count is made.
@@ -59,7 +79,7 @@ ffi::Error CheckStacked(const char* op, MPI_Comm comm, const ffi::AnyBuffer& x,
                         const ffi::AnyBuffer& y) {
   const int size = CommSize(comm);
   return CheckOutput(op, comm, x, y, size * x.element_count(),
-                     PerRank(size, "input", x.element_count()));
+                     [&] { return PerRank(size, "input", x.element_count()); });
 }
 
 // Checks a counts attribute: one non-negative count of rows per rank.
@@ -105,15 +125,15 @@ ffi::Error CheckRows(const char* op, MPI_Comm comm,
   const size_t row = RowElements(whole.dimensions());
   const size_t own = static_cast<size_t>(counts[CommRank(comm)]);
   const size_t all = Sum(counts);
+  const auto all_rows = [&] { return RowsOf("sum(counts)", all, row); };
+  const auto own_rows = [&] { return RowsOf("counts[rank]", own, row); };
   if (whole_is_output) {
-    JAXCOMM_RETURN_IF_ERROR(
-        CheckOutput(op, comm, x, y, all * row, RowsOf("sum(counts)", all, row)));
-    return CheckElements(op, comm, "input", x.element_count(), own * row,
-                         RowsOf("counts[rank]", own, row));
+    JAXCOMM_RETURN_IF_ERROR(CheckOutput(op, comm, x, y, all * row, all_rows));
+    return CheckElements(op, comm, "input", x.element_count(), own * row, own_rows);
   }
-  JAXCOMM_RETURN_IF_ERROR(CheckElements(op, comm, "input", x.element_count(),
-                                        all * row, RowsOf("sum(counts)", all, row)));
-  return CheckOutput(op, comm, x, y, own * row, RowsOf("counts[rank]", own, row));
+  JAXCOMM_RETURN_IF_ERROR(
+      CheckElements(op, comm, "input", x.element_count(), all * row, all_rows));
+  return CheckOutput(op, comm, x, y, own * row, own_rows);
 }
 
 // MPI_Alltoallw arguments for blocks of any length at any offset: a non-empty
@@ -236,11 +256,12 @@ ffi::Error ScatterImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Result
   JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "scatter", &comm));
   const int size = CommSize(comm);
   // The output's element type; its count is the block size.
-  JAXCOMM_RETURN_IF_ERROR(CheckOutput("scatter", comm, x, *y, y->element_count(), ""));
+  JAXCOMM_RETURN_IF_ERROR(CheckOutput("scatter", comm, x, *y, y->element_count(),
+                                      [] { return std::string(); }));
   JAXCOMM_RETURN_IF_ERROR(
       CheckElements("scatter", comm, "input", x.element_count(),
                     size * y->element_count(),
-                    PerRank(size, "output", y->element_count())));
+                    [&] { return PerRank(size, "output", y->element_count()); }));
   LargeType block;
   JAXCOMM_RETURN_IF_ERROR(
       LargeType::Make(x.element_type(), y->element_count(), comm, &block));
@@ -268,7 +289,7 @@ ffi::Error AlltoallImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Resul
                        "size " + std::to_string(size));
   }
   JAXCOMM_RETURN_IF_ERROR(CheckOutput("alltoall", comm, x, *y, x.element_count(),
-                                      "like the input"));
+                                      LikeTheInput));
   LargeType block;
   JAXCOMM_RETURN_IF_ERROR(
       LargeType::Make(x.element_type(), x.element_count() / size, comm, &block));
@@ -291,7 +312,7 @@ ffi::Error AllgathervImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Res
   JAXCOMM_RETURN_IF_ERROR(CheckRows("allgatherv", comm, counts, x, *y, true));
   MPI_Datatype dtype;
   JAXCOMM_RETURN_IF_ERROR(MpiDatatype(x.element_type(), &dtype));
-  const Blocks blocks(counts, RowElements(y->dimensions()));
+  const Blocks& blocks = Blocks::Of(0, counts, RowElements(y->dimensions()));
   void *in, *out;
   if (blocks.FitInt()) {
     JAXCOMM_RETURN_IF_ERROR(Buffers(memory, x, *y, &in, &out));
@@ -300,8 +321,8 @@ ffi::Error AllgathervImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Res
     }
     JAXCOMM_MPI_CHECK(MPI_Allgatherv, in,
                       static_cast<int>(x.element_count()), dtype,
-                      out, blocks.IntCounts().data(),
-                      blocks.IntDispls().data(), dtype, comm);
+                      out, blocks.IntCounts(),
+                      blocks.IntDispls(), dtype, comm);
     return memory.Finish();
   }
   // Each rank broadcasts its block in turn, which needs no displacement
@@ -337,7 +358,7 @@ ffi::Error GathervImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Result
   JAXCOMM_RETURN_IF_ERROR(CheckRows("gatherv", comm, counts, x, *y, true));
   MPI_Datatype dtype;
   JAXCOMM_RETURN_IF_ERROR(MpiDatatype(x.element_type(), &dtype));
-  const Blocks blocks(counts, RowElements(y->dimensions()));
+  const Blocks& blocks = Blocks::Of(0, counts, RowElements(y->dimensions()));
   const int rank = CommRank(comm);
   void *in, *out;
   JAXCOMM_RETURN_IF_ERROR(Buffers(memory, x, *y, &in, &out));
@@ -348,8 +369,8 @@ ffi::Error GathervImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Result
     }
     JAXCOMM_MPI_CHECK(MPI_Gatherv, in,
                       static_cast<int>(x.element_count()), dtype,
-                      out, blocks.IntCounts().data(),
-                      blocks.IntDispls().data(), dtype, static_cast<int>(root),
+                      out, blocks.IntCounts(),
+                      blocks.IntDispls(), dtype, static_cast<int>(root),
                       comm);
   } else {
     PeerBlocks send, recv;
@@ -373,7 +394,7 @@ ffi::Error ScattervImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Resul
   JAXCOMM_RETURN_IF_ERROR(CheckRows("scatterv", comm, counts, x, *y, false));
   MPI_Datatype dtype;
   JAXCOMM_RETURN_IF_ERROR(MpiDatatype(x.element_type(), &dtype));
-  const Blocks blocks(counts, RowElements(x.dimensions()));
+  const Blocks& blocks = Blocks::Of(0, counts, RowElements(x.dimensions()));
   void *in, *out;
   JAXCOMM_RETURN_IF_ERROR(Buffers(memory, x, *y, &in, &out));
   if (blocks.FitInt()) {
@@ -381,8 +402,8 @@ ffi::Error ScattervImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Resul
       DebugLog(comm, "MPI_Scatterv root " + std::to_string(root) + " " +
                          Elements(x.element_count(), x.element_type()));
     }
-    JAXCOMM_MPI_CHECK(MPI_Scatterv, in, blocks.IntCounts().data(),
-                      blocks.IntDispls().data(), dtype, out,
+    JAXCOMM_MPI_CHECK(MPI_Scatterv, in, blocks.IntCounts(),
+                      blocks.IntDispls(), dtype, out,
                       static_cast<int>(y->element_count()), dtype,
                       static_cast<int>(root), comm);
     return memory.Finish();
@@ -413,13 +434,16 @@ ffi::Error AlltoallvImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Resu
   JAXCOMM_RETURN_IF_ERROR(CheckCounts("alltoallv", comm, "recvcounts", recvcounts, size));
   const size_t row = RowElements(x.dimensions());
   const size_t sent = Sum(sendcounts), received = Sum(recvcounts);
-  JAXCOMM_RETURN_IF_ERROR(CheckElements("alltoallv", comm, "input", x.element_count(),
-                                        sent * row, RowsOf("sum(sendcounts)", sent, row)));
-  JAXCOMM_RETURN_IF_ERROR(CheckOutput("alltoallv", comm, x, *y, received * row,
-                                      RowsOf("sum(recvcounts)", received, row)));
+  JAXCOMM_RETURN_IF_ERROR(
+      CheckElements("alltoallv", comm, "input", x.element_count(), sent * row,
+                    [&] { return RowsOf("sum(sendcounts)", sent, row); }));
+  JAXCOMM_RETURN_IF_ERROR(
+      CheckOutput("alltoallv", comm, x, *y, received * row,
+                  [&] { return RowsOf("sum(recvcounts)", received, row); }));
   MPI_Datatype dtype;
   JAXCOMM_RETURN_IF_ERROR(MpiDatatype(x.element_type(), &dtype));
-  const Blocks send_blocks(sendcounts, row), recv_blocks(recvcounts, row);
+  const Blocks& send_blocks = Blocks::Of(0, sendcounts, row);
+  const Blocks& recv_blocks = Blocks::Of(1, recvcounts, row);
   // max_rows picks the int-count path below: it must bound every count and
   // displacement that path narrows to int.
   size_t largest = 0;
@@ -441,9 +465,9 @@ ffi::Error AlltoallvImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Resu
     if (DebugEnabled()) {
       DebugLog(comm, "MPI_Alltoallv " + Elements(x.element_count(), x.element_type()));
     }
-    JAXCOMM_MPI_CHECK(MPI_Alltoallv, in, send_blocks.IntCounts().data(),
-                      send_blocks.IntDispls().data(), dtype, out,
-                      recv_blocks.IntCounts().data(), recv_blocks.IntDispls().data(),
+    JAXCOMM_MPI_CHECK(MPI_Alltoallv, in, send_blocks.IntCounts(),
+                      send_blocks.IntDispls(), dtype, out,
+                      recv_blocks.IntCounts(), recv_blocks.IntDispls(),
                       dtype, comm);
     return memory.Finish();
   }

@@ -18,13 +18,20 @@ std::string OpText(const char* function, int64_t op) {
   return std::string(function) + " op " + ReduceOpName(op);
 }
 
-// The pointers MPI reduces `x` into `y` through. jaxcomm's own ops run on the
-// host, so their buffers are there whatever the data path.
+// The pointers MPI reduces `x` into `y` through: MPI_IN_PLACE and y where
+// XLA gave y x's buffer (the lowering of allreduce, scan and exscan aliases
+// them, so a loop's carry is reduced where it is). jaxcomm's own ops run on
+// the host, so their buffers are there whatever the data path.
 ffi::Error ReductionBuffers(Memory& memory, int64_t op, ffi::AnyBuffer& x,
                             ffi::AnyBuffer& y, void** send, void** recv) {
   if (IsOwnReduceOp(op, x.element_type())) memory.RequireHost();
-  JAXCOMM_RETURN_IF_ERROR(memory.Read(x, send));
-  JAXCOMM_RETURN_IF_ERROR(memory.Output(y, recv));
+  if (SameBuffer(x, y)) {
+    *send = MPI_IN_PLACE;
+    JAXCOMM_RETURN_IF_ERROR(memory.InPlace(y, recv));
+  } else {
+    JAXCOMM_RETURN_IF_ERROR(memory.Read(x, send));
+    JAXCOMM_RETURN_IF_ERROR(memory.Output(y, recv));
+  }
   return memory.Ready();
 }
 
@@ -36,7 +43,7 @@ ffi::Error ElementwiseReduction(Memory& memory, ElementwiseCall call,
                                 ffi::AnyBuffer x, ffi::AnyBuffer& y,
                                 MPI_Comm comm, int64_t op) {
   JAXCOMM_RETURN_IF_ERROR(
-      CheckOutput(name, comm, x, y, x.element_count(), "like the input"));
+      CheckOutput(name, comm, x, y, x.element_count(), LikeTheInput));
   const ffi::DataType type = x.element_type();
   MPI_Datatype dtype;
   MPI_Op mpi_op;
@@ -47,7 +54,7 @@ ffi::Error ElementwiseReduction(Memory& memory, ElementwiseCall call,
     if (DebugEnabled()) {
       DebugLog(comm, OpText(function, op) + " " + Elements(count, type));
     }
-    const int rc = call(ElementAt(send, type, offset),
+    const int rc = call(ArgumentAt(send, type, offset),
                         ElementAt(recv, type, offset), count, dtype, mpi_op,
                         comm);
     if (rc != MPI_SUCCESS) return MpiFailure(function, rc, comm);
@@ -56,7 +63,8 @@ ffi::Error ElementwiseReduction(Memory& memory, ElementwiseCall call,
 }
 
 // Reduces `total` elements from `send` on every rank into `recv` on `root`,
-// in pieces of at most MaxCount() elements. `recv` is only written on root.
+// in pieces of at most MaxCount() elements. `recv` is only written on root;
+// `send` may be MPI_IN_PLACE there, and `recv` null elsewhere.
 ffi::Error ChunkedReduce(MPI_Comm comm, void* send, void* recv, size_t total,
                          ffi::DataType type, int64_t op, int root) {
   MPI_Datatype dtype;
@@ -67,8 +75,8 @@ ffi::Error ChunkedReduce(MPI_Comm comm, void* send, void* recv, size_t total,
       DebugLog(comm, OpText("MPI_Reduce", op) + " root " +
                          std::to_string(root) + " " + Elements(count, type));
     }
-    JAXCOMM_MPI_CHECK(MPI_Reduce, ElementAt(send, type, offset),
-                      ElementAt(recv, type, offset), count, dtype, mpi_op, root,
+    JAXCOMM_MPI_CHECK(MPI_Reduce, ArgumentAt(send, type, offset),
+                      ArgumentAt(recv, type, offset), count, dtype, mpi_op, root,
                       comm);
     return ffi::Error::Success();
   });
@@ -87,19 +95,29 @@ ffi::Error AllreduceImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x,
 }
 
 // MPI leaves the output of non-root ranks undefined; jaxcomm documents zeros.
+// Only the root's output is an MPI buffer: where XLA gave it the input's
+// buffer (the lowering aliases them) the root reduces in place.
 ffi::Error ReduceImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x,
                       ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> y,
                       int64_t comm_handle, int64_t op, int64_t root) {
   MPI_Comm comm;
   JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "reduce", &comm));
   JAXCOMM_RETURN_IF_ERROR(CheckOutput("reduce", comm, x, *y, x.element_count(),
-                                      "like the input"));
-  void *send, *recv;
-  JAXCOMM_RETURN_IF_ERROR(ReductionBuffers(memory, op, x, *y, &send, &recv));
+                                      LikeTheInput));
+  const bool is_root = CommRank(comm) == root;
+  void* send;
+  void* recv = nullptr;
+  if (is_root) {
+    JAXCOMM_RETURN_IF_ERROR(ReductionBuffers(memory, op, x, *y, &send, &recv));
+  } else {
+    if (IsOwnReduceOp(op, x.element_type())) memory.RequireHost();
+    JAXCOMM_RETURN_IF_ERROR(memory.Read(x, &send));
+    JAXCOMM_RETURN_IF_ERROR(memory.Ready());
+  }
   JAXCOMM_RETURN_IF_ERROR(ChunkedReduce(comm, send, recv, x.element_count(),
                                         x.element_type(), op,
                                         static_cast<int>(root)));
-  if (CommRank(comm) != root) JAXCOMM_RETURN_IF_ERROR(memory.Zero(*y));
+  if (!is_root) JAXCOMM_RETURN_IF_ERROR(memory.Zero(*y));
   return memory.Finish();
 }
 
@@ -138,9 +156,10 @@ ffi::Error ReduceScatterImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x,
   const size_t block = y->element_count();
   JAXCOMM_RETURN_IF_ERROR(CheckElements(
       "reduce_scatter", comm, "input", x.element_count(),
-      block * static_cast<size_t>(size),
-      "communicator size " + std::to_string(size) + " x output " +
-          std::to_string(block)));
+      block * static_cast<size_t>(size), [&] {
+        return "communicator size " + std::to_string(size) + " x output " +
+               std::to_string(block);
+      }));
   MPI_Datatype dtype;
   MPI_Op mpi_op;
   JAXCOMM_RETURN_IF_ERROR(ReductionTypes(type, op, comm, &dtype, &mpi_op));

@@ -63,8 +63,7 @@ ALLOWED_DTYPES = {
 PRIMITIVES = {}
 
 
-
-def comm_primitive(name, abstract_eval, target, attrs):
+def comm_primitive(name, abstract_eval, target, attrs, *, in_place=False):
     """Create the primitive ``<name>_p`` lowered to the FFI target ``target``.
 
     Args:
@@ -73,19 +72,30 @@ def comm_primitive(name, abstract_eval, target, attrs):
         target: the FFI target name registered by the kernels module.
         attrs: names of the params passed to the kernel as int64 attributes
             (tuples as int64 arrays, read as ``Span<const int64_t>``).
+        in_place: the single output, shaped like the single operand, takes the
+            operand's buffer, and the kernel works in place there (the MPI
+            call's in-place form). Where the operand is dead afterwards, as a
+            loop's carry is, XLA then moves no data around the call; where it
+            is still used (an argument of the jitted function, a value read
+            later), XLA copies it first, so inputs are never modified.
     """
     PRIMITIVES[name] = (target, tuple(attrs))
     prim = Primitive(name)
     prim.multiple_results = True
     prim.def_impl(partial(_compat.apply_primitive, prim))
     _compat.def_effectful_abstract_eval(prim, abstract_eval)
-    mlir.register_lowering(prim, partial(_ordered_ffi_lowering, target, attrs), platform="cpu")
-    mlir.register_lowering(prim, partial(_cuda_lowering, target, attrs), platform="cuda")
+    lowering = partial(_ordered_ffi_lowering, target, attrs, in_place)
+    mlir.register_lowering(prim, lowering, platform="cpu")
+    mlir.register_lowering(prim, partial(_cuda_lowering, lowering), platform="cuda")
     _compat.communicating_primitives.add(prim)
     return prim
 
 
-def _ordered_ffi_lowering(target, attrs, ctx, *args, **params):
+# Operand and result 0 are the ordering token; the array is 1 in both.
+_ARRAY_IN_PLACE = {1: 1}
+
+
+def _ordered_ffi_lowering(target, attrs, in_place, ctx, *args, **params):
     # One MPI call per process and op, in program order, is what keeps every
     # rank's collectives matched; copies of the call on several devices of one
     # process would break both.
@@ -100,7 +110,10 @@ def _ordered_ffi_lowering(target, attrs, ctx, *args, **params):
             "with jax.default_device), and combine the processes' results with jaxcomm."
         )
     token, token_ctx = _compat.ordered_token(ctx)
-    lowering = jax.ffi.ffi_lowering(target, has_side_effect=True)
+    aliases = _ARRAY_IN_PLACE if in_place else None
+    lowering = jax.ffi.ffi_lowering(
+        target, has_side_effect=True, operand_output_aliases=aliases
+    )
     token_out, *results = lowering(
         token_ctx, token, *args, **{k: _attribute(params[k]) for k in attrs}
     )
@@ -108,14 +121,14 @@ def _ordered_ffi_lowering(target, attrs, ctx, *args, **params):
     return results
 
 
-def _cuda_lowering(target, attrs, ctx, *args, **params):
+def _cuda_lowering(lowering, ctx, *args, **params):
     if _runtime.cuda_kernels is None:
         raise RuntimeError(
             f"jaxcomm op {ctx.primitive.name!r} on a GPU: {_gpu.NO_CUDA_KERNELS}. "
             "Or keep the arrays it communicates on the CPU (jax.device_put(x, "
             "jax.devices('cpu')[0])) and jaxcomm's CPU kernels move them."
         )
-    return _ordered_ffi_lowering(target, attrs, ctx, *args, **params)
+    return lowering(ctx, *args, **params)
 
 
 def _attribute(value):

@@ -6,7 +6,9 @@ from ._adjoint import register, replicated_adjoint
 from ._base import comm_primitive, def_linear, same_as_input
 from ._batching import batch_whole, flat
 
-bcast_p = comm_primitive("bcast", same_as_input, "jaxcomm_bcast", ("comm", "root"))
+# MPI_Bcast works in place: with the input's buffer the root sends from where
+# its data already is.
+bcast_p = comm_primitive("bcast", same_as_input, "jaxcomm_bcast", ("comm", "root"), in_place=True)
 
 
 def bcast(x, *, root, comm, replicated=True):

@@ -46,6 +46,10 @@ def _received_rows(aval, *, recvcounts, **_):
 allgather_p = comm_primitive("allgather", _stacked, "jaxcomm_allgather", ("comm",))
 gather_p = comm_primitive("gather", _stacked, "jaxcomm_gather", ("comm", "root"))
 scatter_p = comm_primitive("scatter", _split, "jaxcomm_scatter", ("comm", "root"))
+# alltoall's output could take its input's buffer, but MPI_Alltoall's in-place
+# form exchanges through a temporary copy (MPICH: MPI_Sendrecv_replace per
+# peer), so it keeps a buffer of its own; so do the ops whose output is not
+# shaped like their input.
 alltoall_p = comm_primitive("alltoall", same_as_input, "jaxcomm_alltoall", ("comm",))
 allgatherv_p = comm_primitive("allgatherv", _all_rows, "jaxcomm_allgatherv", ("comm", "counts"))
 gatherv_p = comm_primitive("gatherv", _all_rows, "jaxcomm_gatherv", ("comm", "counts", "root"))

@@ -40,6 +40,9 @@ send_p = comm_primitive("send", no_output, "jaxcomm_send", ("comm", "dest", "tag
 # recv takes its template as an operand, although the kernel never reads it:
 # then transformations see it (a vmapped template makes a batched receive).
 recv_p = comm_primitive("recv", _with_envelope, "jaxcomm_recv", ("comm", "source", "tag"))
+# Received arrays keep buffers of their own: MPI_Sendrecv_replace, the only
+# in-place exchange, goes through a temporary copy, and recv's template is
+# usually a value still live (a constant), which XLA would copy to alias.
 sendrecv_p = comm_primitive(
     "sendrecv",
     _with_envelope,

@@ -30,10 +30,18 @@ def _reduce_scatter_abstract_eval(aval, *, size, tiled, **_):
     return [jax.core.ShapedArray(shape, aval.dtype)]
 
 
-allreduce_p = comm_primitive("allreduce", same_as_input, "jaxcomm_allreduce", ("comm", "op"))
-reduce_p = comm_primitive("reduce", same_as_input, "jaxcomm_reduce", ("comm", "op", "root"))
-scan_p = comm_primitive("scan", same_as_input, "jaxcomm_scan", ("comm", "op"))
-exscan_p = comm_primitive("exscan", same_as_input, "jaxcomm_exscan", ("comm", "op"))
+# MPI_Allreduce, MPI_Scan, MPI_Exscan and the root's MPI_Reduce have in-place
+# forms; the kernels use them where the output has the input's buffer.
+allreduce_p = comm_primitive(
+    "allreduce", same_as_input, "jaxcomm_allreduce", ("comm", "op"), in_place=True
+)
+reduce_p = comm_primitive(
+    "reduce", same_as_input, "jaxcomm_reduce", ("comm", "op", "root"), in_place=True
+)
+scan_p = comm_primitive("scan", same_as_input, "jaxcomm_scan", ("comm", "op"), in_place=True)
+exscan_p = comm_primitive(
+    "exscan", same_as_input, "jaxcomm_exscan", ("comm", "op"), in_place=True
+)
 # The kernel reads the block size off its output; size and tiled only shape it.
 reduce_scatter_p = comm_primitive(
     "reduce_scatter", _reduce_scatter_abstract_eval, "jaxcomm_reduce_scatter", ("comm", "op")
