@@ -181,7 +181,7 @@ def main(argv=None):
                    help="leave out JAX's collectives (jax.distributed)")
     p.set_defaults(modes=["jit", "loop"])
     args = p.parse_args(argv)
-    options = bench.settings(args)
+    bench.settings(args)  # a bad option fails before anything is measured
     comm = MPI.COMM_WORLD
     notes = {}
     jax_error = "left out (--no-jax)" if args.no_jax else start_jax_distributed(comm)
@@ -195,25 +195,19 @@ def main(argv=None):
         impls.append(JaxCollectivesImpl())
     else:
         notes["jax"] = f"not measured: {jax_error}"
+    if comm.rank == 0:
+        for name, note in notes.items():
+            print(f"# {name}: {note}")
+    names = [impl.name for impl in impls]
     try:
-        records = bench.run(comm, impls, **options)
-        names = [impl.name for impl in impls]
-        if comm.rank == 0:
-            for name, note in notes.items():
-                print(f"# {name}: {note}")
-        bench.report(
-            comm, records, args,
-            impls=names,
+        bench.run_and_report(
+            comm, impls, args,
             ratios=[(name, bench.REFERENCE) for name in names[1:]]
             + [("jaxcomm", name) for name in names[2:]],
             bandwidth=(),
-            meta=bench.metadata(
-                comm,
-                options={k: v for k, v in options.items() if k != "progress"},
-                libraries=names,
-                notes=notes,
-            ),
             title="benchmarks/compare.py",
+            libraries=names,
+            notes=notes,
         )
     finally:
         jc.free()

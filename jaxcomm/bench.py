@@ -931,45 +931,58 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def report(
+def run_and_report(
     comm: MPI.Intracomm,
-    records: Sequence[Record],
+    impls: Sequence[Impl],
     args: argparse.Namespace,
     *,
-    impls: Sequence[str],
     ratios: Sequence[tuple[str, str]],
     bandwidth: Sequence[str],
-    meta: dict[str, Any],
     title: str,
-) -> None:
-    """On rank 0: print the table and summary, write the JSON and plot if asked."""
-    if comm.rank != 0:
-        return
-    print(f"# {title}: {comm.size} ranks, jax {jax.__version__}, {meta['cpu']}")
-    print("# times: microseconds per op, median of repeats (slowest rank); ratios of times")
-    print(table(records, impls, ratios, bandwidth, markdown=args.markdown))
-    print(summary(records, ratios))
-    if args.json:
-        write_json(args.json, records, meta)
-    if args.plot:
-        plot(args.plot, records, f"{title}, {comm.size} ranks")
-    sys.stdout.flush()
+    **meta: Any,
+) -> list[Record]:
+    """Measure with the parsed options; on rank 0 print the table, write JSON and plot.
+
+    Args:
+        comm: the communicator (every rank calls this).
+        impls: implementations, :class:`Mpi4pyImpl` first; the table shows
+            each one's time.
+        args: options from :func:`parser`.
+        ratios, bandwidth: the table's columns (see :func:`table`).
+        title: the table's and the plot's title.
+        **meta: extra entries for the JSON's ``meta``.
+
+    Returns:
+        The records.
+    """
+    options = settings(args)
+    records = run(comm, impls, **options)
+    meta = metadata(comm, options={k: v for k, v in options.items() if k != "progress"}, **meta)
+    if comm.rank == 0:
+        print(f"# {title}: {comm.size} ranks, jax {jax.__version__}, {meta['cpu']}")
+        print("# times: microseconds per op, median of repeats (slowest rank); ratios of times")
+        names = [impl.name for impl in impls]
+        print(table(records, names, ratios, bandwidth, markdown=args.markdown))
+        print(summary(records, ratios))
+        if args.json:
+            write_json(args.json, records, meta)
+        if args.plot:
+            plot(args.plot, records, f"{title}, {comm.size} ranks")
+        sys.stdout.flush()
+    return records
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m jaxcomm.bench``: measure, then print on rank 0."""
     args = parser("Latency and bandwidth of jaxcomm's ops beside mpi4py.").parse_args(argv)
     comm = MPI.COMM_WORLD
-    options = settings(args)
+    settings(args)  # a bad option fails before anything is measured
     jc = JaxComm(comm)
     try:
-        records = run(comm, [Mpi4pyImpl(comm), JaxcommImpl(jc), PlainJitImpl()], **options)
-        report(
-            comm, records, args,
-            impls=(REFERENCE, "jaxcomm", PLAIN),
+        run_and_report(
+            comm, [Mpi4pyImpl(comm), JaxcommImpl(jc), PlainJitImpl()], args,
             ratios=(("jaxcomm", REFERENCE), ("jaxcomm", PLAIN)),
             bandwidth=("jaxcomm", REFERENCE),
-            meta=metadata(comm, options={k: v for k, v in options.items() if k != "progress"}),
             title="jaxcomm.bench",
         )
     finally:

@@ -11,7 +11,6 @@ import sys
 import jax
 import numpy as np
 import pytest
-from mpi4py import MPI
 
 from jaxcomm import bench
 
