@@ -684,7 +684,10 @@ def _format_time(seconds: float) -> str:
 
 
 def _format_bandwidth(bps: float | None) -> str:
-    return "" if bps is None else f"{bps / 1e6:.4g}"
+    if bps is None:
+        return ""
+    mbps = bps / 1e6
+    return f"{mbps:.0f}" if mbps >= 1000 else f"{mbps:.3g}"
 
 
 def table(
