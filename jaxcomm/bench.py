@@ -264,8 +264,8 @@ def fori(fn: Callable[[jax.Array], Any]) -> Callable[[jax.Array, Any], jax.Array
 class Impl:
     """A way of doing the benchmarked ops: mpi4py, jaxcomm, or another library.
 
-    Subclasses give :meth:`call`; :meth:`runner` turns it into a timed
-    callable for each mode.
+    Subclasses give :meth:`runner`; those whose ops are JAX functions derive
+    from :class:`JaxImpl` and give only the function.
 
     Attributes:
         name: the column name.
@@ -387,6 +387,10 @@ class JaxcommImpl(JaxImpl):
             sync()
 
 
+def _plus_one(x):
+    return x + 1
+
+
 class PlainJitImpl(JaxImpl):
     """``jax.jit(lambda x: x + 1)``: a jitted call without MPI, the dispatch reference."""
 
@@ -394,7 +398,7 @@ class PlainJitImpl(JaxImpl):
     modes = ("jit", "eager")
 
     def function(self, op):
-        return lambda x: x + 1
+        return _plus_one
 
     def runner(self, op, mode, x):
         # The reference for both modes is a jitted call.
@@ -571,12 +575,41 @@ def measure(
     return records
 
 
+# Process names (as Linux shortens them) of MPI launchers and their daemons.
+_LAUNCHERS = ("mpiexec", "mpirun", "hydra_pmi_proxy", "prterun", "prted", "orterun", "orted")
+
+
+def _stderr_is_terminal() -> bool:
+    """Whether this process's stderr ends on a terminal.
+
+    A launcher gives its ranks a pipe and copies it to its own stderr, so a
+    rank's ``isatty()`` is always false under ``mpiexec``; on Linux, look at
+    the launcher's stderr instead, walking up through its processes.
+    """
+    if sys.stderr.isatty():
+        return True
+    pid = os.getppid()
+    try:
+        for _ in range(4):
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+            name, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:]
+            if not name.startswith(_LAUNCHERS):
+                return False
+            if os.readlink(f"/proc/{pid}/fd/2").startswith(("/dev/pts/", "/dev/tty")):
+                return True
+            pid = int(rest.split()[1])
+    except (OSError, ValueError):
+        pass
+    return False
+
+
 class Progress:
     """A one-line progress bar on stderr (rank 0, a terminal, not disabled)."""
 
     def __init__(self, total: int, enabled: bool):
         self.total, self.done = total, 0
-        self.enabled = enabled and sys.stderr.isatty()
+        self.enabled = enabled and _stderr_is_terminal()
         self.start = time.perf_counter()
 
     def step(self, label: str) -> None:
