@@ -1,0 +1,187 @@
+"""Tests for the benchmark suite's measurement core and command line (jaxcomm.bench).
+
+Tiny sizes and repeats: these check that every op is measured, checked
+against mpi4py and reported, never how fast anything is.
+"""
+
+import dataclasses
+import json
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from jaxcomm import bench
+
+FIELDS = {
+    "op", "mode", "nbytes", "impl", "ranks", "iters", "repeats", "time_s", "min_s",
+    "bandwidth", "match", "ratios", "error",
+}
+TINY = {"repeats": 2, "target_s": 1e-4, "max_iters": 4}
+
+
+def expected_ops(size):
+    return [name for name, op in bench.OPS.items() if op.min_size <= size]
+
+
+@pytest.fixture(scope="module")
+def records(jc):
+    impls = [bench.Mpi4pyImpl(jc.comm), bench.JaxcommImpl(jc), bench.PlainJitImpl()]
+    return bench.run(jc.comm, impls, sizes=[8], **TINY)
+
+
+class WrongAllreduce(bench.JaxImpl):
+    """An allreduce that adds one too many: fast and wrong."""
+
+    name = "wrong"
+
+    def __init__(self, jc):
+        self.jc = jc
+
+    def supports(self, op, mode):
+        return op.name == "allreduce" and mode in self.modes
+
+    def function(self, op):
+        return lambda x: self.jc.allreduce(x) + 1
+
+
+class Failing(bench.JaxImpl):
+    """An implementation whose op raises while tracing."""
+
+    name = "failing"
+
+    def function(self, op):
+        def fail(x):
+            raise RuntimeError("no such op here")
+
+        return fail
+
+
+@pytest.mark.mpi
+def test_every_op_and_mode_measured_and_checked(jc, records):
+    found = {(r.op, r.mode, r.impl): r for r in records}
+    for record in records:
+        assert set(dataclasses.asdict(record)) == FIELDS
+        assert record.ranks == jc.size
+    for name in expected_ops(jc.size):
+        op = bench.OPS[name]
+        for mode in bench.MODES:
+            mine, ref = found[(name, mode, "jaxcomm")], found[(name, mode, bench.REFERENCE)]
+            for record in (mine, ref):
+                assert record.error is None, record
+                assert record.match is True, record
+                assert record.time_s > 0 and 0 < record.min_s <= record.time_s, record
+                assert 1 <= record.iters <= TINY["max_iters"] and record.repeats == 2
+                assert record.nbytes == (8 if op.sized and not op.split else record.nbytes)
+                if op.sized:
+                    assert record.nbytes >= 4 and record.bandwidth > 0
+                else:
+                    assert record.nbytes == 0 and record.bandwidth is None
+            assert mine.ratios[bench.REFERENCE] == pytest.approx(mine.time_s / ref.time_s)
+            plain = found.get((name, mode, bench.PLAIN))
+            if mode == "loop":
+                assert plain is None
+            else:
+                assert plain.match is None and plain.time_s > 0
+                assert mine.ratios[bench.PLAIN] == pytest.approx(mine.time_s / plain.time_s)
+    assert {r.op for r in records} == set(expected_ops(jc.size))
+
+
+@pytest.mark.mpi
+def test_wrong_result_is_flagged_and_not_timed(jc):
+    impls = [bench.Mpi4pyImpl(jc.comm), WrongAllreduce(jc), bench.JaxcommImpl(jc)]
+    for mode in bench.MODES:
+        records = bench.measure(jc.comm, bench.OPS["allreduce"], 64, mode, impls, **TINY)
+        by_impl = {r.impl: r for r in records}
+        assert by_impl["wrong"].match is False and by_impl["wrong"].time_s is None
+        assert by_impl["jaxcomm"].match is True and by_impl["jaxcomm"].time_s > 0
+        assert "wrong" not in by_impl["jaxcomm"].ratios
+        text = bench.table(records, ["mpi4py", "wrong"], [("wrong", "mpi4py")])
+        assert "WRONG" in text.splitlines()[1]
+        assert "WRONG RESULT (not timed): wrong allreduce" in bench.summary(records, [])
+
+
+@pytest.mark.mpi
+def test_failing_impl_is_reported_on_every_rank(jc):
+    impls = [bench.Mpi4pyImpl(jc.comm), Failing()]
+    (ref, failed) = bench.measure(jc.comm, bench.OPS["bcast"], 8, "jit", impls, **TINY)
+    assert ref.time_s > 0
+    assert failed.time_s is None and "no such op here" in failed.error
+
+
+@pytest.mark.mpi
+def test_json_and_markdown_output(jc, tmp_path, capsys):
+    path = jc.comm.bcast(str(tmp_path / "bench.json"))
+    argv = ["--ops", "allreduce,barrier", "--sizes", "8,1K", "--modes", "jit,eager",
+            "--repeats", "1", "--time", "0.0001", "--json", path, "--markdown", "--no-progress"]
+    assert bench.main(argv) == 0
+    data = None
+    if jc.rank == 0:
+        with open(path) as f:
+            data = json.load(f)
+    data = jc.comm.bcast(data)
+    meta = data["meta"]
+    assert meta["ranks"] == jc.size and meta["hosts"] and meta["cpu"]
+    assert meta["versions"]["jax"] == jax.__version__
+    assert {"jaxlib", "mpi4py", "mpi_library", "jaxcomm"} <= set(meta["versions"])
+    keys = {(r["op"], r["nbytes"], r["mode"]) for r in data["records"] if r["impl"] == "jaxcomm"}
+    assert keys == {("allreduce", 8, m) for m in ("jit", "eager")} | {
+        ("allreduce", 1024, m) for m in ("jit", "eager")
+    } | {("barrier", 0, m) for m in ("jit", "eager")}
+    assert all(r["match"] in (True, None) and r["time_s"] > 0 for r in data["records"])
+    out = capsys.readouterr().out
+    if jc.rank == 0:
+        assert "| op | size | mode | mpi4py us | jaxcomm us | plain us |" in out
+        assert "| allreduce | 1 KiB | eager |" in out
+    else:
+        assert out == ""
+
+
+def test_sizes_parse_and_print():
+    assert [bench.parse_size(s) for s in ("8", "4K", "4KiB", "64MiB", "1m")] == [
+        8, 4096, 4096, 64 << 20, 1 << 20,
+    ]
+    with pytest.raises(Exception, match="not a size"):
+        bench.parse_size("8 bytes")
+    assert bench.sizes_between(8, 4096) == [8, 64, 512, 4096]
+    assert bench.sizes_between(8, 1000) == [8, 64, 512, 1000]
+    assert [bench.format_size(n) for n in (8, 4096, 64 << 20, 1000)] == [
+        "8 B", "4 KiB", "64 MiB", "1000 B",
+    ]
+    assert bench.DEFAULT_SIZES[0] == 8 and bench.DEFAULT_SIZES[-1] == 64 << 20
+
+
+def test_input_shapes_follow_the_message_size():
+    assert bench.input_shape(bench.OPS["allreduce"], 1024, 3) == (256,)
+    assert bench.input_shape(bench.OPS["alltoall"], 1024, 4) == (4, 64)
+    assert bench.input_shape(bench.OPS["scatter"], 8, 3) == (3, 1)
+    assert bench.input_shape(bench.OPS["barrier"], 1024, 2) == (1,)
+
+
+def test_loop_step_is_the_same_in_jax_and_numpy():
+    for out_shape, carry_shape in [((4,), (4,)), ((2, 4), (4,)), ((4,), (2, 4))]:
+        out = np.arange(np.prod(out_shape), dtype=np.float32).reshape(out_shape)
+        carry = np.ones(carry_shape, np.float32)
+        expected = np.asarray(bench.loop_step(jax.numpy.asarray(out), carry))
+        bench.loop_step_numpy(out, carry)
+        np.testing.assert_array_equal(carry, expected)
+
+
+def test_plot_writes_a_png_or_says_what_is_missing(tmp_path, monkeypatch):
+    records = [
+        bench.Record("allreduce", mode, n, impl, 2, 1, 1, time_s=1e-6 * n, match=True)
+        for mode in ("jit", "loop") for n in (8, 64) for impl in ("mpi4py", "jaxcomm")
+    ]
+    path = tmp_path / "plot.png"
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        with pytest.raises(RuntimeError, match="needs matplotlib"):
+            bench.plot(str(path), records, "test")
+    else:
+        bench.plot(str(path), records, "test")
+        assert path.read_bytes()[:4] == b"\x89PNG"
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(RuntimeError, match="needs matplotlib"):
+        bench.plot(str(path), records, "test")
