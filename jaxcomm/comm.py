@@ -280,7 +280,7 @@ def _split_arrays(method, args):
 _ARRAY_ARGUMENTS = {
     "allreduce": 1, "reduce": 1, "scan": 1, "exscan": 1, "reduce_scatter": 1, "bcast": 1,
     "barrier": 0, "allgather": 1, "gather": 1, "scatter": 1, "alltoall": 1, "allgatherv": 1,
-    "gatherv": 1, "scatterv": 1, "alltoallv": 1, "send": 1, "recv": 1, "sendrecv": 1,
+    "gatherv": 1, "scatterv": 1, "alltoallv": 1, "send": 1, "recv": 1, "sendrecv": 2,
     "shift": 1,
 }
 
