@@ -462,6 +462,19 @@ def _timed(run: Callable[[int], Any], n: int) -> float:
     return time.perf_counter() - start
 
 
+def _per_op(record: Record, times: np.ndarray) -> np.ndarray:
+    """Seconds per op of each repeat, from the times of n ops and (loop mode) of 2n.
+
+    When noise leaves a repeat's difference not positive (short loops whose
+    call cost dwarfs the iterations), that repeat's 2n call average is taken.
+    """
+    n = record.iters
+    if record.mode != "loop":
+        return times[:, 0] / n
+    difference = (times[:, 1] - times[:, 0]) / n
+    return np.where(difference > 0, difference, times[:, 1] / (2 * n))
+
+
 def _per_op_estimate(comm, run, target_s: float, max_iters: int) -> float:
     """Seconds per op, from growing batches until one takes an eighth of the target.
 
@@ -553,24 +566,25 @@ def measure(
     for record, run in runners:
         estimate = _per_op_estimate(comm, run, target_s, max_iters)
         record.iters = int(min(max_iters, max(1, round(target_s / max(estimate, 1e-9)))))
-    samples = np.zeros((len(runners), repeats))
+    # samples[..., 0]: a repeat of n ops. In loop mode, samples[..., 1] is a
+    # call of 2n iterations: the difference is n iterations without the
+    # call's own cost (copying the carry in, allocating the
+    # result), which mpi4py's loop does not pay.
+    samples = np.zeros((len(runners), repeats, 2))
     for rep in range(repeats):
         for k in range(len(runners)):
             i = (k + rep) % len(runners)
             record, run = runners[i]
             comm.Barrier()
+            samples[i, rep, 0] = _timed(run, record.iters)
             if record.mode == "loop":
-                # One jitted call of n iterations and one of 2n: the difference
-                # is n iterations without the call's own cost (copying the
-                # carry in, allocating the result), which mpi4py does not pay.
-                samples[i, rep] = _timed(run, 2 * record.iters) - _timed(run, record.iters)
-            else:
-                samples[i, rep] = _timed(run, record.iters)
+                samples[i, rep, 1] = _timed(run, 2 * record.iters)
     comm.Allreduce(MPI.IN_PLACE, samples, op=MPI.MAX)
     for (record, _), row in zip(runners, samples):
         record.repeats = repeats
-        record.time_s = float(np.median(row)) / record.iters
-        record.min_s = float(np.min(row)) / record.iters
+        per_op = _per_op(record, row)
+        record.time_s = float(np.median(per_op))
+        record.min_s = float(np.min(per_op))
         record.bandwidth = size_bytes / record.time_s if op.sized else None
     for record, _ in runners:
         record.ratios = {
