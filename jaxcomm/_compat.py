@@ -244,9 +244,13 @@ fast_dispatch_any_device = False
 _token_inside = contextvars.ContextVar("jaxcomm_token_inside", default=None)
 
 
+# jax 0.12 lowers a ``Jaxpr`` that holds its constants; earlier versions a ``ClosedJaxpr``.
+_ClosedJaxpr = getattr(_core, "ClosedJaxpr", ())
+
+
 def _without_mpi_effect(jaxpr):
     """``jaxpr`` (a ``Jaxpr`` or ``ClosedJaxpr``) minus jaxcomm's effect at its top level."""
-    if isinstance(jaxpr, _core.ClosedJaxpr):
+    if isinstance(jaxpr, _ClosedJaxpr):
         return jaxpr.replace(jaxpr=_without_mpi_effect(jaxpr.jaxpr))
     return jaxpr.replace(effects=frozenset(e for e in jaxpr.effects if e is not mpi_effect))
 
@@ -277,7 +281,7 @@ def _cached_lowering_to_hlo(jaxpr, module_name, backend, *args, **kwargs):
     if mpi_effect not in jaxpr.effects or not _fast_dispatch_applies(backend):
         return _lowering_to_hlo(jaxpr, module_name, backend, *args, **kwargs)
     stripped = _without_mpi_effect(jaxpr)
-    inner = stripped.jaxpr if isinstance(stripped, _core.ClosedJaxpr) else stripped
+    inner = stripped.jaxpr if isinstance(stripped, _ClosedJaxpr) else stripped
     reset = _token_inside.set(inner)
     try:
         return _lowering_to_hlo(stripped, module_name, backend, *args, **kwargs)
