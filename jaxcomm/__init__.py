@@ -7,7 +7,7 @@ order.
 """
 
 from ._gpu import bind_local_gpu, cuda_info, set_cuda_aware
-from ._runtime import set_debug, sync
+from ._runtime import set_check, set_debug, set_timeout, sync
 from ._version import __version__
 from .comm import JaxComm
 
@@ -16,7 +16,9 @@ __all__ = [
     "__version__",
     "bind_local_gpu",
     "cuda_info",
+    "set_check",
     "set_cuda_aware",
     "set_debug",
+    "set_timeout",
     "sync",
 ]

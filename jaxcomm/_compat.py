@@ -18,6 +18,7 @@ from jax import lax
 from jax._src import core as _core
 from jax._src import dispatch as _dispatch
 from jax._src import effects as _effects
+from jax._src import source_info_util as _source_info
 from jax._src import xla_bridge as _xla_bridge
 from jax._src.interpreters import ad as _ad
 from jax._src.interpreters import batching as _batching
@@ -53,6 +54,24 @@ for _allowed in (
     _effects.shardable_ordered_effects,
 ):
     _allowed.add_type(MPIEffect)
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def call_site(ctx) -> str:
+    """Where the user's code called the jaxcomm method an op being lowered comes from.
+
+    The innermost frame of the op's traceback outside JAX, the standard
+    library and jaxcomm, as ``"file:line (function)"``.
+    """
+    traceback = getattr(ctx, "traceback", None)
+    for frame in getattr(traceback, "frames", ()):
+        name = frame.file_name
+        if name.startswith(_PACKAGE_DIR) or not _source_info.is_user_filename(name):
+            continue
+        return f"{name}:{frame.line_num} ({frame.function_name})"
+    return "an unknown call site"
 
 
 def def_effectful_abstract_eval(prim, abstract_eval):

@@ -7,8 +7,11 @@ installs the exit hook that drains pending MPI work before MPI is finalised.
 
 import atexit
 import functools
+import itertools
+import math
 import os
 import re
+import weakref
 
 import jax
 import numpy as np
@@ -126,6 +129,115 @@ def set_debug(enabled: bool = True) -> None:
     _kernels_cpu.set_debug(bool(enabled))
 
 
+@functools.cache
+def site_id(text: str) -> int:
+    """The id of a call site's text, which the kernels name in checker and watchdog reports."""
+    return _kernels_cpu.register_site(text)
+
+
+# The JaxComms alive, in creation order: set_check gives them checking
+# communicators, collectively, in the same order on every rank.
+_live_comms = weakref.WeakValueDictionary()
+_comm_serials = itertools.count()
+
+
+def track_comm(jc) -> None:
+    """Note a new JaxComm (and give it checking communicators when checking is on)."""
+    _live_comms[next(_comm_serials)] = jc
+    if checking():
+        jc._make_check_comms()
+
+
+def set_check_comms(handle: int, comms) -> None:
+    """Hand the kernels the checker's two communicators for ``handle`` (None: forget them)."""
+    null = MPI.COMM_NULL.py2f()
+    signatures, verdicts = (null, null) if comms is None else (c.py2f() for c in comms)
+    _kernels_cpu.set_check_comms(handle, signatures, verdicts)
+
+
+def checking() -> bool:
+    """Whether the collective mismatch checker is on."""
+    return bool(_kernels_cpu.monitor_flags() & 1)
+
+
+def monitoring() -> bool:
+    """Whether the checker or the watchdog is on: calls then need their own call sites."""
+    return _kernels_cpu.monitor_flags() != 0
+
+
+def set_check(enabled: bool = True) -> None:
+    """Turn the collective mismatch checker on or off.
+
+    With the checker on, every jaxcomm MPI call first compares what each
+    rank involved is about to do: a collective's ranks compare the operation,
+    root, reduction op, element count, dtype and ``*v`` counts; a message's
+    sender and receiver compare dtype and size (the receive must hold the
+    message). When they disagree, no rank makes the call and every rank
+    involved raises an error naming each rank's call and its Python call site
+    (file, line and function of the jaxcomm method call), where the program
+    would otherwise hang or corrupt data. Each checked collective costs an
+    extra ``MPI_Allgather`` of a few hundred bytes per rank, each message two
+    small extra messages. Ranks may call the same collective from different
+    lines (rank-dependent branches are legitimate SPMD code), so call sites
+    are reported, not compared.
+
+    Setting the environment variable ``JAXCOMM_CHECK=1`` turns it on from the
+    start. Turning it on later is collective: call it on every rank at the
+    same point of the program. It creates two private communicators per live
+    ``JaxComm`` (and per one created later) to check on.
+
+    Args:
+        enabled: whether to check.
+    """
+    enabled = bool(enabled)
+    if enabled:
+        wait_for_dispatched()
+        for _, jc in sorted(_live_comms.items()):
+            if not jc.freed:
+                jc._make_check_comms()
+    _kernels_cpu.set_check(enabled)
+
+
+def set_timeout(seconds: float | None) -> None:
+    """Abort the job when one jaxcomm MPI call takes longer than ``seconds`` (the watchdog).
+
+    A thread that wakes at most once a second (no busy waiting) looks at the
+    MPI call each rank is in. When one has run longer than the timeout, the
+    rank prints what it waits in (operation, peer or root, tag, count, dtype
+    and the Python call site) and calls ``MPI_Abort`` on ``MPI_COMM_WORLD``
+    with exit status 124, so a batch job that would hang forever ends with a
+    diagnosis instead. MPI cannot cancel a collective a rank is waiting in,
+    so raising an exception on that rank instead would leave the others
+    hanging. Setting ``JAXCOMM_TIMEOUT=seconds`` turns it on from the start.
+
+    Args:
+        seconds: the timeout, a positive number; ``None`` or 0 turns the
+            watchdog off.
+
+    Raises:
+        TypeError: if ``seconds`` is not a number.
+        ValueError: if ``seconds`` is negative or not finite.
+    """
+    if seconds is None:
+        seconds = 0.0
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float, np.integer, np.floating)):
+        raise TypeError(f"seconds must be a number or None, got {type(seconds).__name__}")
+    seconds = float(seconds)
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"seconds must be a positive number (or 0 / None: off), got {seconds}")
+    _kernels_cpu.set_timeout(seconds)
+
+
+def _env_seconds(name):
+    text = os.environ.get(name, "")
+    if text in ("", "0"):
+        return 0.0
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"{name} must be a number of seconds, got {text!r}") from None
+
+
 def raise_recorded_error() -> None:
     """Raise the first failure of a jaxcomm kernel not yet reported, if there is one."""
     message = _kernels_cpu.take_error()
@@ -198,6 +310,8 @@ def check_thread_level() -> None:
 
 
 set_debug(os.environ.get("JAXCOMM_DEBUG", "") not in ("", "0"))
+_kernels_cpu.set_check(os.environ.get("JAXCOMM_CHECK", "") not in ("", "0"))
+set_timeout(_env_seconds("JAXCOMM_TIMEOUT"))
 
 
 @atexit.register

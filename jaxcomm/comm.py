@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import operator
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,8 +20,11 @@ from mpi4py import MPI
 from . import ops
 from ._runtime import (
     check_thread_level,
+    monitoring,
     register_comm,
+    set_check_comms,
     sync,
+    track_comm,
     unregister_comm,
     wait_for_dispatched,
 )
@@ -28,6 +32,7 @@ from .ops._base import (
     ALLOWED_DTYPES,
     REDUCTION_OPS,
     SUPPORTED_DTYPES,
+    derivative_comm,
     register_derivative_comm,
     unregister_derivative_comm,
 )
@@ -259,6 +264,11 @@ def _jitted_when_eager(method):
         key = _call_key(method.__name__, static, kwargs)
         if key is None:
             return method(self, *args, **kwargs)
+        if monitoring():
+            # The checker and the watchdog name each call's own site, which
+            # the compiled function keeps from its first call.
+            caller = sys._getframe(1)
+            key = (key, caller.f_code.co_filename, caller.f_lineno)
         jitted = self._eager.get(key)
         if jitted is None:
             jitted = jax.jit(
@@ -342,6 +352,19 @@ class JaxComm:
         # on split and Cartesian communicators); the bound is the same for all.
         tag_ub = self._comm.Get_attr(MPI.TAG_UB)
         self._tag_ub = tag_ub if tag_ub is not None else MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
+        self._check: tuple[MPI.Intracomm, MPI.Intracomm] | None = None
+        track_comm(self)
+
+    def _make_check_comms(self) -> None:
+        """Create the mismatch checker's private communicators (collective), once."""
+        if self._check is None:
+            self._check = (self._comm.Clone(), self._comm.Clone())
+            for owned in self._check:
+                owned.Set_errhandler(MPI.ERRORS_RETURN)
+            # Derivative traffic runs in program order with the program's own,
+            # so both are checked on the same pair.
+            for handle in (self._handle, derivative_comm(self._handle)):
+                set_check_comms(handle, self._check)
 
     # Communicator management -------------------------------------------------
 
@@ -379,6 +402,12 @@ class JaxComm:
             derivative = unregister_derivative_comm(self._handle)
             unregister_comm(derivative)
             unregister_comm(self._handle)
+            if self._check is not None:
+                for handle in (self._handle, derivative):
+                    set_check_comms(handle, None)
+                for owned in self._check:
+                    owned.Free()
+                self._check = None
             self._derivative.Free()
             self._comm.Free()
             self._comm = None

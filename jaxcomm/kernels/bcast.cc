@@ -8,6 +8,8 @@ ffi::Error BcastImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x,
                      int64_t comm_handle, int64_t root) {
   MPI_Comm comm;
   JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "bcast", &comm));
+  JAXCOMM_RETURN_IF_ERROR(
+      AnnounceCollective(comm_handle, comm, Collective{"bcast", x.element_type(), Count(x), root}));
   const size_t count = x.element_count();
   JAXCOMM_RETURN_IF_ERROR(
       CheckOutput("bcast", comm, x, *y, x.element_count(), LikeTheInput));

@@ -355,6 +355,94 @@ bool TakeRecordedError(std::string* message);
 // Writes one line to stderr: "r<rank> | <text>".
 void DebugLog(MPI_Comm comm, const std::string& text);
 
+// The collective mismatch checker and the hang watchdog (monitor.cc). Every
+// handler announces the MPI operation it is about to make, once, before its
+// first MPI call, with everything the ranks involved must agree on. When
+// neither is on (the default), an announcement is one relaxed atomic load.
+
+// Switches, set from Python (jaxcomm.set_check, jaxcomm.set_timeout).
+constexpr int kCheckCalls = 1;
+constexpr int kWatchCalls = 2;
+int MonitorFlags();
+void SetCheck(bool enabled);
+// Seconds a call may take before the watchdog aborts the job; 0 turns it off.
+void SetTimeout(double seconds);
+
+// The call-site table: a Python call site ("file:line (function)") gets an
+// id, which every handler receives as its "site" attribute.
+int64_t RegisterSite(const std::string& text);
+
+// The two private communicators the checker exchanges signatures and
+// verdicts on, for the communicator behind `handle` (MPI_COMM_NULL: none).
+void SetCheckComms(int64_t handle, MPI_Fint signatures, MPI_Fint verdicts);
+
+// The call a handler is in, for its whole run: made by the platform layer
+// (module.cc) around each handler body with the call's "site" attribute.
+class CallScope {
+ public:
+  explicit CallScope(int64_t site);
+  ~CallScope();
+  CallScope(const CallScope&) = delete;
+  CallScope& operator=(const CallScope&) = delete;
+};
+
+// A collective about to run: what every rank of the communicator must pass
+// alike. Fields that do not apply keep their defaults.
+struct Collective {
+  const char* op;          // jaxcomm's name, "allreduce"
+  ffi::DataType dtype;     // element type of the input
+  int64_t count = -1;      // elements of the input; -1: may differ by rank
+  int64_t root = -1;       // -1: no root
+  int64_t reduce_op = -1;  // reduction code; -1: none
+  // Further integers every rank passes alike (the *v ops' counts).
+  ffi::Span<const int64_t> agreed{};
+};
+
+// Elements of `x`, as a Collective's count.
+inline int64_t Count(const ffi::AnyBuffer& x) {
+  return static_cast<int64_t>(x.element_count());
+}
+
+ffi::Error AnnounceCollectiveSlow(int64_t handle, MPI_Comm comm,
+                                  const Collective& call);
+inline ffi::Error AnnounceCollective(int64_t handle, MPI_Comm comm,
+                                     const Collective& call) {
+  if (MonitorFlags() == 0) return ffi::Error::Success();
+  return AnnounceCollectiveSlow(handle, comm, call);
+}
+
+// A point-to-point call about to run: `count` elements of `dtype` sent to
+// `dest` with `sendtag` (dest MPI_PROC_NULL or -2: nothing sent), and up to
+// `capacity` elements received from `*source` with `*tag` (*source
+// MPI_PROC_NULL or -2: nothing received). When checking, a wildcard source
+// or tag is resolved here, to the message whose signature was checked: the
+// caller then receives with the values it finds in *source and *tag. When
+// the checker finds a message that does not fit its receive, both its sender
+// and its receiver get the error and drop that message (send_dropped,
+// recv_dropped); a sendrecv still makes its other transfer, which its other
+// peer waits for.
+struct PointToPoint {
+  const char* op;  // "send", "recv", "sendrecv"
+  ffi::DataType dtype;
+  int64_t dest = -2;
+  int64_t sendtag = 0;
+  int64_t count = 0;
+  int64_t capacity = 0;
+  bool send_dropped = false;
+  bool recv_dropped = false;
+};
+constexpr int64_t kNoPeer = -2;
+
+ffi::Error AnnouncePointToPointSlow(int64_t handle, MPI_Comm comm,
+                                    PointToPoint& call, int64_t* source,
+                                    int64_t* tag);
+inline ffi::Error AnnouncePointToPoint(int64_t handle, MPI_Comm comm,
+                                       PointToPoint& call,
+                                       int64_t* source, int64_t* tag) {
+  if (MonitorFlags() == 0) return ffi::Error::Success();
+  return AnnouncePointToPointSlow(handle, comm, call, source, tag);
+}
+
 }  // namespace jaxcomm
 
 // Runs an MPI call and returns an ffi::Error naming it, the rank and MPI's

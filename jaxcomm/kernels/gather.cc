@@ -213,6 +213,8 @@ ffi::Error AllgatherImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Resu
                          ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle) {
   MPI_Comm comm;
   JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "allgather", &comm));
+  JAXCOMM_RETURN_IF_ERROR(
+      AnnounceCollective(comm_handle, comm, Collective{"allgather", x.element_type(), Count(x)}));
   JAXCOMM_RETURN_IF_ERROR(CheckStacked("allgather", comm, x, *y));
   LargeType block;
   JAXCOMM_RETURN_IF_ERROR(
@@ -232,6 +234,8 @@ ffi::Error GatherImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Result<
                       int64_t root) {
   MPI_Comm comm;
   JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "gather", &comm));
+  JAXCOMM_RETURN_IF_ERROR(
+      AnnounceCollective(comm_handle, comm, Collective{"gather", x.element_type(), Count(x), root}));
   JAXCOMM_RETURN_IF_ERROR(CheckStacked("gather", comm, x, *y));
   LargeType block;
   JAXCOMM_RETURN_IF_ERROR(
@@ -254,6 +258,8 @@ ffi::Error ScatterImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Result
                        int64_t root) {
   MPI_Comm comm;
   JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "scatter", &comm));
+  JAXCOMM_RETURN_IF_ERROR(
+      AnnounceCollective(comm_handle, comm, Collective{"scatter", x.element_type(), Count(x), root}));
   const int size = CommSize(comm);
   // The output's element type; its count is the block size.
   JAXCOMM_RETURN_IF_ERROR(CheckOutput("scatter", comm, x, *y, y->element_count(),
@@ -281,6 +287,8 @@ ffi::Error AlltoallImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Resul
                         ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle) {
   MPI_Comm comm;
   JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "alltoall", &comm));
+  JAXCOMM_RETURN_IF_ERROR(
+      AnnounceCollective(comm_handle, comm, Collective{"alltoall", x.element_type(), Count(x)}));
   const int size = CommSize(comm);
   if (x.element_count() % size != 0) {
     return Invalid("alltoall", comm,
@@ -309,6 +317,8 @@ ffi::Error AllgathervImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Res
                           ffi::Span<const int64_t> counts) {
   MPI_Comm comm;
   JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "allgatherv", &comm));
+  JAXCOMM_RETURN_IF_ERROR(
+      AnnounceCollective(comm_handle, comm, Collective{"allgatherv", x.element_type(), -1, -1, -1, counts}));
   JAXCOMM_RETURN_IF_ERROR(CheckRows("allgatherv", comm, counts, x, *y, true));
   MPI_Datatype dtype;
   JAXCOMM_RETURN_IF_ERROR(MpiDatatype(x.element_type(), &dtype));
@@ -355,6 +365,8 @@ ffi::Error GathervImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Result
                        ffi::Span<const int64_t> counts, int64_t root) {
   MPI_Comm comm;
   JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "gatherv", &comm));
+  JAXCOMM_RETURN_IF_ERROR(
+      AnnounceCollective(comm_handle, comm, Collective{"gatherv", x.element_type(), -1, root, -1, counts}));
   JAXCOMM_RETURN_IF_ERROR(CheckRows("gatherv", comm, counts, x, *y, true));
   MPI_Datatype dtype;
   JAXCOMM_RETURN_IF_ERROR(MpiDatatype(x.element_type(), &dtype));
@@ -391,6 +403,8 @@ ffi::Error ScattervImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Resul
                         ffi::Span<const int64_t> counts, int64_t root) {
   MPI_Comm comm;
   JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "scatterv", &comm));
+  JAXCOMM_RETURN_IF_ERROR(
+      AnnounceCollective(comm_handle, comm, Collective{"scatterv", x.element_type(), -1, root, -1, counts}));
   JAXCOMM_RETURN_IF_ERROR(CheckRows("scatterv", comm, counts, x, *y, false));
   MPI_Datatype dtype;
   JAXCOMM_RETURN_IF_ERROR(MpiDatatype(x.element_type(), &dtype));
@@ -429,6 +443,8 @@ ffi::Error AlltoallvImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Resu
                          ffi::Span<const int64_t> recvcounts, int64_t max_rows) {
   MPI_Comm comm;
   JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "alltoallv", &comm));
+  JAXCOMM_RETURN_IF_ERROR(
+      AnnounceCollective(comm_handle, comm, Collective{"alltoallv", x.element_type(), -1, -1, -1, ffi::Span<const int64_t>(&max_rows, 1)}));
   const int size = CommSize(comm);
   JAXCOMM_RETURN_IF_ERROR(CheckCounts("alltoallv", comm, "sendcounts", sendcounts, size));
   JAXCOMM_RETURN_IF_ERROR(CheckCounts("alltoallv", comm, "recvcounts", recvcounts, size));

@@ -24,41 +24,53 @@ void ThrowIfError(const xla::ffi::Error& error) {
 #endif
 
 // The body `Impl` of an op, run with this platform's Memory: the handler
-// XLA calls gets the stream first on a GPU, then the buffers and attributes.
+// XLA calls gets the stream first on a GPU, then the call site (the "site"
+// attribute every target takes, for the checker and the watchdog), then the
+// buffers and attributes.
 // The emulated CUDA module (tests/cuda_emulation) runs the CUDA platform
 // layer on XLA's CPU, which has no stream.
 #if defined(JAXCOMM_CUDA_EMULATION)
 template <auto Impl>
 struct OnPlatform {
   template <typename... Args>
-  xla::ffi::Error operator()(Args... args) const {
+  xla::ffi::Error operator()(int64_t site, Args... args) const {
+    jaxcomm::CallScope scope(site);
     jaxcomm::CudaMemory memory(nullptr);
     return jaxcomm::Recorded(Impl(memory, args...));
   }
 };
-auto PlatformBinding() { return xla::ffi::Ffi::Bind(); }
+auto PlatformBinding() {
+  return xla::ffi::Ffi::Bind().Attr<int64_t>("site");
+}
 #elif defined(JAXCOMM_CUDA)
 template <auto Impl>
 struct OnPlatform {
   template <typename... Args>
-  xla::ffi::Error operator()(cudaStream_t stream, Args... args) const {
+  xla::ffi::Error operator()(cudaStream_t stream, int64_t site,
+                             Args... args) const {
+    jaxcomm::CallScope scope(site);
     jaxcomm::CudaMemory memory(stream);
     return jaxcomm::Recorded(Impl(memory, args...));
   }
 };
 auto PlatformBinding() {
-  return xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>();
+  return xla::ffi::Ffi::Bind()
+      .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+      .Attr<int64_t>("site");
 }
 #else
 template <auto Impl>
 struct OnPlatform {
   template <typename... Args>
-  xla::ffi::Error operator()(Args... args) const {
+  xla::ffi::Error operator()(int64_t site, Args... args) const {
+    jaxcomm::CallScope scope(site);
     jaxcomm::HostMemory memory;
     return jaxcomm::Recorded(Impl(memory, args...));
   }
 };
-auto PlatformBinding() { return xla::ffi::Ffi::Bind(); }
+auto PlatformBinding() {
+  return xla::ffi::Ffi::Bind().Attr<int64_t>("site");
+}
 #endif
 
 }  // namespace
@@ -104,6 +116,7 @@ PYBIND11_MODULE(JAXCOMM_MODULE, m) {
 #define JAXCOMM_OP(name, Name, buffers, attributes) \
   {                                                   \
     py::list attrs;                                   \
+    I64(site)                                         \
     attributes                                        \
     targets["jaxcomm_" #name] = py::tuple(attrs);     \
   }
@@ -113,8 +126,8 @@ PYBIND11_MODULE(JAXCOMM_MODULE, m) {
 #undef I64
         return targets;
       },
-      "{target: ((attribute, type), ...)} as the handlers bind them; type is "
-      "'int64' or 'int64[]'.");
+      "{target: ((attribute, type), ...)} as the handlers bind them, the "
+      "call site first; type is 'int64' or 'int64[]'.");
 #ifdef JAXCOMM_CUDA
   m.def("mpi_cuda_support", &jaxcomm::MpiCudaSupport,
         "What the MPI library says about device buffers: 1 CUDA-aware, 0 not, "
@@ -186,6 +199,23 @@ PYBIND11_MODULE(JAXCOMM_MODULE, m) {
       },
       "The first failure of a handler not yet reported (emptying the slot), "
       "or None.");
+  m.def("register_site", &jaxcomm::RegisterSite, py::arg("text"),
+        "The id of a call site's text, the 'site' attribute of its calls.");
+  m.def("set_check", &jaxcomm::SetCheck, py::arg("enabled"),
+        "Turn the collective mismatch checker on or off.");
+  m.def("set_timeout", &jaxcomm::SetTimeout, py::arg("seconds"),
+        "Abort the job when one call takes longer (0: no watchdog).");
+  m.def("monitor_flags", &jaxcomm::MonitorFlags,
+        "1: checking calls, 2: watching them (bits).");
+  m.def(
+      "set_check_comms",
+      [](int64_t handle, int64_t signatures, int64_t verdicts) {
+        jaxcomm::SetCheckComms(handle, static_cast<MPI_Fint>(signatures),
+                               static_cast<MPI_Fint>(verdicts));
+      },
+      py::arg("handle"), py::arg("signatures"), py::arg("verdicts"),
+      "The checker's private communicators (Fortran handles) for a 'comm' "
+      "attribute value; MPI_COMM_NULL's forgets them.");
   m.def("set_max_count", &jaxcomm::SetMaxCount, py::arg("count"),
         "Cap the count of one MPI call (tests use small caps to exercise the "
         "large-message paths).");

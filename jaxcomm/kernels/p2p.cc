@@ -116,6 +116,10 @@ ffi::Error SendImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x,
                     int64_t tag) {
   MPI_Comm comm;
   JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "send", &comm));
+  PointToPoint call{"send", x.element_type(), dest, tag, Count(x)};
+  int64_t no_source = kNoPeer, no_tag = 0;
+  JAXCOMM_RETURN_IF_ERROR(
+      AnnouncePointToPoint(comm_handle, comm, call, &no_source, &no_tag));
   LargeType type;
   JAXCOMM_RETURN_IF_ERROR(
       LargeType::Make(x.element_type(), x.element_count(), comm, &type));
@@ -137,6 +141,10 @@ ffi::Error RecvImpl(Memory& memory, ffi::Token, ffi::AnyBuffer template_buffer,
                     int64_t source, int64_t tag) {
   MPI_Comm comm;
   JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "recv", &comm));
+  PointToPoint call{"recv", template_buffer.element_type(), kNoPeer, 0, 0,
+                    Count(template_buffer)};
+  JAXCOMM_RETURN_IF_ERROR(
+      AnnouncePointToPoint(comm_handle, comm, call, &source, &tag));
   JAXCOMM_RETURN_IF_ERROR(
       CheckOutputs("MPI_Recv", comm, template_buffer, *y, *envelope));
   LargeType type;
@@ -162,10 +170,15 @@ namespace {
 
 // MPI_Sendrecv of `x` to (dest, sendtag) and into `y` from (source,
 // recvtag); shared by the plain and the addressed handler.
-ffi::Error Exchange(Memory& memory, MPI_Comm comm, ffi::AnyBuffer& x,
-                    ffi::AnyBuffer& y, ffi::AnyBuffer& envelope, int64_t source,
-                    int64_t dest, int64_t sendtag, int64_t recvtag) {
+ffi::Error Exchange(Memory& memory, int64_t comm_handle, MPI_Comm comm,
+                    ffi::AnyBuffer& x, ffi::AnyBuffer& y,
+                    ffi::AnyBuffer& envelope, int64_t source, int64_t dest,
+                    int64_t sendtag, int64_t recvtag) {
   JAXCOMM_RETURN_IF_ERROR(CheckOutputs("MPI_Sendrecv", comm, x, y, envelope));
+  PointToPoint call{"sendrecv", x.element_type(), dest, SendTag(dest, sendtag),
+                    Count(x), Count(y)};
+  const ffi::Error checked =
+      AnnouncePointToPoint(comm_handle, comm, call, &source, &recvtag);
   LargeType send, recv;
   JAXCOMM_RETURN_IF_ERROR(
       LargeType::Make(x.element_type(), x.element_count(), comm, &send));
@@ -177,6 +190,19 @@ ffi::Error Exchange(Memory& memory, MPI_Comm comm, ffi::AnyBuffer& x,
   JAXCOMM_RETURN_IF_ERROR(memory.Output(y, &out));
   JAXCOMM_RETURN_IF_ERROR(memory.HostOutput(envelope, &fields));
   JAXCOMM_RETURN_IF_ERROR(memory.Ready());
+  if (checked.failure()) {
+    // The checker dropped a message that does not fit its receive; the
+    // other one still travels, as its peer, which found no fault, waits.
+    if (!call.send_dropped) {
+      JAXCOMM_MPI_CHECK(MPI_Send, in, send.count(), send.type(),
+                        static_cast<int>(dest), SendTag(dest, sendtag), comm);
+    } else if (!call.recv_dropped) {
+      JAXCOMM_MPI_CHECK(MPI_Recv, out, recv.count(), recv.type(),
+                        static_cast<int>(source), static_cast<int>(recvtag),
+                        comm, MPI_STATUS_IGNORE);
+    }
+    return checked;
+  }
   if (DebugEnabled()) {
     DebugLog(comm, "MPI_Sendrecv -> " + Peer(dest) + " tag " + Tag(sendtag) +
                        " " + Elements(x.element_count(), x.element_type()) +
@@ -201,8 +227,8 @@ ffi::Error SendrecvImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Resul
                         int64_t sendtag, int64_t recvtag) {
   MPI_Comm comm;
   JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "sendrecv", &comm));
-  return Exchange(memory, comm, x, *y, *envelope, source, dest, sendtag,
-                  recvtag);
+  return Exchange(memory, comm_handle, comm, x, *y, *envelope, source, dest,
+                  sendtag, recvtag);
 }
 
 // MPI_Sendrecv whose receiving (or sending) side takes its peer and tag
@@ -235,8 +261,8 @@ ffi::Error SendrecvAddressedImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x,
     return Invalid("MPI_Sendrecv", comm,
                    "unknown addressing mode " + std::to_string(addressed));
   }
-  return Exchange(memory, comm, x, *y, *envelope, source, dest, sendtag,
-                  recvtag);
+  return Exchange(memory, comm_handle, comm, x, *y, *envelope, source, dest,
+                  sendtag, recvtag);
 }
 
 }  // namespace jaxcomm

@@ -89,6 +89,8 @@ ffi::Error AllreduceImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x,
                          int64_t comm_handle, int64_t op) {
   MPI_Comm comm;
   JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "allreduce", &comm));
+  JAXCOMM_RETURN_IF_ERROR(
+      AnnounceCollective(comm_handle, comm, Collective{"allreduce", x.element_type(), Count(x), -1, op}));
   JAXCOMM_RETURN_IF_ERROR(ElementwiseReduction(
       memory, MPI_Allreduce, "MPI_Allreduce", "allreduce", x, *y, comm, op));
   return memory.Finish();
@@ -102,6 +104,8 @@ ffi::Error ReduceImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x,
                       int64_t comm_handle, int64_t op, int64_t root) {
   MPI_Comm comm;
   JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "reduce", &comm));
+  JAXCOMM_RETURN_IF_ERROR(
+      AnnounceCollective(comm_handle, comm, Collective{"reduce", x.element_type(), Count(x), root, op}));
   JAXCOMM_RETURN_IF_ERROR(CheckOutput("reduce", comm, x, *y, x.element_count(),
                                       LikeTheInput));
   const bool is_root = CommRank(comm) == root;
@@ -126,6 +130,8 @@ ffi::Error ScanImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x,
                     int64_t comm_handle, int64_t op) {
   MPI_Comm comm;
   JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "scan", &comm));
+  JAXCOMM_RETURN_IF_ERROR(
+      AnnounceCollective(comm_handle, comm, Collective{"scan", x.element_type(), Count(x), -1, op}));
   JAXCOMM_RETURN_IF_ERROR(ElementwiseReduction(memory, MPI_Scan, "MPI_Scan",
                                                "scan", x, *y, comm, op));
   return memory.Finish();
@@ -137,6 +143,8 @@ ffi::Error ExscanImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x,
                       int64_t comm_handle, int64_t op) {
   MPI_Comm comm;
   JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "exscan", &comm));
+  JAXCOMM_RETURN_IF_ERROR(
+      AnnounceCollective(comm_handle, comm, Collective{"exscan", x.element_type(), Count(x), -1, op}));
   JAXCOMM_RETURN_IF_ERROR(ElementwiseReduction(
       memory, MPI_Exscan, "MPI_Exscan", "exscan", x, *y, comm, op));
   if (CommRank(comm) == 0) JAXCOMM_RETURN_IF_ERROR(memory.Zero(*y));
@@ -149,6 +157,8 @@ ffi::Error ReduceScatterImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x,
                              int64_t comm_handle, int64_t op) {
   MPI_Comm comm;
   JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "reduce_scatter", &comm));
+  JAXCOMM_RETURN_IF_ERROR(
+      AnnounceCollective(comm_handle, comm, Collective{"reduce_scatter", x.element_type(), Count(x), -1, op}));
   const ffi::DataType type = x.element_type();
   int size;
   JAXCOMM_MPI_CHECK(MPI_Comm_size, comm, &size);

@@ -85,8 +85,12 @@ def comm_primitive(name, abstract_eval, target, attrs, *, in_place=False):
     prim.def_impl(partial(_compat.apply_primitive, prim))
     _compat.def_effectful_abstract_eval(prim, abstract_eval)
     lowering = partial(_ordered_ffi_lowering, target, attrs, in_place)
-    mlir.register_lowering(prim, lowering, platform="cpu")
-    mlir.register_lowering(prim, partial(_cuda_lowering, lowering), platform="cuda")
+    # Not cacheable: JAX would lower equal calls from different lines once,
+    # and all would then report the first one's call site.
+    mlir.register_lowering(prim, lowering, platform="cpu", cacheable=False)
+    mlir.register_lowering(
+        prim, partial(_cuda_lowering, lowering), platform="cuda", cacheable=False
+    )
     _compat.communicating_primitives.add(prim)
     return prim
 
@@ -115,7 +119,11 @@ def _ordered_ffi_lowering(target, attrs, in_place, ctx, *args, **params):
         target, has_side_effect=True, operand_output_aliases=aliases
     )
     token_out, *results = lowering(
-        token_ctx, token, *args, **{k: _attribute(params[k]) for k in attrs}
+        token_ctx,
+        token,
+        *args,
+        site=_runtime.site_id(_compat.call_site(ctx)),
+        **{k: _attribute(params[k]) for k in attrs},
     )
     _compat.set_ordered_token(ctx, token_out)
     return results

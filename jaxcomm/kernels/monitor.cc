@@ -1,0 +1,480 @@
+// The collective mismatch checker and the hang watchdog.
+//
+// Checker: before its MPI call, a collective's ranks gather each other's
+// signature (op, root, reduction, count, dtype and the Python call site) on
+// a private communicator; if they differ, every rank returns the same error
+// naming what each rank called, and none makes the call. A point-to-point
+// message is preceded by the sender's signature on a second private
+// communicator, with the same peer and tag as the message, so it matches
+// exactly the receive the message will; the receiver answers with a verdict
+// on a third, and both fail together when the message does not fit.
+//
+// Watchdog: a handler records what it waits in; a thread that sleeps
+// between checks aborts the job when one call has taken longer than the
+// timeout, after printing what that call was.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "common.h"
+
+namespace jaxcomm {
+namespace {
+
+std::atomic<int> monitor_flags{0};
+
+// State below is created once and never destroyed: the watchdog thread may
+// still read it while the process exits.
+struct Sites {
+  std::mutex mutex;
+  std::vector<std::string> texts;
+  std::unordered_map<std::string, int64_t> ids;
+};
+Sites& TheSites() {
+  static Sites* sites = new Sites;
+  return *sites;
+}
+
+std::string SiteText(int64_t site) {
+  Sites& sites = TheSites();
+  std::lock_guard<std::mutex> lock(sites.mutex);
+  if (site >= 0 && static_cast<size_t>(site) < sites.texts.size()) {
+    return sites.texts[site];
+  }
+  return "an unknown call site";
+}
+
+struct CheckComms {
+  MPI_Comm signatures = MPI_COMM_NULL;
+  MPI_Comm verdicts = MPI_COMM_NULL;
+};
+struct CheckCommTable {
+  std::mutex mutex;
+  std::unordered_map<int64_t, CheckComms> comms;
+};
+CheckCommTable& TheCheckComms() {
+  static CheckCommTable* table = new CheckCommTable;
+  return *table;
+}
+
+thread_local int64_t current_site = -1;
+
+// What one call waits in, since when.
+struct Watched {
+  bool busy = false;
+  std::chrono::steady_clock::time_point start;
+  std::string what;
+};
+constexpr int kWatchSlots = 16;
+struct Watchdog {
+  std::mutex mutex;
+  std::condition_variable wake;
+  double timeout_s = 0;
+  bool started = false;
+  Watched slots[kWatchSlots];
+};
+Watchdog& TheWatchdog() {
+  static Watchdog* watchdog = new Watchdog;
+  return *watchdog;
+}
+thread_local int watch_slot = -1;
+
+// The exit status a watchdog abort asks MPI for, timeout(1)'s.
+constexpr int kTimeoutExit = 124;
+
+void WatchdogLoop() {
+  Watchdog& dog = TheWatchdog();
+  std::unique_lock<std::mutex> lock(dog.mutex);
+  for (;;) {
+    if (dog.timeout_s <= 0) {
+      dog.wake.wait(lock);
+      continue;
+    }
+    // Sleeps between checks: a late report by a fraction of the timeout
+    // costs nothing, a polling loop would cost the ranks' computation.
+    const double period = std::min(1.0, dog.timeout_s / 4);
+    dog.wake.wait_for(lock, std::chrono::duration<double>(period));
+    if (dog.timeout_s <= 0) continue;
+    const auto now = std::chrono::steady_clock::now();
+    for (const Watched& slot : dog.slots) {
+      if (!slot.busy) continue;
+      const double waited =
+          std::chrono::duration<double>(now - slot.start).count();
+      if (waited <= dog.timeout_s) continue;
+      std::fprintf(stderr,
+                   "jaxcomm watchdog: rank %d has waited %.1f s in %s, longer "
+                   "than the timeout of %g s (JAXCOMM_TIMEOUT, "
+                   "jaxcomm.set_timeout): aborting the job\n",
+                   WorldRank(), waited, slot.what.c_str(), dog.timeout_s);
+      std::fflush(stderr);
+      MPI_Abort(MPI_COMM_WORLD, kTimeoutExit);
+    }
+  }
+}
+
+void Watch(std::string what) {
+  Watchdog& dog = TheWatchdog();
+  std::lock_guard<std::mutex> lock(dog.mutex);
+  if (watch_slot < 0) {
+    for (int i = 0; i < kWatchSlots; ++i) {
+      if (!dog.slots[i].busy) {
+        watch_slot = i;
+        break;
+      }
+    }
+    // More concurrent handlers than slots: this one goes unwatched.
+    if (watch_slot < 0) return;
+  }
+  Watched& slot = dog.slots[watch_slot];
+  slot.busy = true;
+  slot.start = std::chrono::steady_clock::now();
+  slot.what = std::move(what);
+}
+
+// A fixed-size record the ranks exchange as bytes. Zero-initialised before
+// it is filled, so equal signatures are equal byte for byte.
+struct Signature {
+  char op[24];
+  int32_t dtype;
+  int32_t agreed_size;
+  int64_t count;
+  int64_t root;
+  int64_t reduce_op;
+  int64_t tag;
+  uint64_t agreed_hash;
+  char agreed_text[64];
+  char site[256];
+};
+
+// The part ranks must agree on: everything before the site.
+constexpr size_t kAgreedBytes = offsetof(Signature, site);
+
+struct Verdict {
+  int64_t ok;
+  Signature receiver;
+};
+
+void CopyText(char* out, size_t size, const std::string& text) {
+  std::strncpy(out, text.c_str(), size - 1);
+  out[size - 1] = '\0';
+}
+
+std::string Describe(const Signature& s) {
+  std::string text = s.op;
+  std::vector<std::string> parts;
+  if (s.root >= 0) parts.push_back("root " + std::to_string(s.root));
+  if (s.reduce_op >= 0) parts.push_back(std::string("op ") + ReduceOpName(s.reduce_op));
+  if (s.agreed_size > 0) parts.push_back(s.agreed_text);
+  const auto dtype = static_cast<ffi::DataType>(s.dtype);
+  if (s.count >= 0) {
+    parts.push_back(Elements(static_cast<size_t>(s.count), dtype));
+  } else if (dtype != ffi::DataType::INVALID) {
+    parts.push_back(DtypeName(dtype));
+  }
+  text += "(";
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (i > 0) text += ", ";
+    text += parts[i];
+  }
+  return text + ") at " + s.site;
+}
+
+std::string RankList(const std::vector<int>& ranks) {
+  std::string text = ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (i > 0) text += ", ";
+    text += std::to_string(ranks[i]);
+  }
+  return text;
+}
+
+uint64_t Hash(ffi::Span<const int64_t> values) {
+  uint64_t hash = 1469598103934665603ull;  // FNV-1a over the 64-bit words
+  for (int64_t v : values) {
+    hash ^= static_cast<uint64_t>(v);
+    hash *= 1099511628211ull;
+  }
+  return hash;
+}
+
+Signature CollectiveSignature(const Collective& call) {
+  Signature s;
+  std::memset(&s, 0, sizeof s);
+  CopyText(s.op, sizeof s.op, call.op);
+  s.dtype = static_cast<int32_t>(call.dtype);
+  s.count = call.count;
+  s.root = call.root;
+  s.reduce_op = call.reduce_op;
+  s.tag = -1;
+  s.agreed_size = static_cast<int32_t>(call.agreed.size());
+  s.agreed_hash = Hash(call.agreed);
+  if (call.agreed.size() > 0) {
+    std::string text = "counts ";
+    for (size_t i = 0; i < call.agreed.size(); ++i) {
+      if (i > 0) text += ",";
+      text += std::to_string(call.agreed[i]);
+    }
+    CopyText(s.agreed_text, sizeof s.agreed_text, text);
+  }
+  CopyText(s.site, sizeof s.site, SiteText(current_site));
+  return s;
+}
+
+ffi::Error FindCheckComms(int64_t handle, const char* op, MPI_Comm comm,
+                          CheckComms* out) {
+  CheckCommTable& table = TheCheckComms();
+  std::lock_guard<std::mutex> lock(table.mutex);
+  auto it = table.comms.find(handle);
+  if (it == table.comms.end()) {
+    return Invalid(op, comm,
+                   "the mismatch checker is on but this communicator has no "
+                   "checking communicators (jaxcomm.set_check(True) must run "
+                   "on every rank, before or after the JaxComm is created)");
+  }
+  *out = it->second;
+  return ffi::Error::Success();
+}
+
+ffi::Error Mismatch(const std::string& text) {
+  return ffi::Error(ffi::ErrorCode::kFailedPrecondition, text);
+}
+
+}  // namespace
+
+int MonitorFlags() { return monitor_flags.load(std::memory_order_relaxed); }
+
+void SetCheck(bool enabled) {
+  if (enabled) {
+    monitor_flags.fetch_or(kCheckCalls);
+  } else {
+    monitor_flags.fetch_and(~kCheckCalls);
+  }
+}
+
+void SetTimeout(double seconds) {
+  Watchdog& dog = TheWatchdog();
+  {
+    std::lock_guard<std::mutex> lock(dog.mutex);
+    dog.timeout_s = seconds > 0 ? seconds : 0;
+    if (dog.timeout_s > 0 && !dog.started) {
+      std::thread(WatchdogLoop).detach();
+      dog.started = true;
+    }
+  }
+  dog.wake.notify_all();
+  if (seconds > 0) {
+    monitor_flags.fetch_or(kWatchCalls);
+  } else {
+    monitor_flags.fetch_and(~kWatchCalls);
+  }
+}
+
+int64_t RegisterSite(const std::string& text) {
+  Sites& sites = TheSites();
+  std::lock_guard<std::mutex> lock(sites.mutex);
+  auto it = sites.ids.find(text);
+  if (it != sites.ids.end()) return it->second;
+  const int64_t id = static_cast<int64_t>(sites.texts.size());
+  sites.texts.push_back(text);
+  sites.ids.emplace(text, id);
+  return id;
+}
+
+void SetCheckComms(int64_t handle, MPI_Fint signatures, MPI_Fint verdicts) {
+  CheckCommTable& table = TheCheckComms();
+  std::lock_guard<std::mutex> lock(table.mutex);
+  const MPI_Comm sig = MPI_Comm_f2c(signatures);
+  if (sig == MPI_COMM_NULL) {
+    table.comms.erase(handle);
+  } else {
+    table.comms[handle] = CheckComms{sig, MPI_Comm_f2c(verdicts)};
+  }
+}
+
+CallScope::CallScope(int64_t site) { current_site = site; }
+
+CallScope::~CallScope() {
+  if (watch_slot < 0) return;
+  Watchdog& dog = TheWatchdog();
+  std::lock_guard<std::mutex> lock(dog.mutex);
+  dog.slots[watch_slot].busy = false;
+  watch_slot = -1;
+}
+
+ffi::Error AnnounceCollectiveSlow(int64_t handle, MPI_Comm comm,
+                                  const Collective& call) {
+  const int flags = MonitorFlags();
+  const Signature mine = CollectiveSignature(call);
+  if (flags & kWatchCalls) {
+    Watch(Describe(mine) + " on a communicator of " +
+          std::to_string(CommSize(comm)) + " ranks (rank " +
+          std::to_string(CommRank(comm)) + " there)");
+  }
+  if (!(flags & kCheckCalls)) return ffi::Error::Success();
+  CheckComms check;
+  JAXCOMM_RETURN_IF_ERROR(FindCheckComms(handle, call.op, comm, &check));
+  const int size = CommSize(comm);
+  std::vector<Signature> all(size);
+  JAXCOMM_MPI_CHECK(MPI_Allgather, &mine, static_cast<int>(sizeof mine),
+                    MPI_BYTE, all.data(), static_cast<int>(sizeof mine),
+                    MPI_BYTE, check.signatures);
+  bool agree = true;
+  for (const Signature& other : all) {
+    agree = agree && std::memcmp(&other, &mine, kAgreedBytes) == 0;
+  }
+  if (agree) return ffi::Error::Success();
+  // Every rank gathered the same signatures, so every rank fails here, with
+  // the same message: ranks grouped by what they called, where.
+  std::map<std::string, std::vector<int>> groups;
+  std::vector<std::string> order;
+  for (int r = 0; r < size; ++r) {
+    const std::string text = Describe(all[r]);
+    if (groups.find(text) == groups.end()) order.push_back(text);
+    groups[text].push_back(r);
+  }
+  std::string text = "jaxcomm: collective mismatch on a communicator of " +
+                     std::to_string(size) + " ranks (this is rank " +
+                     std::to_string(CommRank(comm)) + "): ";
+  for (size_t i = 0; i < order.size(); ++i) {
+    if (i > 0) text += "; ";
+    text += RankList(groups[order[i]]) + " called " + order[i];
+  }
+  return Mismatch(text + ". No rank made the call.");
+}
+
+ffi::Error AnnouncePointToPointSlow(int64_t handle, MPI_Comm comm,
+                                    PointToPoint& call, int64_t* source,
+                                    int64_t* tag) {
+  const int flags = MonitorFlags();
+  const bool sends = call.dest != kNoPeer && call.dest != MPI_PROC_NULL;
+  const bool receives = *source != kNoPeer && *source != MPI_PROC_NULL;
+  if (!sends && !receives) return ffi::Error::Success();
+  const std::string site = SiteText(current_site);
+  const int rank = CommRank(comm);
+  auto peer = [](int64_t r) {
+    return r == MPI_ANY_SOURCE ? std::string("any rank") : "rank " + std::to_string(r);
+  };
+  auto tag_text = [](int64_t t) {
+    return t == MPI_ANY_TAG ? std::string("any tag") : "tag " + std::to_string(t);
+  };
+  if (flags & kWatchCalls) {
+    std::string what = call.op;
+    if (sends) {
+      what += " to " + peer(call.dest) + " (" + tag_text(call.sendtag) + ", " +
+              Elements(call.count, call.dtype) + ")";
+    }
+    if (receives) {
+      what += std::string(sends ? " and" : "") + " from " + peer(*source) +
+              " (" + tag_text(*tag) + ", up to " +
+              Elements(call.capacity, call.dtype) + ")";
+    }
+    Watch(what + " at " + site + " on rank " + std::to_string(rank));
+  }
+  if (!(flags & kCheckCalls)) return ffi::Error::Success();
+  CheckComms check;
+  JAXCOMM_RETURN_IF_ERROR(FindCheckComms(handle, call.op, comm, &check));
+
+  Signature out, in, expected;
+  std::memset(&out, 0, sizeof out);
+  std::memset(&in, 0, sizeof in);
+  std::memset(&expected, 0, sizeof expected);
+  CopyText(out.op, sizeof out.op, call.op);
+  out.dtype = static_cast<int32_t>(call.dtype);
+  out.count = call.count;
+  out.root = -1;
+  out.reduce_op = -1;
+  out.tag = call.sendtag;
+  CopyText(out.site, sizeof out.site, site);
+  expected = out;
+  expected.count = call.capacity;
+
+  const int bytes = static_cast<int>(sizeof(Signature));
+  MPI_Status status;
+  if (sends && receives) {
+    JAXCOMM_MPI_CHECK(MPI_Sendrecv, &out, bytes, MPI_BYTE,
+                      static_cast<int>(call.dest),
+                      static_cast<int>(call.sendtag), &in, bytes, MPI_BYTE,
+                      static_cast<int>(*source), static_cast<int>(*tag),
+                      check.signatures, &status);
+  } else if (sends) {
+    JAXCOMM_MPI_CHECK(MPI_Send, &out, bytes, MPI_BYTE,
+                      static_cast<int>(call.dest),
+                      static_cast<int>(call.sendtag), check.signatures);
+  } else {
+    JAXCOMM_MPI_CHECK(MPI_Recv, &in, bytes, MPI_BYTE, static_cast<int>(*source),
+                      static_cast<int>(*tag), check.signatures, &status);
+  }
+
+  Verdict mine, theirs;
+  std::memset(&mine, 0, sizeof mine);
+  std::memset(&theirs, 0, sizeof theirs);
+  if (receives) {
+    // The data receive now takes exactly the message just checked: the
+    // sender sends it next, and MPI does not reorder one sender's messages.
+    *source = status.MPI_SOURCE;
+    *tag = status.MPI_TAG;
+    expected.tag = *tag;
+    mine.ok = in.dtype == expected.dtype && in.count <= expected.count;
+    mine.receiver = expected;
+  }
+  const int verdict_bytes = static_cast<int>(sizeof(Verdict));
+  if (sends && receives) {
+    JAXCOMM_MPI_CHECK(MPI_Sendrecv, &mine, verdict_bytes, MPI_BYTE,
+                      static_cast<int>(*source), static_cast<int>(*tag),
+                      &theirs, verdict_bytes, MPI_BYTE,
+                      static_cast<int>(call.dest),
+                      static_cast<int>(call.sendtag), check.verdicts,
+                      MPI_STATUS_IGNORE);
+  } else if (receives) {
+    JAXCOMM_MPI_CHECK(MPI_Send, &mine, verdict_bytes, MPI_BYTE,
+                      static_cast<int>(*source), static_cast<int>(*tag),
+                      check.verdicts);
+  } else {
+    JAXCOMM_MPI_CHECK(MPI_Recv, &theirs, verdict_bytes, MPI_BYTE,
+                      static_cast<int>(call.dest),
+                      static_cast<int>(call.sendtag), check.verdicts,
+                      MPI_STATUS_IGNORE);
+  }
+
+  auto message = [](const Signature& s) {
+    return std::string(s.op) + " sending " +
+           Elements(static_cast<size_t>(s.count),
+                    static_cast<ffi::DataType>(s.dtype)) +
+           " (tag " + std::to_string(s.tag) + ") at " + s.site;
+  };
+  auto receive = [](const Signature& s) {
+    return std::string(s.op) + " receiving up to " +
+           Elements(static_cast<size_t>(s.count),
+                    static_cast<ffi::DataType>(s.dtype)) +
+           " at " + s.site;
+  };
+  const std::string here = " (this is rank " + std::to_string(rank) + ")";
+  call.recv_dropped = receives && !mine.ok;
+  call.send_dropped = sends && !theirs.ok;
+  if (call.recv_dropped) {
+    return Mismatch("jaxcomm: point-to-point mismatch" + here + ": rank " +
+                    std::to_string(*source) + " called " + message(in) +
+                    "; rank " + std::to_string(rank) + " called " +
+                    receive(expected) +
+                    ". The message was not sent.");
+  }
+  if (call.send_dropped) {
+    return Mismatch("jaxcomm: point-to-point mismatch" + here + ": rank " +
+                    std::to_string(rank) + " called " + message(out) +
+                    "; rank " + std::to_string(call.dest) + " called " +
+                    receive(theirs.receiver) +
+                    ". The message was not sent.");
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace jaxcomm
