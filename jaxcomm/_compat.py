@@ -56,6 +56,11 @@ for _allowed in (
     _allowed.add_type(MPIEffect)
 
 
+def tracing() -> bool:
+    """Whether JAX is tracing (a jaxcomm call now belongs to a traced function)."""
+    return not _core.trace_state_clean()
+
+
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from mpi4py import MPI
 
-from . import ops
+from . import _compat, ops
 from ._runtime import (
     check_thread_level,
     monitoring,
@@ -260,6 +260,12 @@ def _jitted_when_eager(method):
     def call(self, *args, **kwargs):
         arrays, static = _split_arrays(method, args)
         if self._comm is None or not all(map(_is_concrete, arrays)):
+            return method(self, *args, **kwargs)
+        if _compat.tracing():
+            # Inside a trace, concrete arrays (constants, or none: barrier)
+            # still make a call of the traced function; a jitted function
+            # nested there would also hide the user's frames from the call
+            # site the checker and the watchdog report.
             return method(self, *args, **kwargs)
         key = _call_key(method.__name__, static, kwargs)
         if key is None:

@@ -411,10 +411,14 @@ inline ffi::Error AnnounceCollective(int64_t handle, MPI_Comm comm,
   return AnnounceCollectiveSlow(handle, comm, call);
 }
 
+// A peer no MPI names (MPI_ANY_SOURCE and MPI_PROC_NULL are small negative
+// numbers that differ between MPI libraries).
+constexpr int64_t kNoPeer = INT64_MIN;
+
 // A point-to-point call about to run: `count` elements of `dtype` sent to
-// `dest` with `sendtag` (dest MPI_PROC_NULL or -2: nothing sent), and up to
-// `capacity` elements received from `*source` with `*tag` (*source
-// MPI_PROC_NULL or -2: nothing received). When checking, a wildcard source
+// `dest` with `sendtag` (dest MPI_PROC_NULL or kNoPeer: nothing sent), and
+// up to `capacity` elements received from `*source` with `*tag` (*source
+// MPI_PROC_NULL or kNoPeer: nothing received). When checking, a wildcard source
 // or tag is resolved here, to the message whose signature was checked: the
 // caller then receives with the values it finds in *source and *tag. When
 // the checker finds a message that does not fit its receive, both its sender
@@ -424,14 +428,13 @@ inline ffi::Error AnnounceCollective(int64_t handle, MPI_Comm comm,
 struct PointToPoint {
   const char* op;  // "send", "recv", "sendrecv"
   ffi::DataType dtype;
-  int64_t dest = -2;
+  int64_t dest = kNoPeer;
   int64_t sendtag = 0;
   int64_t count = 0;
   int64_t capacity = 0;
   bool send_dropped = false;
   bool recv_dropped = false;
 };
-constexpr int64_t kNoPeer = -2;
 
 ffi::Error AnnouncePointToPointSlow(int64_t handle, MPI_Comm comm,
                                     PointToPoint& call, int64_t* source,
