@@ -5,6 +5,7 @@ that rank's to handle), so this hook is installed only on request.
 """
 
 import sys
+import time
 
 from mpi4py import MPI
 
@@ -12,6 +13,7 @@ from mpi4py import MPI
 # None while ours is in no chain of hooks.
 _previous = None
 _enabled = False
+_FORWARDING_SECONDS = 0.5
 
 
 def _abort_hook(kind, value, traceback):
@@ -23,12 +25,16 @@ def _abort_hook(kind, value, traceback):
         f"jaxcomm: uncaught {kind.__name__} on rank {rank} (world): aborting the MPI job "
         "(jaxcomm.abort_on_exception)\n"
     )
-    # MPI_Abort kills the processes, so nothing buffered would be written.
+    # MPI_Abort kills the processes, so nothing buffered would be written;
+    # and the launcher drops the output it had not forwarded yet when it ends
+    # the job (a traceback lost now and then in the test suite), so it is
+    # given a moment to forward it first.
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (AttributeError, OSError, ValueError):
             pass
+    time.sleep(_FORWARDING_SECONDS)
     MPI.COMM_WORLD.Abort(1)
 
 
