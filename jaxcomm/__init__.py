@@ -6,6 +6,7 @@ MPI ranks without copies, eagerly and in compiled code, always in program
 order.
 """
 
+from ._abort import abort_on_exception
 from ._gpu import bind_local_gpu, cuda_info, set_cuda_aware
 from ._runtime import set_check, set_debug, set_timeout, sync
 from ._version import __version__
@@ -14,6 +15,7 @@ from .comm import JaxComm
 __all__ = [
     "JaxComm",
     "__version__",
+    "abort_on_exception",
     "bind_local_gpu",
     "cuda_info",
     "set_check",

@@ -11,6 +11,7 @@ import itertools
 import math
 import os
 import re
+import sys
 import weakref
 
 import jax
@@ -314,11 +315,25 @@ _kernels_cpu.set_check(os.environ.get("JAXCOMM_CHECK", "") not in ("", "0"))
 set_timeout(_env_seconds("JAXCOMM_TIMEOUT"))
 
 
+def _report_at_exit(failure):
+    """Report a failure found at exit on stderr, and end the process with status 1.
+
+    An exception raised by an exit hook is printed, but leaves the exit
+    status at 0: a job whose MPI call failed would look successful.
+    """
+    sys.stderr.write(f"jaxcomm: at exit: {type(failure).__name__}: {failure}\n")
+    sys.stderr.flush()
+    _kernels_cpu.exit_with_status(1)
+
+
 @atexit.register
 def _drain_before_finalize():
     try:
         if MPI.Is_initialized() and not MPI.Is_finalized():
-            sync()
+            try:
+                sync()
+            except Exception as failure:  # noqa: BLE001 (reported, and in the exit status)
+                _report_at_exit(failure)
     finally:
         if cuda_kernels is not None:
             cuda_kernels.free_staging()

@@ -67,12 +67,10 @@ def test_compiled_function_refuses_a_freed_communicator(family):
 
 @pytest.mark.mpi
 def test_point_to_point_refuses_a_freed_communicator():
-    # p2p.cc does not check the communicator itself yet: MPI refuses the
-    # null communicator it gets instead, with its own message.
     def check(step, x, second):
-        with pytest.raises(RUNTIME_ERRORS):
+        with pytest.raises(RUNTIME_ERRORS, match="jaxcomm: sendrecv: communicator was freed"):
             step(x).block_until_ready()
-        reported_again("MPI")
+        reported_again("jaxcomm: sendrecv: communicator was freed")
         np.testing.assert_array_equal(_ring_sendrecv(second, x), x)
 
     _freed_then_replaced(_ring_sendrecv, check)

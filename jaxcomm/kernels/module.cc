@@ -5,6 +5,8 @@
 // share it, with every other piece of state, through libjaxcomm_core.
 #include <pybind11/pybind11.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -20,6 +22,20 @@ namespace {
 #ifndef JAXCOMM_CUDA
 void ThrowIfError(const xla::ffi::Error& error) {
   if (error.failure()) throw std::runtime_error(error.message());
+}
+
+// The status the process ends with, set by jaxcomm's exit hook when it
+// reports a failure. Python fixes its own exit status before it runs exit
+// hooks, so the status is applied from C's exit(), once Python and MPI are
+// finalised.
+int exit_status = 0;
+
+// Calling exit() again from an exit handler is undefined, hence _Exit, which
+// also skips the handlers registered before this one (destructors of loaded
+// libraries); MPI is finalised by then.
+void ExitWithStatus() {
+  std::fflush(nullptr);
+  std::_Exit(exit_status);
 }
 #endif
 
@@ -216,6 +232,16 @@ PYBIND11_MODULE(JAXCOMM_MODULE, m) {
       py::arg("handle"), py::arg("signatures"), py::arg("verdicts"),
       "The checker's private communicators (Fortran handles) for a 'comm' "
       "attribute value; MPI_COMM_NULL's forgets them.");
+  m.def(
+      "exit_with_status",
+      [](int status) {
+        if (exit_status == 0 && status != 0 && std::atexit(ExitWithStatus) == 0) {
+          exit_status = status;
+        }
+      },
+      py::arg("status"),
+      "End the process with a non-zero status once Python and MPI are "
+      "finalised, whatever status Python ends with; the first one set holds.");
   m.def("set_max_count", &jaxcomm::SetMaxCount, py::arg("count"),
         "Cap the count of one MPI call (tests use small caps to exercise the "
         "large-message paths).");

@@ -1,0 +1,352 @@
+"""Real MPI errors, raised in Python on the rank where they happen, and the end of a job.
+
+Each failing case is local to one rank (rank 1 receives a message larger than
+its buffer: ``MPI_ERR_TRUNCATE``) and every rank completes its part: the
+sender's messages are small enough for MPI to deliver eagerly, so its sends
+return whether or not the receive fails. Afterwards every rank communicates
+again, to show the failure left the communicator usable.
+
+The tests that start jobs of their own (the end of a job: work in flight at
+exit, a failure pending at exit, ``jaxcomm.abort_on_exception``) run in the
+plain ``pytest`` run.
+"""
+
+import re
+import subprocess
+import sys
+import textwrap
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import (
+    RUNTIME_ERRORS,
+    environment_without_launcher,
+    mpiexec,
+    reported_again,
+    spawns_own_mpi,
+)
+from jax import lax
+from mpi4py import MPI
+
+import jaxcomm
+from jaxcomm import _abort, _compat
+
+
+def truncated(function):
+    """The message of ``function``'s MPI_ERR_TRUNCATE on rank 1: function, rank and MPI's reason.
+
+    MPI libraries word their reasons differently (and MPICH appends an error
+    stack), so the reason is the library's own string for the error class.
+    """
+    reason = re.escape(MPI.Get_error_string(MPI.ERR_TRUNCATE))
+    return rf"jaxcomm: {function} failed on rank 1: {reason}"
+
+
+def still_usable(jc):
+    """Every rank communicates again: eager and jitted, collective and point to point."""
+    np.testing.assert_array_equal(jc.allreduce(jnp.ones(2)), np.full(2, jc.size))
+    right, left = (jc.rank + 1) % jc.size, (jc.rank - 1) % jc.size
+    ring = jax.jit(lambda x: jc.sendrecv(x, x, source=left, dest=right))
+    np.testing.assert_array_equal(ring(jnp.full(3, jc.rank)), np.full(3, left))
+    jaxcomm.sync()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_truncated_receive_eager(jc):
+    if jc.rank == 0:
+        jc.send(jnp.arange(10.0, dtype=jnp.float32), 1, tag=21)
+    elif jc.rank == 1:
+        with pytest.raises(RUNTIME_ERRORS, match=truncated("MPI_Recv")):
+            np.asarray(jc.recv(jnp.zeros(5, jnp.float32), source=0, tag=21))
+        reported_again(truncated("MPI_Recv"))
+    still_usable(jc)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_truncated_receive_jitted(jc):
+    # Shapes agree on each rank; they differ between the sender and the
+    # receiver, which only MPI sees.
+    if jc.rank == 0:
+        step = jax.jit(lambda x: jc.send(x, 1, tag=22))
+    else:
+        step = jax.jit(lambda x: jc.recv(x[:5], source=0, tag=22))
+    x = jnp.arange(10.0, dtype=jnp.float32)
+    # The first call takes JAX's Python dispatch, the second its C++ path.
+    for _ in range(2):
+        if jc.rank == 1:
+            with pytest.raises(RUNTIME_ERRORS, match=truncated("MPI_Recv")):
+                step(x).block_until_ready()
+            reported_again(truncated("MPI_Recv"))
+        elif jc.rank == 0:
+            step(x)
+    still_usable(jc)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_truncated_receive_in_a_loop(jc):
+    # Rank 0 sends 10 elements in each of 3 iterations; rank 1 receives them
+    # whole, but only 5 in the last one, so nothing is left unreceived.
+    trips = 3
+
+    def body(i, carry):
+        if jc.rank == 0:
+            jc.send(jnp.arange(10.0, dtype=jnp.float32) + i, 1, tag=23)
+            return carry
+        if jc.rank == 1:
+            got = lax.cond(
+                i == trips - 1,
+                lambda: jc.recv(jnp.zeros(5, jnp.float32), source=0, tag=23),
+                lambda: jc.recv(jnp.zeros(10, jnp.float32), source=0, tag=23)[:5],
+            )
+            return carry + got
+        return carry
+
+    loop = jax.jit(lambda: lax.fori_loop(0, trips, body, jnp.zeros(5, jnp.float32)))
+    if jc.rank == 1:
+        with pytest.raises(RUNTIME_ERRORS, match=truncated("MPI_Recv")):
+            loop().block_until_ready()
+        reported_again(truncated("MPI_Recv"))
+    else:
+        loop().block_until_ready()
+    still_usable(jc)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_truncated_sendrecv(jc):
+    # Ranks 0 and 1 exchange 10 and 5 elements: rank 0 receives 5 of its 10
+    # (the rest zeros), rank 1 cannot take 10.
+    if jc.rank in (0, 1):
+        n = 10 if jc.rank == 0 else 5
+        peer = 1 - jc.rank
+        x = jnp.ones(n, jnp.float32)
+        exchange = jax.jit(
+            lambda x: jc.sendrecv(x, x, source=peer, dest=peer, sendtag=24, return_status=True)
+        )
+        if jc.rank == 1:
+            with pytest.raises(RUNTIME_ERRORS, match=truncated("MPI_Sendrecv")):
+                exchange(x)[0].block_until_ready()
+            reported_again(truncated("MPI_Sendrecv"))
+        else:
+            y, status = exchange(x)
+            np.testing.assert_array_equal(y, np.r_[np.ones(5), np.zeros(5)])
+            assert np.asarray(status).tolist() == [1, 24, 5]
+    still_usable(jc)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_receive_into_a_narrower_dtype_is_truncated(jc):
+    # The same shape on both ranks; int32 elements do not fit int8 ones.
+    x = jnp.arange(6, dtype=jnp.int32)
+    if jc.rank == 0:
+        jc.send(x, 1, tag=25)
+    elif jc.rank == 1:
+        with pytest.raises(RUNTIME_ERRORS, match=truncated("MPI_Recv")):
+            np.asarray(jc.recv(x.astype(jnp.int8), source=0, tag=25))
+        reported_again(truncated("MPI_Recv"))
+    still_usable(jc)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.skipif(
+    not _compat.fast_dispatch_enabled,
+    reason="with runtime tokens, JAX keeps the failure in the token, failing every later call",
+)
+def test_failure_of_a_computation_without_outputs_is_raised_by_sync(jc):
+    # Rank 1's computation returns nothing, and receives after a matrix
+    # product: it fails after its call returned, with nowhere to report to.
+    product = jnp.ones((256, 256), jnp.float32)
+
+    @jax.jit
+    def step(m):
+        jc.recv(jnp.zeros(5, jnp.float32) * jnp.sin(m @ m).sum(), source=0, tag=27)
+
+    for n in (5, 10):
+        if jc.rank == 0:
+            jc.send(jnp.ones(n, jnp.float32), 1, tag=27)
+        elif jc.rank == 1:
+            try:
+                step(product)
+            except RUNTIME_ERRORS:
+                pass
+    if jc.rank == 1:
+        with pytest.raises(RuntimeError, match="earlier failed: " + truncated("MPI_Recv")):
+            jaxcomm.sync()
+    jaxcomm.sync()
+    still_usable(jc)
+
+
+# abort_on_exception ---------------------------------------------------------
+
+
+@pytest.fixture
+def excepthook():
+    """Restore sys.excepthook and jaxcomm's hook state after a test."""
+    saved = sys.excepthook
+    yield
+    jaxcomm.abort_on_exception(False)
+    sys.excepthook = saved
+    _abort._previous = None
+
+
+def test_abort_on_exception_installs_once_and_uninstalls(excepthook):
+    original = sys.excepthook
+    jaxcomm.abort_on_exception()
+    installed = sys.excepthook
+    assert installed is not original
+    jaxcomm.abort_on_exception()
+    assert sys.excepthook is installed
+    jaxcomm.abort_on_exception(False)
+    assert sys.excepthook is original
+    jaxcomm.abort_on_exception(False)
+    assert sys.excepthook is original
+
+
+def test_abort_on_exception_stays_in_a_chain_of_hooks(excepthook):
+    seen = []
+    jaxcomm.abort_on_exception()
+    ours = sys.excepthook
+
+    def later(*info):
+        seen.append(info[0])
+        ours(*info)
+
+    sys.excepthook = later
+    jaxcomm.abort_on_exception(False)
+    assert sys.excepthook is later
+    # Disabled, jaxcomm's hook only passes the exception on (to the default
+    # hook, which prints it); it must not abort this process.
+    sys.excepthook(KeyError, KeyError("k"), None)
+    assert seen == [KeyError]
+    jaxcomm.abort_on_exception()
+    assert sys.excepthook is later
+
+
+# The end of a job -----------------------------------------------------------
+
+
+def run_job(tmp_path, script, *args, limit=120, **env):
+    """Run ``script`` with ``args`` on 2 ranks under a time limit; the result and its seconds.
+
+    ``env`` adds environment variables.
+    """
+    path = tmp_path / "job.py"
+    path.write_text(textwrap.dedent(script))
+    start = time.monotonic()
+    done = subprocess.run(
+        ["timeout", "-k", "10", str(limit), *mpiexec(2), sys.executable, str(path), *args],
+        capture_output=True,
+        text=True,
+        env=environment_without_launcher(**env),
+        cwd=tmp_path,
+    )
+    return done, time.monotonic() - start
+
+
+@spawns_own_mpi
+def test_work_in_flight_at_exit_finishes(tmp_path):
+    # The script ends without waiting for its 30 steps; the kernels log each
+    # MPI call on stderr (JAXCOMM_DEBUG) as it runs.
+    steps = 30
+    done, _ = run_job(
+        tmp_path,
+        f"""
+        import sys
+        import jax, jax.numpy as jnp
+        from jaxcomm import JaxComm
+
+        jc = JaxComm()
+        step = jax.jit(lambda m: jc.allreduce(jnp.tanh(m @ m)))
+        m = jnp.full((384, 384), 1e-3, jnp.float32)
+        for _ in range({steps}):
+            m = step(m)
+        print(f"rank {{jc.rank}}: dispatched", file=sys.stderr, flush=True)
+        """,
+        JAXCOMM_DEBUG="1",
+    )
+    assert done.returncode == 0, done.stderr
+    for rank in range(2):
+        lines = [
+            line
+            for line in done.stderr.splitlines()
+            if line.startswith((f"r{rank} | MPI_Allreduce", f"rank {rank}: "))
+        ]
+        assert lines.count(f"rank {rank}: dispatched") == 1, done.stderr
+        assert len(lines) == steps + 1, done.stderr
+        # Some of the work was still in flight when the script ended.
+        assert lines[-1] != f"rank {rank}: dispatched", done.stderr
+
+
+@spawns_own_mpi
+def test_failure_pending_at_exit_is_reported(tmp_path):
+    # Rank 1's last computation fails after its call returned and nothing
+    # waits for it: the exit hook reports it, and the job fails.
+    done, _ = run_job(
+        tmp_path,
+        """
+        import jax, jax.numpy as jnp
+        from jaxcomm import JaxComm
+
+        jc = JaxComm()
+        product = jnp.ones((256, 256), jnp.float32)
+
+        @jax.jit
+        def step(m):
+            jc.recv(jnp.zeros(5, jnp.float32) * jnp.sin(m @ m).sum(), source=0, tag=7)
+
+        for n in (5, 10):
+            if jc.rank == 0:
+                jc.send(jnp.ones(n, jnp.float32), 1, tag=7)
+            else:
+                try:
+                    step(product)
+                except Exception as e:
+                    print(f"rank 1 raised at the call: {e}", flush=True)
+        print(f"rank {jc.rank} done", flush=True)
+        """,
+    )
+    assert done.returncode not in (0, 124, 137), (done.returncode, done.stderr)
+    assert "rank 0 done" in done.stdout and "rank 1 done" in done.stdout, done.stdout
+    assert "jaxcomm: at exit: RuntimeError: an MPI call jaxcomm dispatched earlier failed: " in (
+        done.stderr
+    ), done.stderr
+    assert "jaxcomm: MPI_Recv failed on rank 1: " in done.stderr, done.stderr
+    assert "Exception ignored" not in done.stderr, done.stderr
+
+
+ABORTING_JOB = """
+    import sys
+    import jax.numpy as jnp
+    import jaxcomm
+
+    if sys.argv[1:] == ["abort"]:
+        jaxcomm.abort_on_exception()
+    jc = jaxcomm.JaxComm()
+    if jc.rank == 1:
+        raise ValueError("rank 1 gives up")
+    jc.allreduce(jnp.ones(2)).block_until_ready()
+    print(f"rank {jc.rank} finished", flush=True)
+"""
+
+
+@spawns_own_mpi
+def test_abort_on_exception_ends_the_job(tmp_path):
+    done, seconds = run_job(tmp_path, ABORTING_JOB, "abort")
+    print(f"the job ended {seconds:.1f} s after it started")
+    assert done.returncode not in (0, 124, 137), (done.returncode, done.stderr)
+    assert "Traceback" in done.stderr and "ValueError: rank 1 gives up" in done.stderr, done.stderr
+    assert "aborting the MPI job" in done.stderr, done.stderr
+    assert "finished" not in done.stdout, done.stdout
+
+
+@spawns_own_mpi
+@pytest.mark.skipif(
+    "MPICH" not in MPI.Get_library_version(), reason="the hang is shown with MPICH only"
+)
+def test_without_abort_on_exception_the_job_hangs(tmp_path):
+    # The negative control: rank 0 waits in the allreduce until the time limit.
+    done, _ = run_job(tmp_path, ABORTING_JOB, limit=10)
+    assert done.returncode == 124, (done.returncode, done.stderr)
+    assert "ValueError: rank 1 gives up" in done.stderr, done.stderr
