@@ -1212,8 +1212,9 @@ class JaxComm:
 
         Raises:
             TypeError: for a bad template, a non-int or traced ``source``/``tag``,
-                a ``status`` that is not an ``MPI.Status``, or ``status`` in a
-                traced call (use ``return_status=True`` there).
+                a ``status`` that is not an ``MPI.Status``, ``status`` in a
+                traced call (use ``return_status=True`` there), or a non-bool
+                ``return_status``.
             ValueError: for a ``source`` or ``tag`` out of range.
 
         Example:
@@ -1222,15 +1223,14 @@ class JaxComm:
         """
         handle = self._live()
         _check_status(status)
+        return_status = _static_bool(return_status, "return_status")
         result, envelope = ops.recv(
             _template(x, "x"),
             source=self._peer(source, "source", any_source=True),
             tag=self._tag(tag, "tag", any_tag=True),
             comm=handle,
         )
-        return _received(
-            result, envelope, status, _static_bool(return_status, "return_status"), "recv"
-        )
+        return _received(result, envelope, status, return_status, "recv")
 
     @_jitted_when_eager
     def sendrecv(
@@ -1268,12 +1268,14 @@ class JaxComm:
             The received array, or ``(array, status)`` with ``return_status``.
 
         Raises:
-            TypeError: for bad arrays or non-int or traced ranks and tags.
+            TypeError: for bad arrays, non-int or traced ranks and tags, a
+                bad ``status`` (see :meth:`recv`) or a non-bool ``return_status``.
             ValueError: if the buffers differ in shape or dtype, or a rank or
                 tag is out of range.
         """
         handle = self._live()
         _check_status(status)
+        return_status = _static_bool(return_status, "return_status")
         sendbuf = _as_array(sendbuf, "sendbuf")
         shape, dtype = _shape_dtype(recvbuf, "recvbuf")
         if (shape, dtype) != (sendbuf.shape, np.dtype(sendbuf.dtype)):
@@ -1289,9 +1291,7 @@ class JaxComm:
             recvtag=self._tag(recvtag, "recvtag", any_tag=True),
             comm=handle,
         )
-        return _received(
-            result, envelope, status, _static_bool(return_status, "return_status"), "sendrecv"
-        )
+        return _received(result, envelope, status, return_status, "sendrecv")
 
     # Synchronisation ---------------------------------------------------------
 
