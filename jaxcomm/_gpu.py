@@ -44,10 +44,10 @@ def set_cuda_aware(enabled: bool | None) -> None:
             ``None`` goes back to what the MPI library says about itself.
 
     Raises:
-        ValueError: ``enabled`` is not ``True``, ``False`` or ``None``.
+        TypeError: ``enabled`` is not ``True``, ``False`` or ``None``.
     """
     if enabled is not None and not isinstance(enabled, bool):
-        raise ValueError(f"set_cuda_aware takes True, False or None, got {enabled!r}")
+        raise TypeError(f"enabled must be True, False or None, got {enabled!r}")
     _apply(enabled, "set_cuda_aware()")
 
 
@@ -152,6 +152,8 @@ def bind_local_gpu(comm: MPI.Comm | None = None) -> int:
         the previous ``CUDA_VISIBLE_DEVICES`` list, if that was set).
 
     Raises:
+        TypeError: ``comm`` is not an mpi4py communicator.
+        ValueError: ``comm`` is ``MPI.COMM_NULL`` (such as a freed one).
         RuntimeError: JAX's backends are already initialised (any
             ``jax.devices()``, array creation or jitted call before this one
             does that), or this node has no NVIDIA GPU.
@@ -162,6 +164,10 @@ def bind_local_gpu(comm: MPI.Comm | None = None) -> int:
         >>> import jax.numpy as jnp  # arrays now live on this rank's GPU
     """
     comm = MPI.COMM_WORLD if comm is None else comm
+    if not isinstance(comm, MPI.Comm):
+        raise TypeError(f"comm must be an mpi4py communicator, got {type(comm).__name__}")
+    if comm == MPI.COMM_NULL:
+        raise ValueError("comm must be a live communicator, got MPI.COMM_NULL (freed or null)")
     # Every rank takes part in the split before any of them can fail, so a
     # failure on some ranks never leaves the others waiting in it.
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)

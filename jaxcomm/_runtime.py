@@ -126,7 +126,12 @@ def set_debug(enabled: bool = True) -> None:
 
     Args:
         enabled: whether to log.
+
+    Raises:
+        TypeError: ``enabled`` is not a bool.
     """
+    if not isinstance(enabled, (bool, np.bool_)):
+        raise TypeError(f"enabled must be a bool, got {type(enabled).__name__}")
     _kernels_cpu.set_debug(bool(enabled))
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import operator
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence, Set
 from typing import Any
 
 import jax
@@ -45,6 +45,10 @@ _LOGICAL = ("LAND", "LOR", "LXOR")
 def _as_array(x: ArrayLike, name: str) -> jax.Array:
     if isinstance(x, (MPI.Status, str, bytes)) or x is None:
         raise TypeError(f"{name} must be an array or a scalar, got {type(x).__name__}")
+    if isinstance(x, (np.ndarray, np.generic)):
+        # Before JAX converts it, which would reject a string or object dtype
+        # without naming the argument.
+        _check_dtype(x.dtype, name)
     try:
         array = x if isinstance(x, jax.Array) else jnp.asarray(x)
     except TypeError as err:
@@ -122,7 +126,29 @@ def _static_int(value: Any, name: str) -> int:
 def _static_bool(value: Any, name: str) -> bool:
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
+    if isinstance(value, jax.core.Tracer):
+        raise TypeError(
+            f"{name} must be a static bool, but got a traced value; "
+            "compute it outside jax.jit or mark it static"
+        )
     raise TypeError(f"{name} must be a static bool, got {type(value).__name__}")
+
+
+def _sequence(value: Any, name: str) -> list[Any]:
+    """The entries of a static sequence (a list, tuple or array, not a str, set or dict)."""
+    if isinstance(value, jax.core.Tracer):
+        raise TypeError(
+            f"{name} must be a static sequence, but got a traced value; "
+            "pass a Python list or tuple known when the function is traced"
+        )
+    # A str iterates into characters, and sets and dicts have no order that
+    # every rank would agree on.
+    if isinstance(value, (str, bytes, Set, Mapping)):
+        raise TypeError(f"{name} must be a sequence, got {type(value).__name__}")
+    try:
+        return list(value)
+    except TypeError:
+        raise TypeError(f"{name} must be a sequence, got {type(value).__name__}") from None
 
 
 def _leading_axis(x: jax.Array, why: str) -> int:
@@ -173,6 +199,17 @@ def _reduction_leaves(x: Any, op: Any) -> tuple[list[jax.Array], Any, int]:
     return [leaf for leaf, _ in operands], treedef, operands[0][1]
 
 
+def _intracomm(comm: Any) -> MPI.Intracomm:
+    """``comm``, or ``MPI.COMM_WORLD`` for None, checked to be a usable ``Intracomm``."""
+    if comm is None:
+        return MPI.COMM_WORLD
+    if not isinstance(comm, MPI.Intracomm):
+        raise TypeError(f"comm must be an mpi4py Intracomm, got {type(comm).__name__}")
+    if comm == MPI.COMM_NULL:
+        raise ValueError("comm must be a live communicator, got MPI.COMM_NULL (freed or null)")
+    return comm
+
+
 def _check_status(status: MPI.Status | None) -> None:
     if status is not None and not isinstance(status, MPI.Status):
         raise TypeError(f"status must be an MPI.Status or None, got {type(status).__name__}")
@@ -215,14 +252,13 @@ def _received(
 # MPI.Status to fill, values JAX cannot pass) take the ordinary path, which
 # also raises jaxcomm's errors for invalid ones.
 
-_CONCRETE_LEAVES = (np.ndarray, np.generic, int, float, complex)
-
-
 def _is_concrete(x: Any) -> bool:
     """Whether ``x`` is a non-empty pytree of concrete arrays or scalars."""
     leaves = jax.tree_util.tree_leaves(x)
     return bool(leaves) and all(
-        isinstance(leaf, _CONCRETE_LEAVES)
+        isinstance(leaf, (int, float, complex))
+        # JAX cannot pass NumPy values of other dtypes, and its error would not name them.
+        or (isinstance(leaf, (np.ndarray, np.generic)) and leaf.dtype in SUPPORTED_DTYPES)
         or (isinstance(leaf, jax.Array) and not isinstance(leaf, jax.core.Tracer))
         for leaf in leaves
     )
@@ -315,7 +351,7 @@ class JaxComm:
 
     Raises:
         TypeError: if ``comm`` is not an mpi4py ``Intracomm``.
-        ValueError: if ``comm`` is ``MPI.COMM_NULL``.
+        ValueError: if ``comm`` is ``MPI.COMM_NULL`` (such as a freed one).
         RuntimeError: if MPI runs below ``MPI_THREAD_MULTIPLE``.
 
     Example:
@@ -326,12 +362,7 @@ class JaxComm:
     """
 
     def __init__(self, comm: MPI.Intracomm | None = None) -> None:
-        if comm is None:
-            comm = MPI.COMM_WORLD
-        if not isinstance(comm, MPI.Intracomm):
-            raise TypeError(f"comm must be an mpi4py Intracomm, got {type(comm).__name__}")
-        if comm == MPI.COMM_NULL:
-            raise ValueError("comm is MPI.COMM_NULL")
+        comm = _intracomm(comm)
         check_thread_level()
         self._own(comm.Clone())
 
@@ -478,19 +509,19 @@ class JaxComm:
             A ``JaxComm`` whose ``comm`` is an ``MPI.Cartcomm``.
 
         Raises:
-            TypeError: if ``comm`` is not an ``Intracomm`` or ``dims`` holds non-ints.
-            ValueError: if the grid does not cover ``comm`` exactly or
-                ``periods`` has the wrong length.
+            TypeError: if ``comm`` is not an ``Intracomm``, ``dims`` is not a
+                sequence of ints, ``periods`` not a sequence of bools, or
+                ``reorder`` not a bool.
+            ValueError: if ``comm`` is ``MPI.COMM_NULL``, the grid does not
+                cover ``comm`` exactly or ``periods`` has the wrong length.
 
         Example:
             >>> grid = JaxComm.from_cart([0, 0], periods=[True, True])
             >>> up, down = grid.cart_shift(0)
         """
-        comm = MPI.COMM_WORLD if comm is None else comm
-        if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
-            raise TypeError(f"comm must be an mpi4py Intracomm, got {type(comm).__name__}")
+        comm = _intracomm(comm)
         check_thread_level()
-        dims = [_static_int(d, "dims") for d in dims]
+        dims = [_static_int(d, f"dims[{i}]") for i, d in enumerate(_sequence(dims, "dims"))]
         if not dims or any(d < 0 for d in dims):
             raise ValueError(f"dims={dims} must be a non-empty list of non-negative ints")
         size = comm.Get_size()
@@ -498,11 +529,20 @@ class JaxComm:
         if 0 in dims and size % fixed == 0:
             dims = MPI.Compute_dims(size, dims)
         if int(np.prod(dims)) != size:
-            raise ValueError(f"a {dims} grid does not hold the {size} processes of comm")
-        periods = [False] * len(dims) if periods is None else [bool(p) for p in periods]
+            raise ValueError(
+                f"dims={dims} is a grid that does not hold the {size} processes of comm"
+            )
+        if periods is None:
+            periods = [False] * len(dims)
+        else:
+            periods = [
+                _static_bool(p, f"periods[{i}]")
+                for i, p in enumerate(_sequence(periods, "periods"))
+            ]
         if len(periods) != len(dims):
             raise ValueError(f"periods has {len(periods)} entries for {len(dims)} dims")
-        return cls._adopt(comm.Create_cart(dims, periods=periods, reorder=bool(reorder)))
+        reorder = _static_bool(reorder, "reorder")
+        return cls._adopt(comm.Create_cart(dims, periods=periods, reorder=reorder))
 
     def _cart(self) -> MPI.Cartcomm:
         self._live()
@@ -540,7 +580,8 @@ class JaxComm:
             ``coords + disp`` along ``direction``.
 
         Raises:
-            TypeError: if the communicator is not Cartesian.
+            TypeError: if the communicator is not Cartesian, or ``direction``
+                or ``disp`` is not a static int.
             ValueError: if ``direction`` is not an axis of the grid.
         """
         cart = self._cart()
@@ -567,14 +608,19 @@ class JaxComm:
             A new array shaped like ``x``.
 
         Raises:
-            TypeError: if the communicator is not Cartesian, or for bad arrays.
-            ValueError: if ``direction`` is not an axis of the grid.
+            TypeError: if the communicator is not Cartesian, for bad arrays, or
+                for a non-int or traced ``direction``, ``disp`` or ``tag``.
+            ValueError: if ``direction`` is not an axis of the grid or ``tag``
+                is out of range.
 
         Example:
             >>> halo_above = grid.shift(block[-1], direction=0, disp=1)
             >>> halo_below = grid.shift(block[0], direction=0, disp=-1)
         """
         source, dest = self.cart_shift(direction, disp)
+        # Checked here, so that errors name shift's arguments, not sendrecv's.
+        x = _as_array(x, "x")
+        tag = self._tag(tag, "tag")
         return self.sendrecv(x, x, source=source, dest=dest, sendtag=tag, recvtag=tag)
 
     def __enter__(self) -> JaxComm:
@@ -608,15 +654,7 @@ class JaxComm:
 
     def _per_rank(self, value: Any, name: str) -> list[Any]:
         """The entries of a static sequence with one entry per rank."""
-        if isinstance(value, jax.core.Tracer):
-            raise TypeError(
-                f"{name} must be a static sequence, but got a traced value; "
-                "pass a Python list or tuple known when the function is traced"
-            )
-        try:
-            items = list(value)
-        except TypeError:
-            raise TypeError(f"{name} must be a sequence, got {type(value).__name__}") from None
+        items = _sequence(value, name)
         if len(items) != self._size:
             raise ValueError(
                 f"{name} has {len(items)} entries; it needs one per rank ({self._size})"
@@ -801,8 +839,7 @@ class JaxComm:
         """
         handle = self._live()
         x, code = _reduction_operand(x, op)
-        if not isinstance(tiled, (bool, np.bool_)):
-            raise TypeError(f"tiled must be a bool, got {type(tiled).__name__}")
+        tiled = _static_bool(tiled, "tiled")
         size = self._size
         if tiled and (x.ndim == 0 or x.shape[0] % size):
             raise ValueError(
@@ -815,7 +852,7 @@ class JaxComm:
                 f"for reduce_scatter, got shape {x.shape}; pass tiled=True to split a "
                 "longer axis"
             )
-        return ops.reduce_scatter(x, op=code, size=size, tiled=bool(tiled), comm=handle)
+        return ops.reduce_scatter(x, op=code, size=size, tiled=tiled, comm=handle)
 
     @_jitted_when_eager
     def bcast(self, x: Any, root: int = 0) -> Any:
@@ -1218,8 +1255,9 @@ class JaxComm:
 
         Raises:
             TypeError: for a bad template, a non-int or traced ``source``/``tag``,
-                a ``status`` that is not an ``MPI.Status``, or ``status`` in a
-                traced call (use ``return_status=True`` there).
+                a ``status`` that is not an ``MPI.Status``, ``status`` in a
+                traced call (use ``return_status=True`` there), or a non-bool
+                ``return_status``.
             ValueError: for a ``source`` or ``tag`` out of range.
 
         Example:
@@ -1228,15 +1266,14 @@ class JaxComm:
         """
         handle = self._live()
         _check_status(status)
+        return_status = _static_bool(return_status, "return_status")
         result, envelope = ops.recv(
             _template(x, "x"),
             source=self._peer(source, "source", any_source=True),
             tag=self._tag(tag, "tag", any_tag=True),
             comm=handle,
         )
-        return _received(
-            result, envelope, status, _static_bool(return_status, "return_status"), "recv"
-        )
+        return _received(result, envelope, status, return_status, "recv")
 
     @_jitted_when_eager
     def sendrecv(
@@ -1274,12 +1311,14 @@ class JaxComm:
             The received array, or ``(array, status)`` with ``return_status``.
 
         Raises:
-            TypeError: for bad arrays or non-int or traced ranks and tags.
+            TypeError: for bad arrays, non-int or traced ranks and tags, a
+                bad ``status`` (see :meth:`recv`) or a non-bool ``return_status``.
             ValueError: if the buffers differ in shape or dtype, or a rank or
                 tag is out of range.
         """
         handle = self._live()
         _check_status(status)
+        return_status = _static_bool(return_status, "return_status")
         sendbuf = _as_array(sendbuf, "sendbuf")
         shape, dtype = _shape_dtype(recvbuf, "recvbuf")
         if (shape, dtype) != (sendbuf.shape, np.dtype(sendbuf.dtype)):
@@ -1295,9 +1334,7 @@ class JaxComm:
             recvtag=self._tag(recvtag, "recvtag", any_tag=True),
             comm=handle,
         )
-        return _received(
-            result, envelope, status, _static_bool(return_status, "return_status"), "sendrecv"
-        )
+        return _received(result, envelope, status, return_status, "sendrecv")
 
     # Synchronisation ---------------------------------------------------------
 

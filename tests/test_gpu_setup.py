@@ -84,7 +84,7 @@ def test_set_cuda_aware_switches_the_path_and_back():
 @pytest.mark.mpi
 @pytest.mark.parametrize("value", ["yes", 1, 0.0])
 def test_set_cuda_aware_takes_only_true_false_none(value):
-    with pytest.raises(ValueError, match="True, False or None"):
+    with pytest.raises(TypeError, match="enabled must be True, False or None"):
         jaxcomm.set_cuda_aware(value)
 
 

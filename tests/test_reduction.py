@@ -441,7 +441,7 @@ def test_reduce_scatter_rejects_bad_leading_axes(jc):
     if size > 1:
         with pytest.raises(ValueError, match=f"multiple of the communicator size {size}"):
             jc.reduce_scatter(jnp.zeros((size + 1, 2)), tiled=True)
-    with pytest.raises(TypeError, match="tiled must be a bool"):
+    with pytest.raises(TypeError, match="tiled must be a static bool"):
         jc.reduce_scatter(jnp.zeros((size, 2)), tiled=1)
 
 
