@@ -11,7 +11,10 @@ import itertools
 import math
 import os
 import re
+import signal
 import sys
+import threading
+import time
 import weakref
 
 import jax
@@ -194,7 +197,12 @@ def set_check(enabled: bool = True) -> None:
 
     Args:
         enabled: whether to check.
+
+    Raises:
+        TypeError: if ``enabled`` is not a bool.
     """
+    if not isinstance(enabled, (bool, np.bool_)):
+        raise TypeError(f"enabled must be a bool, got {type(enabled).__name__}")
     enabled = bool(enabled)
     if enabled:
         wait_for_dispatched()
@@ -318,6 +326,67 @@ def check_thread_level() -> None:
 set_debug(os.environ.get("JAXCOMM_DEBUG", "") not in ("", "0"))
 _kernels_cpu.set_check(os.environ.get("JAXCOMM_CHECK", "") not in ("", "0"))
 set_timeout(_env_seconds("JAXCOMM_TIMEOUT"))
+
+
+# Interrupts ------------------------------------------------------------------
+#
+# Python raises KeyboardInterrupt only when the main thread returns to the
+# interpreter, never while it waits for a jaxcomm call that MPI keeps blocked
+# (a receive nobody sends to), and MPI cannot cancel such a call. So a thread
+# woken through Python's signal wakeup descriptor looks at SIGINT: if jaxcomm
+# calls are still running a moment later, it names the latest one and aborts
+# the job; otherwise Python raises KeyboardInterrupt as usual.
+
+_INTERRUPT_GRACE_S = 1.0
+_INTERRUPT_EXIT = 130  # 128 + SIGINT, as shells report an interrupted program
+
+
+def _watch_interrupts(fd):
+    while True:
+        try:
+            data = os.read(fd, 512)
+        except OSError:
+            return
+        if not data:
+            return
+        if signal.SIGINT not in data:
+            continue
+        deadline = time.monotonic() + _INTERRUPT_GRACE_S
+        while _kernels_cpu.calls_in_flight() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if _kernels_cpu.calls_in_flight():
+            sys.stderr.write(
+                f"jaxcomm: interrupted (SIGINT) on rank {MPI.COMM_WORLD.Get_rank()} while "
+                f"it waits in an MPI call made at {_kernels_cpu.latest_site()}, which MPI "
+                "cannot cancel: aborting the job\n"
+            )
+            sys.stderr.flush()
+            time.sleep(0.5)  # mpiexec may drop what a rank wrote just before it aborts
+            MPI.COMM_WORLD.Abort(_INTERRUPT_EXIT)
+
+
+def _watch_for_interrupts():
+    """Start the interrupt thread, unless something else owns the wakeup descriptor."""
+    if os.environ.get("JAXCOMM_INTERRUPT_ABORT", "1") == "0":
+        return
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    try:
+        previous = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+    except ValueError:  # imported outside the main thread
+        previous = None
+    if previous != -1:
+        if previous is not None:
+            signal.set_wakeup_fd(previous)
+        os.close(read)
+        os.close(write)
+        return
+    threading.Thread(
+        target=_watch_interrupts, args=(read,), name="jaxcomm-interrupts", daemon=True
+    ).start()
+
+
+_watch_for_interrupts()
 
 
 def _report_at_exit(failure):

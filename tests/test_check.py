@@ -304,3 +304,5 @@ def test_set_check_switch_is_reported():
     jaxcomm.set_check(False)
     assert not _runtime.checking()
     jaxcomm.set_check(before)
+    with pytest.raises(TypeError, match="enabled must be a bool, got str"):
+        jaxcomm.set_check("yes")

@@ -372,6 +372,11 @@ void SetTimeout(double seconds);
 // id, which every handler receives as its "site" attribute.
 int64_t RegisterSite(const std::string& text);
 
+// How many handler calls are running now, and the call site of the latest
+// to start (for the report of an interrupt that cannot stop them).
+int CallsInFlight();
+std::string LatestSite();
+
 // The two private communicators the checker exchanges signatures and
 // verdicts on, for the communicator behind `handle` (MPI_COMM_NULL: none).
 void SetCheckComms(int64_t handle, MPI_Fint signatures, MPI_Fint verdicts);

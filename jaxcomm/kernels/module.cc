@@ -221,6 +221,10 @@ PYBIND11_MODULE(JAXCOMM_MODULE, m) {
         "Turn the collective mismatch checker on or off.");
   m.def("set_timeout", &jaxcomm::SetTimeout, py::arg("seconds"),
         "Abort the job when one call takes longer (0: no watchdog).");
+  m.def("calls_in_flight", &jaxcomm::CallsInFlight,
+        "How many handler calls are running now.");
+  m.def("latest_site", &jaxcomm::LatestSite,
+        "The call site of the latest handler call to start.");
   m.def("monitor_flags", &jaxcomm::MonitorFlags,
         "1: checking calls, 2: watching them (bits).");
   m.def(

@@ -68,6 +68,11 @@ CheckCommTable& TheCheckComms() {
 
 thread_local int64_t current_site = -1;
 
+// Handler calls running now, and the site of the latest to start: what an
+// interrupt reports (always kept: two relaxed atomic operations a call).
+std::atomic<int> calls_in_flight{0};
+std::atomic<int64_t> latest_site{-1};
+
 // What one call waits in, since when.
 struct Watched {
   bool busy = false;
@@ -116,6 +121,8 @@ void WatchdogLoop() {
                    "jaxcomm.set_timeout): aborting the job\n",
                    WorldRank(), waited, slot.what.c_str(), dog.timeout_s);
       std::fflush(stderr);
+      // mpiexec may drop what a rank wrote just before it aborts the job.
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
       MPI_Abort(MPI_COMM_WORLD, kTimeoutExit);
     }
   }
@@ -278,6 +285,12 @@ void SetTimeout(double seconds) {
   }
 }
 
+int CallsInFlight() { return calls_in_flight.load(std::memory_order_relaxed); }
+
+std::string LatestSite() {
+  return SiteText(latest_site.load(std::memory_order_relaxed));
+}
+
 int64_t RegisterSite(const std::string& text) {
   Sites& sites = TheSites();
   std::lock_guard<std::mutex> lock(sites.mutex);
@@ -300,9 +313,14 @@ void SetCheckComms(int64_t handle, MPI_Fint signatures, MPI_Fint verdicts) {
   }
 }
 
-CallScope::CallScope(int64_t site) { current_site = site; }
+CallScope::CallScope(int64_t site) {
+  current_site = site;
+  latest_site.store(site, std::memory_order_relaxed);
+  calls_in_flight.fetch_add(1, std::memory_order_relaxed);
+}
 
 CallScope::~CallScope() {
+  calls_in_flight.fetch_sub(1, std::memory_order_relaxed);
   if (watch_slot < 0) return;
   Watchdog& dog = TheWatchdog();
   std::lock_guard<std::mutex> lock(dog.mutex);
