@@ -64,8 +64,11 @@ def build_steps(jc):
     # Pairs (0, 1), (2, 3), ...; an odd rank count leaves the last rank out.
     partner = rank ^ 1 if (rank ^ 1) < size else MPI.PROC_NULL
     counts = [r % 2 + 1 for r in range(size)]
-    every = lambda i, shape, dtype=np.float32: [data(i, r, shape, dtype) for r in range(size)]
     steps = []
+
+    def every(i, shape, dtype=np.float32):
+        """Every rank's input for round ``i``, in rank order."""
+        return [data(i, r, shape, dtype) for r in range(size)]
 
     def step(name):
         """Register the ``(run, expected)`` pair that the decorated function returns."""

@@ -11,13 +11,12 @@ transposes of those linear maps (under the replicated-value convention of
 docs/autodiff.md).
 
 A failure on any rank fails the test on every rank, printing the seed, the
-program and how to replay it:
-``JAXCOMM_RANDOM_SEED=<seed> mpiexec -n N python -m pytest --with-mpi tests/test_random_programs.py``.
+program and how to replay it: ``JAXCOMM_RANDOM_SEED=<seed> mpiexec -n N
+python -m pytest --with-mpi tests/test_random_programs.py``.
 ``JAXCOMM_RANDOM_EXAMPLES`` sets how many programs run (default 6).
 """
 
 import dataclasses
-import math
 import os
 import traceback
 
@@ -36,7 +35,8 @@ import jaxcomm
 SEED = os.environ.get("JAXCOMM_RANDOM_SEED")
 EXAMPLES = 1 if SEED else int(os.environ.get("JAXCOMM_RANDOM_EXAMPLES", "6"))
 
-DTYPES = [d for d in ALL_DTYPES if X64 or d.name not in ("int64", "uint64", "float64", "complex128")]
+_64_BIT = ("int64", "uint64", "float64", "complex128")
+DTYPES = [d for d in ALL_DTYPES if X64 or d.name not in _64_BIT]
 _INTEGER = [d for d in DTYPES if d.kind in "iu"]
 _FLOAT = [d for d in DTYPES if d.kind == "f" or d == np.dtype(jnp.bfloat16)]
 _COMPLEX = [d for d in DTYPES if d.kind == "c"]
@@ -436,8 +436,9 @@ def mismatch(got, want, signed_zeros):
     NumPy's sums and products do not give zeros IEEE's signs, so
     ``signed_zeros`` is off for them.
     """
-    if jax.tree_util.tree_structure(got) != jax.tree_util.tree_structure(want):
-        return f"structure {jax.tree_util.tree_structure(got)}, expected {jax.tree_util.tree_structure(want)}"
+    structures = [jax.tree_util.tree_structure(t) for t in (got, want)]
+    if structures[0] != structures[1]:
+        return f"structure {structures[0]}, expected {structures[1]}"
     for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
         g = np.asarray(g)
         if g.dtype != w.dtype or g.shape != w.shape:
