@@ -6,6 +6,7 @@ parameters and delegates to a primitive in ``jaxcomm.ops``.
 
 from __future__ import annotations
 
+import collections
 import functools
 import operator
 import sys
@@ -252,6 +253,13 @@ def _received(
 # MPI.Status to fill, values JAX cannot pass) take the ordinary path, which
 # also raises jaxcomm's errors for invalid ones.
 
+# Compiled programs each JaxComm keeps for eager calls. Every distinct set of
+# static arguments (a tag, a root, counts) is a program of its own, about
+# 1.4 MiB with XLA:CPU, so a program that sends with tag=step would otherwise
+# grow without bound; the least recently used are dropped beyond this many.
+EAGER_CACHE_SIZE = 256
+
+
 def _is_concrete(x: Any) -> bool:
     """Whether ``x`` is a non-empty pytree of concrete arrays or scalars."""
     leaves = jax.tree_util.tree_leaves(x)
@@ -317,6 +325,10 @@ def _jitted_when_eager(method):
                 lambda *a, _static=static, _kwargs=kwargs: method(self, *a, *_static, **_kwargs)
             )
             self._eager[key] = jitted
+            if len(self._eager) > EAGER_CACHE_SIZE:
+                self._eager.popitem(last=False)
+        else:
+            self._eager.move_to_end(key)
         return jitted(*arrays)
 
     return call
@@ -375,7 +387,7 @@ class JaxComm:
 
     def _own(self, comm: MPI.Intracomm) -> None:
         self._comm: MPI.Intracomm | None = comm
-        self._eager: dict = {}  # see _jitted_when_eager
+        self._eager = collections.OrderedDict()  # see _jitted_when_eager
         # Derivative messages travel apart from the program's own (ops/_base.py).
         self._derivative = comm.Clone()
         for owned in (self._comm, self._derivative):

@@ -19,7 +19,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import RUNTIME_ERRORS, environment_without_launcher, mpiexec, spawns_own_mpi
+from conftest import (
+    RUNTIME_ERRORS,
+    backend_compiles,
+    environment_without_launcher,
+    mpiexec,
+    spawns_own_mpi,
+)
 from dispatch_ahead import dispatch_ahead, out_of_order
 from mpi4py import MPI
 
@@ -95,6 +101,25 @@ def test_jitted_and_eager_calls_need_no_runtime_token(jc):
         x.devices(),
     )
     np.testing.assert_array_equal(compiled(x), jc.size * x)
+
+
+@pytest.mark.mpi
+def test_eager_programs_kept_are_bounded(monkeypatch):
+    # Eager calls keep one compiled program per set of static arguments (here
+    # the op); a program sending with ever new tags must not keep them all.
+    monkeypatch.setattr(jaxcomm.comm, "EAGER_CACHE_SIZE", 2)
+    x = np.arange(1.0, 4.0)
+    with JaxComm(MPI.COMM_WORLD) as jc:
+        expected = {"SUM": x * jc.size, "PROD": x**jc.size, "MAX": x}
+        ops = {"SUM": MPI.SUM, "PROD": MPI.PROD, "MAX": MPI.MAX}
+        # SUM is used again before MAX comes in, so PROD is the one dropped.
+        for name in ("SUM", "PROD", "SUM", "MAX"):
+            np.testing.assert_array_equal(jc.allreduce(x, op=ops[name]), expected[name])
+        assert len(jc._eager) == 2
+        for name, programs_compiled in (("SUM", 0), ("PROD", 1)):
+            with backend_compiles() as compiles:
+                np.testing.assert_array_equal(jc.allreduce(x, op=ops[name]), expected[name])
+            assert len(compiles) == programs_compiled, name
 
 
 @spawns_own_mpi

@@ -110,6 +110,21 @@ def test_allgather_and_gather_pytrees(jc, capfd, tiled):
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("tiled", [False, True])
+def test_gathered_pytree_with_empty_trailing_dimension(jc, tiled):
+    # Found by tests/test_random_programs.py: tiled=True raised ZeroDivisionError.
+    tree = {"empty": jnp.zeros((1, 0)), "b": jnp.arange(2.0) + jc.rank}
+    stacked = np.stack([np.arange(2.0) + r for r in range(jc.size)])
+    want_b = stacked.reshape(-1) if tiled else stacked
+    want_empty = (jc.size, 0) if tiled else (jc.size, 1, 0)
+    allgathered = jc.allgather(tree, tiled=tiled)
+    gathered = jc.gather(tree, root=0, tiled=tiled)
+    assert allgathered["empty"].shape == gathered["empty"].shape == want_empty
+    np.testing.assert_array_equal(allgathered["b"], want_b)
+    np.testing.assert_array_equal(gathered["b"], want_b if jc.rank == 0 else np.zeros_like(want_b))
+
+
+@pytest.mark.mpi
 def test_reduce_pytree(jc):
     tree = {"x": jnp.full(3, 1.0 + jc.rank), "n": jnp.asarray(jc.rank)}
     for root in range(jc.size):

@@ -44,6 +44,8 @@ def tree_call(leaves, op_name, params, tiled=False):
         for i in members:
             shape, n = leaves[i].shape, leaves[i].size
             piece = packed[..., offset : offset + n].reshape(packed.shape[:-1] + shape)
-            out[i] = piece.reshape((-1,) + shape[1:]) if tiled else piece
+            # The merged length is spelled out: -1 cannot be inferred when a
+            # trailing dimension is 0.
+            out[i] = piece.reshape((piece.shape[0] * shape[0], *shape[1:])) if tiled else piece
             offset += n
     return out
