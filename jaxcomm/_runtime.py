@@ -154,14 +154,12 @@ def track_comm(jc) -> None:
     """Note a new JaxComm (and give it checking communicators when checking is on)."""
     _live_comms[next(_comm_serials)] = jc
     if checking():
-        jc._make_check_comms()
+        jc._make_check_comm()
 
 
-def set_check_comms(handle: int, comms) -> None:
-    """Hand the kernels the checker's two communicators for ``handle`` (None: forget them)."""
-    null = MPI.COMM_NULL.py2f()
-    signatures, verdicts = (null, null) if comms is None else (c.py2f() for c in comms)
-    _kernels_cpu.set_check_comms(handle, signatures, verdicts)
+def set_check_comm(handle: int, comm) -> None:
+    """Hand the kernels the checker's communicator for ``handle`` (None: forget it)."""
+    _kernels_cpu.set_check_comm(handle, (MPI.COMM_NULL if comm is None else comm).py2f())
 
 
 def checking() -> bool:
@@ -177,22 +175,30 @@ def monitoring() -> bool:
 def set_check(enabled: bool = True) -> None:
     """Turn the collective mismatch checker on or off.
 
-    With the checker on, every jaxcomm MPI call first compares what each
-    rank involved is about to do: a collective's ranks compare the operation,
-    root, reduction op, element count, dtype and ``*v`` counts; a message's
-    sender and receiver compare dtype and size (the receive must hold the
-    message). When they disagree, no rank makes the call and every rank
-    involved raises an error naming each rank's call and its Python call site
-    (file, line and function of the jaxcomm method call), where the program
-    would otherwise hang or corrupt data. Each checked collective costs an
-    extra ``MPI_Allgather`` of a few hundred bytes per rank, each message two
-    small extra messages. Ranks may call the same collective from different
-    lines (rank-dependent branches are legitimate SPMD code), so call sites
-    are reported, not compared.
+    With the checker on, every jaxcomm MPI call first compares what the
+    ranks involved are about to do. A collective's ranks compare the
+    operation, root, reduction op, element count, dtype and ``*v`` counts;
+    when they disagree, no rank makes the call and every rank raises an error
+    naming each rank's call and its Python call site (file, line and function
+    of the jaxcomm method call), where the program would otherwise hang or
+    corrupt data. A message's sender sends its signature ahead of it; a
+    receiver whose buffer cannot take the message (another dtype, more
+    elements) discards it and raises, naming both calls. The sender's send
+    completes, as MPI lets a small send complete before its receive is
+    posted: waiting for the receiver's verdict would deadlock programs that
+    receive messages in another order than they were sent.
+
+    Each checked collective costs an extra ``MPI_Allgather`` of a few hundred
+    bytes per rank, each message one small extra message. Ranks may call the
+    same collective from different lines (rank-dependent branches are
+    legitimate SPMD code), so call sites are reported, not compared. A
+    program where one rank makes a collective while its peer makes a
+    point-to-point call still hangs (neither can tell what the other is
+    doing): the watchdog (:func:`set_timeout`) reports those.
 
     Setting the environment variable ``JAXCOMM_CHECK=1`` turns it on from the
     start. Turning it on later is collective: call it on every rank at the
-    same point of the program. It creates two private communicators per live
+    same point of the program. It creates a private communicator per live
     ``JaxComm`` (and per one created later) to check on.
 
     Args:
@@ -208,7 +214,7 @@ def set_check(enabled: bool = True) -> None:
         wait_for_dispatched()
         for _, jc in sorted(_live_comms.items()):
             if not jc.freed:
-                jc._make_check_comms()
+                jc._make_check_comm()
     _kernels_cpu.set_check(enabled)
 
 

@@ -23,7 +23,7 @@ from ._runtime import (
     check_thread_level,
     monitoring,
     register_comm,
-    set_check_comms,
+    set_check_comm,
     sync,
     track_comm,
     unregister_comm,
@@ -401,19 +401,18 @@ class JaxComm:
         # on split and Cartesian communicators); the bound is the same for all.
         tag_ub = self._comm.Get_attr(MPI.TAG_UB)
         self._tag_ub = tag_ub if tag_ub is not None else MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
-        self._check: tuple[MPI.Intracomm, MPI.Intracomm] | None = None
+        self._check: MPI.Intracomm | None = None
         track_comm(self)
 
-    def _make_check_comms(self) -> None:
-        """Create the mismatch checker's private communicators (collective), once."""
+    def _make_check_comm(self) -> None:
+        """Create the mismatch checker's private communicator (collective), once."""
         if self._check is None:
-            self._check = (self._comm.Clone(), self._comm.Clone())
-            for owned in self._check:
-                owned.Set_errhandler(MPI.ERRORS_RETURN)
+            self._check = self._comm.Clone()
+            self._check.Set_errhandler(MPI.ERRORS_RETURN)
             # Derivative traffic runs in program order with the program's own,
-            # so both are checked on the same pair.
+            # so both are checked on the same communicator.
             for handle in (self._handle, derivative_comm(self._handle)):
-                set_check_comms(handle, self._check)
+                set_check_comm(handle, self._check)
 
     # Communicator management -------------------------------------------------
 
@@ -453,9 +452,8 @@ class JaxComm:
             unregister_comm(self._handle)
             if self._check is not None:
                 for handle in (self._handle, derivative):
-                    set_check_comms(handle, None)
-                for owned in self._check:
-                    owned.Free()
+                    set_check_comm(handle, None)
+                self._check.Free()
                 self._check = None
             self._derivative.Free()
             self._comm.Free()

@@ -8,7 +8,7 @@ import sys
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import mpi_debug, spawns_own_mpi
+from conftest import mpi_debug, spawns_own_mpi, unmonitored
 from mpi4py import MPI
 
 import jaxcomm
@@ -113,6 +113,7 @@ def test_default_comm_context_manager_and_subcommunicators():
     cart.Free()
 
 
+@unmonitored
 @pytest.mark.x64
 @pytest.mark.mpi
 def test_debug_log_lines(jc, capfd):

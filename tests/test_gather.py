@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import ALL_DTYPES, SHAPES, mpi_debug, rank_data, unchanged
+from conftest import ALL_DTYPES, SHAPES, mpi_debug, rank_data, unchanged, unmonitored
 
 
 
@@ -266,6 +266,7 @@ def test_gather_family_in_fori_loop(jc):
     np.testing.assert_allclose(float(loop(x)), want)
 
 
+@unmonitored
 @pytest.mark.x64
 @pytest.mark.mpi
 def test_debug_log_lines(jc, capfd):

@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import backend_compiles
+from conftest import backend_compiles, unmonitored
 from mpi4py import MPI
 
 import jaxcomm
@@ -106,6 +106,7 @@ def test_dropped_results_still_communicate(jc):
     jc.barrier()
 
 
+@unmonitored
 @pytest.mark.mpi
 def test_eager_calls_reuse_compiled_code(jc):
     x = jnp.ones((4, 4))

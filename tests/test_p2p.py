@@ -4,7 +4,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import ALL_DTYPES, SHAPES, backend_compiles, rank_data, reported_again, unchanged
+from conftest import (
+    ALL_DTYPES,
+    SHAPES,
+    backend_compiles,
+    rank_data,
+    reported_again,
+    unchanged,
+    unmonitored,
+)
 from mpi4py import MPI
 
 
@@ -154,6 +162,7 @@ def test_p2p_rejects_bad_arguments(jc):
         jc.sendrecv(None, x, source=0, dest=0)
 
 
+@unmonitored
 @pytest.mark.mpi(min_size=2)
 def test_mpi_failure_is_a_python_exception(jc):
     # Rank 1 receives 10 elements into room for 5: MPI_ERR_TRUNCATE there.
@@ -185,6 +194,7 @@ def _container_sizes(module):
     }
 
 
+@unmonitored
 @pytest.mark.mpi
 def test_fresh_statuses_compile_once_and_are_not_kept(jc):
     import jaxcomm.comm

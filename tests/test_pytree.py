@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import backend_compiles, mpi_debug
+from conftest import backend_compiles, mpi_debug, unmonitored
 from mpi4py import MPI
 
 
@@ -76,6 +76,7 @@ def test_pytree_ops_in_fori_loop_and_reduction_rules(jc):
         jc.allreduce({})
 
 
+@unmonitored
 @pytest.mark.mpi
 def test_eager_pytree_calls_reuse_compiled_code(jc):
     tree = {"a": jnp.ones(3), "b": [jnp.zeros(2), jnp.ones((), jnp.int32)]}

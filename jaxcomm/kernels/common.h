@@ -377,9 +377,9 @@ int64_t RegisterSite(const std::string& text);
 int CallsInFlight();
 std::string LatestSite();
 
-// The two private communicators the checker exchanges signatures and
-// verdicts on, for the communicator behind `handle` (MPI_COMM_NULL: none).
-void SetCheckComms(int64_t handle, MPI_Fint signatures, MPI_Fint verdicts);
+// The private communicator the checker exchanges signatures on, for the
+// communicator behind `handle` (MPI_COMM_NULL: none).
+void SetCheckComm(int64_t handle, MPI_Fint check);
 
 // The call a handler is in, for its whole run: made by the platform layer
 // (module.cc) around each handler body with the call's "site" attribute.
@@ -425,11 +425,11 @@ constexpr int64_t kNoPeer = INT64_MIN;
 // up to `capacity` elements received from `*source` with `*tag` (*source
 // MPI_PROC_NULL or kNoPeer: nothing received). When checking, a wildcard source
 // or tag is resolved here, to the message whose signature was checked: the
-// caller then receives with the values it finds in *source and *tag. When
-// the checker finds a message that does not fit its receive, both its sender
-// and its receiver get the error and drop that message (send_dropped,
-// recv_dropped); a sendrecv still makes its other transfer, which its other
-// peer waits for.
+// caller then receives with the values it finds in *source and *tag. A
+// message that does not fit its receive (another dtype, or more elements)
+// fails the receiving rank's call (recv_dropped): the caller must still take
+// that message, `dropped_count` elements of `dropped_dtype`, into scratch
+// memory, because its sender goes on without waiting, and fail.
 struct PointToPoint {
   const char* op;  // "send", "recv", "sendrecv"
   ffi::DataType dtype;
@@ -437,13 +437,26 @@ struct PointToPoint {
   int64_t sendtag = 0;
   int64_t count = 0;
   int64_t capacity = 0;
-  bool send_dropped = false;
+  // A sendrecv's incoming signature, which the caller receives with
+  // ReceiveSignature once its own message is under way.
+  bool signature_pending = false;
   bool recv_dropped = false;
+  ffi::DataType dropped_dtype = ffi::DataType::INVALID;
+  int64_t dropped_count = 0;
 };
 
 ffi::Error AnnouncePointToPointSlow(int64_t handle, MPI_Comm comm,
                                     PointToPoint& call, int64_t* source,
                                     int64_t* tag);
+ffi::Error ReceiveSignatureSlow(int64_t handle, MPI_Comm comm,
+                                PointToPoint& call, int64_t* source,
+                                int64_t* tag);
+inline ffi::Error ReceiveSignature(int64_t handle, MPI_Comm comm,
+                                   PointToPoint& call, int64_t* source,
+                                   int64_t* tag) {
+  if (!call.signature_pending) return ffi::Error::Success();
+  return ReceiveSignatureSlow(handle, comm, call, source, tag);
+}
 inline ffi::Error AnnouncePointToPoint(int64_t handle, MPI_Comm comm,
                                        PointToPoint& call,
                                        int64_t* source, int64_t* tag) {

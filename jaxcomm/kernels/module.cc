@@ -228,14 +228,13 @@ PYBIND11_MODULE(JAXCOMM_MODULE, m) {
   m.def("monitor_flags", &jaxcomm::MonitorFlags,
         "1: checking calls, 2: watching them (bits).");
   m.def(
-      "set_check_comms",
-      [](int64_t handle, int64_t signatures, int64_t verdicts) {
-        jaxcomm::SetCheckComms(handle, static_cast<MPI_Fint>(signatures),
-                               static_cast<MPI_Fint>(verdicts));
+      "set_check_comm",
+      [](int64_t handle, int64_t check) {
+        jaxcomm::SetCheckComm(handle, static_cast<MPI_Fint>(check));
       },
-      py::arg("handle"), py::arg("signatures"), py::arg("verdicts"),
-      "The checker's private communicators (Fortran handles) for a 'comm' "
-      "attribute value; MPI_COMM_NULL's forgets them.");
+      py::arg("handle"), py::arg("check"),
+      "The checker's private communicator (Fortran handle) for a 'comm' "
+      "attribute value; MPI_COMM_NULL's forgets it.");
   m.def(
       "exit_with_status",
       [](int status) {

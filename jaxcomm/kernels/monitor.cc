@@ -4,10 +4,11 @@
 // signature (op, root, reduction, count, dtype and the Python call site) on
 // a private communicator; if they differ, every rank returns the same error
 // naming what each rank called, and none makes the call. A point-to-point
-// message is preceded by the sender's signature on a second private
-// communicator, with the same peer and tag as the message, so it matches
-// exactly the receive the message will; the receiver answers with a verdict
-// on a third, and both fail together when the message does not fit.
+// message is preceded by the sender's signature on that communicator, with
+// the same peer and tag as the message, so it matches exactly the receive
+// the message will. A receiver that finds the message does not fit takes it
+// into scratch memory (its sender, which goes on without waiting for an
+// answer, as MPI lets small sends do, must not be left waiting) and fails.
 //
 // Watchdog: a handler records what it waits in; a thread that sleeps
 // between checks aborts the job when one call has taken longer than the
@@ -53,13 +54,9 @@ std::string SiteText(int64_t site) {
   return "an unknown call site";
 }
 
-struct CheckComms {
-  MPI_Comm signatures = MPI_COMM_NULL;
-  MPI_Comm verdicts = MPI_COMM_NULL;
-};
 struct CheckCommTable {
   std::mutex mutex;
-  std::unordered_map<int64_t, CheckComms> comms;
+  std::unordered_map<int64_t, MPI_Comm> comms;
 };
 CheckCommTable& TheCheckComms() {
   static CheckCommTable* table = new CheckCommTable;
@@ -165,11 +162,6 @@ struct Signature {
 // The part ranks must agree on: everything before the site.
 constexpr size_t kAgreedBytes = offsetof(Signature, site);
 
-struct Verdict {
-  int64_t ok;
-  Signature receiver;
-};
-
 void CopyText(char* out, size_t size, const std::string& text) {
   std::strncpy(out, text.c_str(), size - 1);
   out[size - 1] = '\0';
@@ -236,19 +228,33 @@ Signature CollectiveSignature(const Collective& call) {
   return s;
 }
 
-ffi::Error FindCheckComms(int64_t handle, const char* op, MPI_Comm comm,
-                          CheckComms* out) {
+ffi::Error FindCheckComm(int64_t handle, const char* op, MPI_Comm comm,
+                         MPI_Comm* out) {
   CheckCommTable& table = TheCheckComms();
   std::lock_guard<std::mutex> lock(table.mutex);
   auto it = table.comms.find(handle);
   if (it == table.comms.end()) {
     return Invalid(op, comm,
                    "the mismatch checker is on but this communicator has no "
-                   "checking communicators (jaxcomm.set_check(True) must run "
+                   "checking communicator (jaxcomm.set_check(True) must run "
                    "on every rank, before or after the JaxComm is created)");
   }
   *out = it->second;
   return ffi::Error::Success();
+}
+
+Signature PointToPointSignature(const PointToPoint& call, int64_t count,
+                                int64_t tag, const std::string& site) {
+  Signature s;
+  std::memset(&s, 0, sizeof s);
+  CopyText(s.op, sizeof s.op, call.op);
+  s.dtype = static_cast<int32_t>(call.dtype);
+  s.count = count;
+  s.root = -1;
+  s.reduce_op = -1;
+  s.tag = tag;
+  CopyText(s.site, sizeof s.site, site);
+  return s;
 }
 
 ffi::Error Mismatch(const std::string& text) {
@@ -302,14 +308,14 @@ int64_t RegisterSite(const std::string& text) {
   return id;
 }
 
-void SetCheckComms(int64_t handle, MPI_Fint signatures, MPI_Fint verdicts) {
+void SetCheckComm(int64_t handle, MPI_Fint check) {
   CheckCommTable& table = TheCheckComms();
   std::lock_guard<std::mutex> lock(table.mutex);
-  const MPI_Comm sig = MPI_Comm_f2c(signatures);
-  if (sig == MPI_COMM_NULL) {
+  const MPI_Comm comm = MPI_Comm_f2c(check);
+  if (comm == MPI_COMM_NULL) {
     table.comms.erase(handle);
   } else {
-    table.comms[handle] = CheckComms{sig, MPI_Comm_f2c(verdicts)};
+    table.comms[handle] = comm;
   }
 }
 
@@ -338,13 +344,13 @@ ffi::Error AnnounceCollectiveSlow(int64_t handle, MPI_Comm comm,
           std::to_string(CommRank(comm)) + " there)");
   }
   if (!(flags & kCheckCalls)) return ffi::Error::Success();
-  CheckComms check;
-  JAXCOMM_RETURN_IF_ERROR(FindCheckComms(handle, call.op, comm, &check));
+  MPI_Comm check;
+  JAXCOMM_RETURN_IF_ERROR(FindCheckComm(handle, call.op, comm, &check));
   const int size = CommSize(comm);
   std::vector<Signature> all(size);
   JAXCOMM_MPI_CHECK(MPI_Allgather, &mine, static_cast<int>(sizeof mine),
                     MPI_BYTE, all.data(), static_cast<int>(sizeof mine),
-                    MPI_BYTE, check.signatures);
+                    MPI_BYTE, check);
   bool agree = true;
   for (const Signature& other : all) {
     agree = agree && std::memcmp(&other, &mine, kAgreedBytes) == 0;
@@ -398,101 +404,63 @@ ffi::Error AnnouncePointToPointSlow(int64_t handle, MPI_Comm comm,
     Watch(what + " at " + site + " on rank " + std::to_string(rank));
   }
   if (!(flags & kCheckCalls)) return ffi::Error::Success();
-  CheckComms check;
-  JAXCOMM_RETURN_IF_ERROR(FindCheckComms(handle, call.op, comm, &check));
+  MPI_Comm check;
+  JAXCOMM_RETURN_IF_ERROR(FindCheckComm(handle, call.op, comm, &check));
+  if (sends) {
+    Signature out = PointToPointSignature(call, call.count, call.sendtag, site);
+    // A blocking send: a signature is small enough to go out at once, as
+    // small messages do (the data message relies on the same).
+    JAXCOMM_MPI_CHECK(MPI_Send, &out, static_cast<int>(sizeof out), MPI_BYTE,
+                      static_cast<int>(call.dest),
+                      static_cast<int>(call.sendtag), check);
+  }
+  if (!receives) return ffi::Error::Success();
+  if (sends) {
+    // A sendrecv starts its own message before it waits for its peer's
+    // signature: that peer may send what this rank waits for only after it
+    // received this rank's message (receives ordered by tag).
+    call.signature_pending = true;
+    return ffi::Error::Success();
+  }
+  return ReceiveSignatureSlow(handle, comm, call, source, tag);
+}
 
-  Signature out, in, expected;
-  std::memset(&out, 0, sizeof out);
-  std::memset(&in, 0, sizeof in);
-  std::memset(&expected, 0, sizeof expected);
-  CopyText(out.op, sizeof out.op, call.op);
-  out.dtype = static_cast<int32_t>(call.dtype);
-  out.count = call.count;
-  out.root = -1;
-  out.reduce_op = -1;
-  out.tag = call.sendtag;
-  CopyText(out.site, sizeof out.site, site);
-  expected = out;
-  expected.count = call.capacity;
-
-  const int bytes = static_cast<int>(sizeof(Signature));
+ffi::Error ReceiveSignatureSlow(int64_t handle, MPI_Comm comm,
+                                PointToPoint& call, int64_t* source,
+                                int64_t* tag) {
+  call.signature_pending = false;
+  MPI_Comm check;
+  JAXCOMM_RETURN_IF_ERROR(FindCheckComm(handle, call.op, comm, &check));
+  const std::string site = SiteText(current_site);
+  const int rank = CommRank(comm);
+  const Signature expected =
+      PointToPointSignature(call, call.capacity, *tag, site);
+  Signature in;
   MPI_Status status;
-  if (sends && receives) {
-    JAXCOMM_MPI_CHECK(MPI_Sendrecv, &out, bytes, MPI_BYTE,
-                      static_cast<int>(call.dest),
-                      static_cast<int>(call.sendtag), &in, bytes, MPI_BYTE,
-                      static_cast<int>(*source), static_cast<int>(*tag),
-                      check.signatures, &status);
-  } else if (sends) {
-    JAXCOMM_MPI_CHECK(MPI_Send, &out, bytes, MPI_BYTE,
-                      static_cast<int>(call.dest),
-                      static_cast<int>(call.sendtag), check.signatures);
-  } else {
-    JAXCOMM_MPI_CHECK(MPI_Recv, &in, bytes, MPI_BYTE, static_cast<int>(*source),
-                      static_cast<int>(*tag), check.signatures, &status);
+  JAXCOMM_MPI_CHECK(MPI_Recv, &in, static_cast<int>(sizeof in), MPI_BYTE,
+                    static_cast<int>(*source), static_cast<int>(*tag), check,
+                    &status);
+  // The data receive now takes exactly the message just checked: the sender
+  // sends it next, and MPI does not reorder one sender's messages.
+  *source = status.MPI_SOURCE;
+  *tag = status.MPI_TAG;
+  if (in.dtype == expected.dtype && in.count <= expected.count) {
+    return ffi::Error::Success();
   }
-
-  Verdict mine, theirs;
-  std::memset(&mine, 0, sizeof mine);
-  std::memset(&theirs, 0, sizeof theirs);
-  if (receives) {
-    // The data receive now takes exactly the message just checked: the
-    // sender sends it next, and MPI does not reorder one sender's messages.
-    *source = status.MPI_SOURCE;
-    *tag = status.MPI_TAG;
-    expected.tag = *tag;
-    mine.ok = in.dtype == expected.dtype && in.count <= expected.count;
-    mine.receiver = expected;
-  }
-  const int verdict_bytes = static_cast<int>(sizeof(Verdict));
-  if (sends && receives) {
-    JAXCOMM_MPI_CHECK(MPI_Sendrecv, &mine, verdict_bytes, MPI_BYTE,
-                      static_cast<int>(*source), static_cast<int>(*tag),
-                      &theirs, verdict_bytes, MPI_BYTE,
-                      static_cast<int>(call.dest),
-                      static_cast<int>(call.sendtag), check.verdicts,
-                      MPI_STATUS_IGNORE);
-  } else if (receives) {
-    JAXCOMM_MPI_CHECK(MPI_Send, &mine, verdict_bytes, MPI_BYTE,
-                      static_cast<int>(*source), static_cast<int>(*tag),
-                      check.verdicts);
-  } else {
-    JAXCOMM_MPI_CHECK(MPI_Recv, &theirs, verdict_bytes, MPI_BYTE,
-                      static_cast<int>(call.dest),
-                      static_cast<int>(call.sendtag), check.verdicts,
-                      MPI_STATUS_IGNORE);
-  }
-
-  auto message = [](const Signature& s) {
-    return std::string(s.op) + " sending " +
-           Elements(static_cast<size_t>(s.count),
-                    static_cast<ffi::DataType>(s.dtype)) +
-           " (tag " + std::to_string(s.tag) + ") at " + s.site;
+  call.recv_dropped = true;
+  call.dropped_dtype = static_cast<ffi::DataType>(in.dtype);
+  call.dropped_count = in.count;
+  const auto elements = [](const Signature& s) {
+    return Elements(static_cast<size_t>(s.count),
+                    static_cast<ffi::DataType>(s.dtype));
   };
-  auto receive = [](const Signature& s) {
-    return std::string(s.op) + " receiving up to " +
-           Elements(static_cast<size_t>(s.count),
-                    static_cast<ffi::DataType>(s.dtype)) +
-           " at " + s.site;
-  };
-  const std::string here = " (this is rank " + std::to_string(rank) + ")";
-  call.recv_dropped = receives && !mine.ok;
-  call.send_dropped = sends && !theirs.ok;
-  if (call.recv_dropped) {
-    return Mismatch("jaxcomm: point-to-point mismatch" + here + ": rank " +
-                    std::to_string(*source) + " called " + message(in) +
-                    "; rank " + std::to_string(rank) + " called " +
-                    receive(expected) +
-                    ". The message was not sent.");
-  }
-  if (call.send_dropped) {
-    return Mismatch("jaxcomm: point-to-point mismatch" + here + ": rank " +
-                    std::to_string(rank) + " called " + message(out) +
-                    "; rank " + std::to_string(call.dest) + " called " +
-                    receive(theirs.receiver) +
-                    ". The message was not sent.");
-  }
-  return ffi::Error::Success();
+  return Mismatch("jaxcomm: point-to-point mismatch on rank " +
+                  std::to_string(rank) + ": rank " + std::to_string(*source) +
+                  " called " + in.op + " sending " + elements(in) + " (tag " +
+                  std::to_string(in.tag) + ") at " + in.site + "; rank " +
+                  std::to_string(rank) + " called " + call.op +
+                  " receiving up to " + elements(expected) + " at " + site +
+                  ". The message was discarded.");
 }
 
 }  // namespace jaxcomm

@@ -6,6 +6,7 @@
 // wildcard receives with it (jaxcomm_sendrecv_addressed).
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "common.h"
 
@@ -109,6 +110,22 @@ int SendTag(int64_t dest, int64_t tag) {
   return dest == MPI_PROC_NULL ? 0 : static_cast<int>(tag);
 }
 
+// Room for the message the checker refused (PointToPoint::recv_dropped),
+// which this rank still takes so that its sender is not left waiting.
+struct Dropped {
+  std::vector<char> bytes;
+  LargeType type;
+};
+
+ffi::Error MakeDropped(const PointToPoint& call, MPI_Comm comm, Dropped* out) {
+  out->bytes.resize(static_cast<size_t>(call.dropped_count) *
+                        ffi::ByteWidth(call.dropped_dtype) +
+                    1);
+  return LargeType::Make(call.dropped_dtype,
+                         static_cast<size_t>(call.dropped_count), comm,
+                         &out->type);
+}
+
 }  // namespace
 
 ffi::Error SendImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x,
@@ -143,8 +160,16 @@ ffi::Error RecvImpl(Memory& memory, ffi::Token, ffi::AnyBuffer template_buffer,
   JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "recv", &comm));
   PointToPoint call{"recv", template_buffer.element_type(), kNoPeer, 0, 0,
                     Count(template_buffer)};
-  JAXCOMM_RETURN_IF_ERROR(
-      AnnouncePointToPoint(comm_handle, comm, call, &source, &tag));
+  const ffi::Error checked =
+      AnnouncePointToPoint(comm_handle, comm, call, &source, &tag);
+  if (call.recv_dropped) {
+    Dropped dropped;
+    JAXCOMM_RETURN_IF_ERROR(MakeDropped(call, comm, &dropped));
+    JAXCOMM_MPI_CHECK(MPI_Recv, dropped.bytes.data(), dropped.type.count(),
+                      dropped.type.type(), static_cast<int>(source),
+                      static_cast<int>(tag), comm, MPI_STATUS_IGNORE);
+  }
+  JAXCOMM_RETURN_IF_ERROR(checked);
   JAXCOMM_RETURN_IF_ERROR(
       CheckOutputs("MPI_Recv", comm, template_buffer, *y, *envelope));
   LargeType type;
@@ -190,18 +215,33 @@ ffi::Error Exchange(Memory& memory, int64_t comm_handle, MPI_Comm comm,
   JAXCOMM_RETURN_IF_ERROR(memory.Output(y, &out));
   JAXCOMM_RETURN_IF_ERROR(memory.HostOutput(envelope, &fields));
   JAXCOMM_RETURN_IF_ERROR(memory.Ready());
-  if (checked.failure()) {
-    // The checker dropped a message that does not fit its receive; the
-    // other one still travels, as its peer, which found no fault, waits.
-    if (!call.send_dropped) {
-      JAXCOMM_MPI_CHECK(MPI_Send, in, send.count(), send.type(),
-                        static_cast<int>(dest), SendTag(dest, sendtag), comm);
-    } else if (!call.recv_dropped) {
+  JAXCOMM_RETURN_IF_ERROR(checked);
+  if (call.signature_pending) {
+    // Checking: this rank's message goes out before it waits for the
+    // signature of the one it receives (see AnnouncePointToPoint).
+    MPI_Request request;
+    JAXCOMM_MPI_CHECK(MPI_Isend, in, send.count(), send.type(),
+                      static_cast<int>(dest), SendTag(dest, sendtag), comm,
+                      &request);
+    const ffi::Error fits =
+        ReceiveSignature(comm_handle, comm, call, &source, &recvtag);
+    MPI_Status status;
+    if (call.recv_dropped) {
+      // The refused message is still taken: its sender does not know.
+      Dropped dropped;
+      JAXCOMM_RETURN_IF_ERROR(MakeDropped(call, comm, &dropped));
+      JAXCOMM_MPI_CHECK(MPI_Recv, dropped.bytes.data(), dropped.type.count(),
+                        dropped.type.type(), static_cast<int>(source),
+                        static_cast<int>(recvtag), comm, MPI_STATUS_IGNORE);
+    } else if (fits.success()) {
       JAXCOMM_MPI_CHECK(MPI_Recv, out, recv.count(), recv.type(),
                         static_cast<int>(source), static_cast<int>(recvtag),
-                        comm, MPI_STATUS_IGNORE);
+                        comm, &status);
     }
-    return checked;
+    JAXCOMM_MPI_CHECK(MPI_Wait, &request, MPI_STATUS_IGNORE);
+    JAXCOMM_RETURN_IF_ERROR(fits);
+    return FinishReceive(memory, "MPI_Sendrecv", comm, status, recv.type(),
+                         y.element_count(), y, envelope, fields);
   }
   if (DebugEnabled()) {
     DebugLog(comm, "MPI_Sendrecv -> " + Peer(dest) + " tag " + Tag(sendtag) +
