@@ -257,6 +257,11 @@ Signature PointToPointSignature(const PointToPoint& call, int64_t count,
   return s;
 }
 
+// A sendrecv's own signature, on its way while the handler goes on (one at
+// a time per thread: handlers on a thread run one after the other).
+thread_local Signature pending_signature;
+thread_local MPI_Request pending_request = MPI_REQUEST_NULL;
+
 ffi::Error Mismatch(const std::string& text) {
   return ffi::Error(ffi::ErrorCode::kFailedPrecondition, text);
 }
@@ -406,20 +411,28 @@ ffi::Error AnnouncePointToPointSlow(int64_t handle, MPI_Comm comm,
   if (!(flags & kCheckCalls)) return ffi::Error::Success();
   MPI_Comm check;
   JAXCOMM_RETURN_IF_ERROR(FindCheckComm(handle, call.op, comm, &check));
+  if (sends && receives) {
+    // A sendrecv starts its own message before it waits for its peer's
+    // signature: that peer may send what this rank waits for only after it
+    // received this rank's message (receives ordered by tag). Its peer may
+    // be itself, so the signature goes out without waiting either.
+    pending_signature = PointToPointSignature(call, call.count, call.sendtag, site);
+    JAXCOMM_MPI_CHECK(MPI_Isend, &pending_signature,
+                      static_cast<int>(sizeof pending_signature), MPI_BYTE,
+                      static_cast<int>(call.dest),
+                      static_cast<int>(call.sendtag), check,
+                      &pending_request);
+    call.signature_pending = true;
+    return ffi::Error::Success();
+  }
   if (sends) {
-    Signature out = PointToPointSignature(call, call.count, call.sendtag, site);
+    const Signature out =
+        PointToPointSignature(call, call.count, call.sendtag, site);
     // A blocking send: a signature is small enough to go out at once, as
     // small messages do (the data message relies on the same).
     JAXCOMM_MPI_CHECK(MPI_Send, &out, static_cast<int>(sizeof out), MPI_BYTE,
                       static_cast<int>(call.dest),
                       static_cast<int>(call.sendtag), check);
-  }
-  if (!receives) return ffi::Error::Success();
-  if (sends) {
-    // A sendrecv starts its own message before it waits for its peer's
-    // signature: that peer may send what this rank waits for only after it
-    // received this rank's message (receives ordered by tag).
-    call.signature_pending = true;
     return ffi::Error::Success();
   }
   return ReceiveSignatureSlow(handle, comm, call, source, tag);
@@ -440,6 +453,9 @@ ffi::Error ReceiveSignatureSlow(int64_t handle, MPI_Comm comm,
   JAXCOMM_MPI_CHECK(MPI_Recv, &in, static_cast<int>(sizeof in), MPI_BYTE,
                     static_cast<int>(*source), static_cast<int>(*tag), check,
                     &status);
+  if (pending_request != MPI_REQUEST_NULL) {
+    JAXCOMM_MPI_CHECK(MPI_Wait, &pending_request, MPI_STATUS_IGNORE);
+  }
   // The data receive now takes exactly the message just checked: the sender
   // sends it next, and MPI does not reorder one sender's messages.
   *source = status.MPI_SOURCE;
