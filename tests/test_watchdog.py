@@ -1,7 +1,7 @@
 """The hang watchdog (jaxcomm.set_timeout, JAXCOMM_TIMEOUT).
 
 The hang tests start their own jobs (a planted hang would otherwise end the
-test run), so they run under plain ``pytest``.
+test run), so they run in the plain ``pytest`` run.
 """
 
 import os
@@ -11,7 +11,7 @@ import textwrap
 import time
 
 import pytest
-from conftest import environment_without_launcher, mpiexec
+from conftest import environment_without_launcher, mpiexec, spawns_own_mpi
 
 import jaxcomm
 
@@ -58,6 +58,7 @@ def _line_of(script, text):
         return next(i for i, line in enumerate(f, 1) if text in line)
 
 
+@spawns_own_mpi
 @pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
 def test_planted_hang_ends_the_job_with_a_diagnosis(tmp_path, jit):
     # Rank 0 waits for a message rank 1 never sends; rank 1 sleeps in Python,
@@ -85,6 +86,7 @@ def test_planted_hang_ends_the_job_with_a_diagnosis(tmp_path, jit):
     assert seconds < 45, seconds
 
 
+@spawns_own_mpi
 def test_collective_hang_inside_a_loop(tmp_path):
     # Rank 1 leaves the loop early: rank 0 waits in the loop's last allreduce.
     body = """
@@ -102,6 +104,7 @@ def test_collective_hang_inside_a_loop(tmp_path):
     assert seconds < 45, seconds
 
 
+@spawns_own_mpi
 def test_set_timeout_from_python_and_slow_calls_that_finish(tmp_path):
     # A call that waits 1.5 s for its peer finishes under a 3 s timeout; the
     # watchdog then goes off and a longer wait is harmless.
@@ -140,6 +143,7 @@ def test_set_timeout_rejects_bad_values(seconds, error, match):
         jaxcomm.set_timeout(seconds)
 
 
+@spawns_own_mpi
 def test_bad_environment_value_is_refused():
     done = subprocess.run(
         [sys.executable, "-c", "import jaxcomm"],
@@ -156,6 +160,7 @@ def test_bad_environment_value_is_refused():
 # Interrupts -------------------------------------------------------------------
 
 
+@spawns_own_mpi
 def test_interrupt_while_blocked_in_mpi_ends_the_job(tmp_path):
     body = """
     if jc.rank == 0:
@@ -175,6 +180,7 @@ def test_interrupt_while_blocked_in_mpi_ends_the_job(tmp_path):
     assert seconds < 45, seconds
 
 
+@spawns_own_mpi
 def test_interrupt_outside_mpi_raises_keyboard_interrupt(tmp_path):
     body = """
     y = jc.allreduce(x)
