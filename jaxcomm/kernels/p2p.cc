@@ -110,20 +110,21 @@ int SendTag(int64_t dest, int64_t tag) {
   return dest == MPI_PROC_NULL ? 0 : static_cast<int>(tag);
 }
 
-// Room for the message the checker refused (PointToPoint::recv_dropped),
-// which this rank still takes so that its sender is not left waiting.
-struct Dropped {
-  std::vector<char> bytes;
+// Takes the message the checker refused (PointToPoint::recv_dropped) from
+// (source, tag) into scratch memory, so that its sender, which does not know,
+// is not left waiting.
+ffi::Error ReceiveDropped(const PointToPoint& call, MPI_Comm comm,
+                          int64_t source, int64_t tag) {
+  std::vector<char> bytes(static_cast<size_t>(call.dropped_count) *
+                              ffi::ByteWidth(call.dropped_dtype) +
+                          1);
   LargeType type;
-};
-
-ffi::Error MakeDropped(const PointToPoint& call, MPI_Comm comm, Dropped* out) {
-  out->bytes.resize(static_cast<size_t>(call.dropped_count) *
-                        ffi::ByteWidth(call.dropped_dtype) +
-                    1);
-  return LargeType::Make(call.dropped_dtype,
-                         static_cast<size_t>(call.dropped_count), comm,
-                         &out->type);
+  JAXCOMM_RETURN_IF_ERROR(LargeType::Make(
+      call.dropped_dtype, static_cast<size_t>(call.dropped_count), comm, &type));
+  JAXCOMM_MPI_CHECK(MPI_Recv, bytes.data(), type.count(), type.type(),
+                    static_cast<int>(source), static_cast<int>(tag), comm,
+                    MPI_STATUS_IGNORE);
+  return ffi::Error::Success();
 }
 
 }  // namespace
@@ -163,11 +164,7 @@ ffi::Error RecvImpl(Memory& memory, ffi::Token, ffi::AnyBuffer template_buffer,
   const ffi::Error checked =
       AnnouncePointToPoint(comm_handle, comm, call, &source, &tag);
   if (call.recv_dropped) {
-    Dropped dropped;
-    JAXCOMM_RETURN_IF_ERROR(MakeDropped(call, comm, &dropped));
-    JAXCOMM_MPI_CHECK(MPI_Recv, dropped.bytes.data(), dropped.type.count(),
-                      dropped.type.type(), static_cast<int>(source),
-                      static_cast<int>(tag), comm, MPI_STATUS_IGNORE);
+    JAXCOMM_RETURN_IF_ERROR(ReceiveDropped(call, comm, source, tag));
   }
   JAXCOMM_RETURN_IF_ERROR(checked);
   JAXCOMM_RETURN_IF_ERROR(
@@ -227,12 +224,7 @@ ffi::Error Exchange(Memory& memory, int64_t comm_handle, MPI_Comm comm,
         ReceiveSignature(comm_handle, comm, call, &source, &recvtag);
     MPI_Status status;
     if (call.recv_dropped) {
-      // The refused message is still taken: its sender does not know.
-      Dropped dropped;
-      JAXCOMM_RETURN_IF_ERROR(MakeDropped(call, comm, &dropped));
-      JAXCOMM_MPI_CHECK(MPI_Recv, dropped.bytes.data(), dropped.type.count(),
-                        dropped.type.type(), static_cast<int>(source),
-                        static_cast<int>(recvtag), comm, MPI_STATUS_IGNORE);
+      JAXCOMM_RETURN_IF_ERROR(ReceiveDropped(call, comm, source, recvtag));
     } else if (fits.success()) {
       JAXCOMM_MPI_CHECK(MPI_Recv, out, recv.count(), recv.type(),
                         static_cast<int>(source), static_cast<int>(recvtag),
