@@ -61,6 +61,12 @@ PLAIN = "plain"  # jax.jit(lambda x: x + 1): no MPI
 # feeding those values back in, where libraries legitimately differ.
 CHECK_ITERS = 1
 
+# The fewest iterations n of a loop-mode repeat. A call's first iterations
+# are slower (XLA's loop buffers are fresh memory, faulted in on first
+# write: about 16 ms more for a 64 MiB message here), and the difference
+# of the 2n and n calls must leave them out.
+LOOP_MIN_ITERS = 4
+
 
 # --- The ops -----------------------------------------------------------------
 
@@ -566,6 +572,8 @@ def measure(
     for record, run in runners:
         estimate = _per_op_estimate(comm, run, target_s, max_iters)
         record.iters = int(min(max_iters, max(1, round(target_s / max(estimate, 1e-9)))))
+        if mode == "loop":
+            record.iters = max(record.iters, LOOP_MIN_ITERS)
     # samples[..., 0]: a repeat of n ops. In loop mode, samples[..., 1] is a
     # call of 2n iterations: the difference is n iterations without the
     # call's own cost (copying the carry in, allocating the
