@@ -272,8 +272,16 @@ def _is_concrete(x: Any) -> bool:
     )
 
 
+# Static arguments of these types are their own key. Tested first, by exact
+# type: an isinstance test against jax.Array costs microseconds per value,
+# which every eager call would pay for each of its keywords.
+_PLAIN_STATIC = frozenset({int, float, complex, bool, str, type(None)})
+
+
 def _static_key(value: Any) -> Any:
     """A hashable stand-in for a static argument; raises TypeError for one that has none."""
+    if type(value) in _PLAIN_STATIC:
+        return (type(value), value)
     if isinstance(value, MPI.Op):
         return ("MPI.Op", value.py2f())
     if isinstance(value, (list, tuple)):
