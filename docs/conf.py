@@ -16,7 +16,7 @@ sys.path[:] = [p for p in sys.path if pathlib.Path(p or os.getcwd()).resolve() !
 
 import jaxcomm  # noqa: E402
 
-if pathlib.Path(jaxcomm.__file__).resolve().is_relative_to(_ROOT):
+if pathlib.Path(jaxcomm.__file__).resolve().parent == _ROOT / "jaxcomm":
     raise RuntimeError(
         f"conf.py imported jaxcomm from the source tree ({jaxcomm.__file__}); "
         "install it (pip install '.[docs]') and build from that environment"
