@@ -46,6 +46,8 @@ myst_enable_extensions = ["colon_fence"]
 
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
+# MPI.SUM and MPI.ANY_SOURCE as written, not their repr or value.
+autodoc_preserve_defaults = True
 autodoc_class_signature = "separated"
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
