@@ -2,6 +2,7 @@
 
 import inspect
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -34,7 +35,37 @@ def _public_callables():
 def test_public_names_have_docstrings(name, obj):
     doc = inspect.getdoc(obj.fget if isinstance(obj, property) else obj)
     assert doc, f"{name} has no docstring"
-    assert doc.splitlines()[0].endswith("."), f"{name}: summary line must be a sentence"
+    lines = doc.splitlines()
+    assert lines[0].strip() and lines[0].endswith("."), f"{name}: summary line must be a sentence"
+    # The API reference and help() show the first line alone as the summary.
+    assert len(lines) == 1 or not lines[1].strip(), (
+        f"{name}: the summary must fit on the first line, followed by a blank line"
+    )
+
+
+def test_every_public_name_is_checked_for_a_docstring():
+    names = {name for name, _ in _public_callables()}
+    assert set(jaxcomm.__all__) - {"__version__"} <= names
+
+
+_ROOT = pathlib.Path(__file__).resolve().parent.parent
+_EXAMPLE_NAME = re.compile(r"examples/[A-Za-z0-9_]+\.py")
+
+
+def _documented_examples():
+    pages = [_ROOT / "README.md", *sorted((_ROOT / "docs").rglob("*.md"))]
+    return {
+        name: page.relative_to(_ROOT)
+        for page in pages
+        for name in _EXAMPLE_NAME.findall(page.read_text(encoding="utf-8"))
+    }
+
+
+def test_examples_named_in_the_docs_exist():
+    documented = _documented_examples()
+    assert "examples/global_sum.py" in documented  # the pattern finds what it should
+    missing = {name: str(page) for name, page in documented.items() if not (_ROOT / name).is_file()}
+    assert not missing, f"examples named in the docs but not in the tree: {missing}"
 
 
 def test_mpi_wrapping_methods_name_their_mpi_call():
