@@ -8,7 +8,7 @@ order.
 
 from ._abort import abort_on_exception
 from ._gpu import bind_local_gpu, cuda_info, set_cuda_aware
-from ._runtime import set_check, set_debug, set_timeout, sync
+from ._runtime import build_info, set_check, set_debug, set_timeout, sync
 from ._version import __version__
 from .comm import JaxComm
 
@@ -17,6 +17,7 @@ __all__ = [
     "__version__",
     "abort_on_exception",
     "bind_local_gpu",
+    "build_info",
     "cuda_info",
     "set_check",
     "set_cuda_aware",

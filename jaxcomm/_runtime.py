@@ -67,6 +67,37 @@ def _check_mpi_matches():
 
 _check_mpi_matches()
 
+
+def build_info() -> dict:
+    """Say which MPI jaxcomm's kernels were built against and which one runs.
+
+    jaxcomm's import already refuses an MPI of another vendor or major.minor
+    version than the build's; this shows both, for example to check a
+    cluster installation against the site's MPI module.
+
+    Returns:
+        A dict with ``mpi_built`` (vendor and version the kernels were
+        compiled against, ``"unknown"`` when the build could not tell),
+        ``mpi_compiler`` (the compiler wrapper the build used),
+        ``mpi_runtime`` (vendor and version of the MPI library mpi4py has
+        loaded), ``mpi_library`` (the first line of that library's own
+        version string) and ``cuda`` (whether the CUDA kernels were built).
+
+    Example:
+        >>> import jaxcomm
+        >>> jaxcomm.build_info()["mpi_built"]  # doctest: +SKIP
+        'MPICH 5.0.2'
+    """
+    vendor, version = _runtime_mpi()
+    text = MPI.Get_library_version()
+    return {
+        "mpi_built": f"{_build_info.MPI_VENDOR} {_build_info.MPI_VERSION}".strip(),
+        "mpi_compiler": _build_info.MPI_C_COMPILER,
+        "mpi_runtime": f"{vendor} {version}",
+        "mpi_library": " ".join(text.splitlines()[0].split()) if text else "",
+        "cuda": bool(_build_info.CUDA),
+    }
+
 from . import _kernels_cpu  # noqa: E402  (only once the MPI is known to match)
 
 # The CUDA kernels, when this build has them. Loading the module initialises

@@ -48,6 +48,20 @@ def test_every_public_name_is_checked_for_a_docstring():
     assert set(jaxcomm.__all__) - {"__version__"} <= names
 
 
+def test_build_info_names_the_mpi_it_was_built_against_and_the_one_running():
+    info = jaxcomm.build_info()
+    assert set(info) == {"mpi_built", "mpi_compiler", "mpi_runtime", "mpi_library", "cuda"}
+    library = MPI.Get_library_version()
+    assert info["mpi_library"] and info["mpi_library"].split()[0] in library
+    vendor = "MPICH" if "MPICH" in library else "Open MPI" if "Open MPI" in library else None
+    if vendor is not None:
+        # The import check passed, so the build's vendor and major.minor version match.
+        assert info["mpi_runtime"].startswith(vendor) and info["mpi_built"].startswith(vendor)
+        built, running = (info[k].rsplit(" ", 1)[1].split(".")[:2] for k in ("mpi_built", "mpi_runtime"))
+        assert built == running
+    assert info["cuda"] == (jaxcomm.cuda_info()["built"])
+
+
 _ROOT = pathlib.Path(__file__).resolve().parent.parent
 _EXAMPLE_NAME = re.compile(r"examples/[A-Za-z0-9_]+\.py")
 
