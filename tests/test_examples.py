@@ -1,13 +1,28 @@
 """The examples, run in-process on the current ranks (CI also runs them as written)."""
 
 import pathlib
+import re
 import runpy
+import sys
 
 import numpy as np
 import pytest
 from mpi4py import MPI
 
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
+
+
+def run_example(monkeypatch, capsys, name, *args):
+    """Run ``examples/name`` with command-line ``args``; its stdout (rank 0's lines)."""
+    path = str(EXAMPLES / name)
+    monkeypatch.setattr(sys, "argv", [path, *map(str, args)])
+    runpy.run_path(path, run_name="__main__")
+    return capsys.readouterr().out
+
+
+def numbers_after(label, text):
+    """The numbers that follow each occurrence of ``label`` in ``text``."""
+    return [float(n) for n in re.findall(re.escape(label) + r" ([-+.\deE]+)", text)]
 
 
 @pytest.mark.mpi
@@ -49,13 +64,19 @@ def test_halo_exchange_matches_serial(capsys):
 
 
 @pytest.mark.mpi
-def test_data_parallel_training_matches_single_process(capsys):
-    runpy.run_path(str(EXAMPLES / "data_parallel.py"), run_name="__main__")
-    out = capsys.readouterr().out
-    if MPI.COMM_WORLD.rank == 0:
-        loss = float(out.split("loss ")[1].split(",")[0])
-        assert loss < 0.1  # it trained (the initial loss is about 1)
-        assert float(out.split()[-1]) < 1e-5
+def test_data_parallel_training_matches_single_process(monkeypatch, capsys):
+    out = run_example(monkeypatch, capsys, "data_parallel.py",
+                      "--epochs", 3, "--batches", 4, "--batch-size", 24)
+    world = MPI.COMM_WORLD
+    if world.rank == 0:
+        lines = out.splitlines()
+        assert [line.split(":")[0] for line in lines[:-1]] == [f"epoch {e}/3" for e in (1, 2, 3)]
+        losses, serial = numbers_after("loss", out), numbers_after("single process", out)
+        assert len(losses) == len(serial) == 4
+        assert losses[0] > losses[1] > losses[2]  # it trained
+        np.testing.assert_allclose(losses, serial, atol=2e-4)  # printed to 4 decimals
+        assert lines[-1].startswith(f"{world.size} ranks, 12 steps: loss ")
+        assert numbers_after("max difference from single-process training", out)[0] < 1e-5
 
 
 @pytest.mark.mpi
