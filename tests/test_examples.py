@@ -94,3 +94,39 @@ def test_scatter_allreduce_grad_prints_the_same_sum_on_every_rank(capsys):
         f"Rank {world.rank} has result {float(want)}\n"
         f"Rank {world.rank} has result {float(want)} and gradient {gradient}\n"
     )
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("boundary", ["periodic", "walls"])
+def test_shallow_water_matches_serial_and_conserves_mass(monkeypatch, capsys, boundary):
+    # 24 cells per axis divide over the 1x1, 2x1 and 3x1 process grids.
+    out = run_example(monkeypatch, capsys, "shallow_water.py", "--cells", 24, 24, "--steps", 30,
+                      "--boundary", boundary, "--benchmark")
+    if MPI.COMM_WORLD.rank == 0:
+        assert f"24x24 cells, {boundary}, 30 steps" in out
+        # float32, the same operations as the serial run: 0 or a few roundings.
+        assert numbers_after("max difference from serial", out)[0] < 1e-5
+        assert numbers_after("mass change", out)[0] < 1e-5
+        low, high = map(float, re.search(r"final height ([.\d]+) to ([.\d]+)", out).groups())
+        # The hump (1.5 high) spread, and no cell ran dry or blew up.
+        assert 0.8 < low < 1.0 < high < 1.4
+        assert re.search(r"benchmark: [.\d]+ ms per step, \d+ steps/s, [.\de+]+ cells/s", out)
+
+
+@pytest.mark.mpi
+def test_shallow_water_plot_saves_a_png(monkeypatch, capsys, tmp_path):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "height.png"
+    out = run_example(monkeypatch, capsys, "shallow_water.py",
+                      "--cells", 12, 12, "--steps", 2, "--boundary", "walls", "--plot", path)
+    if MPI.COMM_WORLD.rank == 0:
+        assert f"saved {path}" in out
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.mpi
+def test_shallow_water_plot_without_matplotlib_names_the_extra(monkeypatch, capsys, tmp_path):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now fails
+    with pytest.raises(SystemExit):
+        run_example(monkeypatch, capsys, "shallow_water.py", "--plot", tmp_path / "h.png")
+    assert 'pip install "jaxcomm[examples]"' in capsys.readouterr().err
