@@ -5,6 +5,7 @@ import re
 import runpy
 import sys
 
+import jax
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -130,3 +131,23 @@ def test_shallow_water_plot_without_matplotlib_names_the_extra(monkeypatch, caps
     with pytest.raises(SystemExit):
         run_example(monkeypatch, capsys, "shallow_water.py", "--plot", tmp_path / "h.png")
     assert 'pip install "jaxcomm[examples]"' in capsys.readouterr().err
+
+
+@pytest.mark.mpi
+def test_poisson_cg_matches_serial_and_its_gradient_finite_differences(monkeypatch, capsys):
+    x64 = jax.config.jax_enable_x64
+    try:
+        # 12 unknowns per axis divide over 1, 2 and 3 ranks.
+        out = run_example(monkeypatch, capsys, "poisson_cg.py", "--size", 12)
+    finally:
+        jax.config.update("jax_enable_x64", x64)  # the example turns it on
+    if MPI.COMM_WORLD.rank == 0:
+        iterations = int(re.search(r"CG took (\d+) iterations", out).group(1))
+        assert 0 < iterations <= 144
+        assert numbers_after("|f - A u| / |f|", out)[0] < 1e-11
+        assert numbers_after("from single-process jax.scipy.sparse.linalg.cg", out)[0] < 1e-10
+        gradients = numbers_after("jax.grad", out)
+        estimates = numbers_after("finite difference", out)
+        assert len(gradients) == 2 and all(g != 0 for g in gradients)
+        np.testing.assert_allclose(gradients, estimates, rtol=1e-6)
+        assert all(d < 1e-6 for d in numbers_after("relative difference", out))
