@@ -151,3 +151,27 @@ def test_poisson_cg_matches_serial_and_its_gradient_finite_differences(monkeypat
         assert len(gradients) == 2 and all(g != 0 for g in gradients)
         np.testing.assert_allclose(gradients, estimates, rtol=1e-6)
         assert all(d < 1e-6 for d in numbers_after("relative difference", out))
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("shape", [(12, 12, 12), (12, 24)], ids=["3d", "2d"])
+def test_fft_pencil_matches_fftn_and_inverts(monkeypatch, capsys, shape):
+    out = run_example(monkeypatch, capsys, "fft_pencil.py", "--shape", *shape,
+                      "--benchmark", "--repeat", 2)
+    if MPI.COMM_WORLD.rank == 0:
+        assert out.startswith("x".join(map(str, shape)) + " complex64")
+        assert numbers_after("max difference from jnp.fft.fftn", out)[0] < 1e-5
+        assert numbers_after("inverse round trip", out)[0] < 1e-5
+        assert re.search(r"benchmark: forward [.\d]+ ms, inverse [.\d]+ ms, jnp.fft.fftn", out)
+
+
+@pytest.mark.mpi
+def test_fft_pencil_rejects_a_shape_the_grid_cannot_split(monkeypatch, capsys):
+    size = MPI.COMM_WORLD.size
+    args = ("fft_pencil.py", "--shape", size + 1, 12)
+    if size == 1:
+        # Every size divides over one process.
+        run_example(monkeypatch, capsys, *args)
+        return
+    with pytest.raises(SystemExit, match=f"must divide by {size}"):
+        run_example(monkeypatch, capsys, *args)
