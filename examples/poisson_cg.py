@@ -1,6 +1,6 @@
 """A distributed conjugate-gradient solve of a 2-D Poisson problem, differentiated with jax.grad.
 
-Run:  mpiexec -n 4 python examples/poisson_cg.py [--size N]
+Run:  mpiexec -n 4 python examples/poisson_cg.py [--size N] [--plot FILE.png]
 
 The problem is ``-laplace(u) + sigma * u = f`` on the unit square with
 ``u = 0`` on the boundary, discretised with the five-point stencil on an
@@ -25,7 +25,9 @@ residual of the solve, the largest difference from the single-process answer
 (``jax.scipy.sparse.linalg.cg`` on the whole grid, to the same tolerance), and
 the gradient of a loss ``0.5 * h**2 * sum((u - target)**2)`` with respect to
 ``sigma`` and to ``f`` (along a random direction), each against a central
-finite difference of the loss.
+finite difference of the loss. ``--plot FILE.png`` saves the solution ``u``
+and the gradient of the loss with respect to ``f`` (needs matplotlib:
+``pip install "jaxcomm[examples]"``).
 """
 
 import argparse
@@ -54,9 +56,16 @@ def parse_args():
                         help="relative residual at which CG stops (default 1e-12)")
     parser.add_argument("--epsilon", type=float, default=1e-5,
                         help="relative step of the finite differences (default 1e-5)")
+    parser.add_argument("--plot", metavar="FILE.png",
+                        help="save the solution and the gradient with respect to f")
     args = parser.parse_args()
     if args.size < 1 or args.sigma < 0 or not 0 < args.tol < 1 or args.epsilon <= 0:
         parser.error("need --size >= 1, --sigma >= 0, 0 < --tol < 1 and --epsilon > 0")
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            parser.error('--plot needs matplotlib: pip install "jaxcomm[examples]"')
     return args
 
 
@@ -100,7 +109,7 @@ def main():
 
     y, x = np.meshgrid(*[np.arange(1, args.size + 1) * h] * 2, indexing="ij")
     source = 100 * np.exp(-((x - 0.3) ** 2 + (y - 0.6) ** 2) / 0.02) + 20 * x
-    target = 0.1 * np.sin(np.pi * x) * np.sin(2 * np.pi * y)
+    target = np.sin(np.pi * x) * np.sin(2 * np.pi * y)
     direction = np.random.default_rng(0).normal(size=source.shape)
 
     def stencil(padded, sigma):
@@ -177,7 +186,38 @@ def main():
         for name, (exact, estimate) in checks.items():
             print(f"d loss / d {name}: jax.grad {exact:.10e}, finite difference {estimate:.10e}, "
                   f"relative difference {abs(exact - estimate) / abs(exact):.1e}")
+    if args.plot:
+        fields = [whole(grid, piece, block) for piece in (u, grad_f)]
+        if grid.rank == 0:
+            plot(*fields, args.plot)
     grid.free()
+
+
+def whole(grid, piece, block):
+    """The global array on rank 0 (zeros elsewhere), from every rank's block of it."""
+    pieces = np.asarray(grid.gather(piece, root=0))
+    result = np.zeros((block[0] * grid.dims[0], block[1] * grid.dims[1]), pieces.dtype)
+    for rank, piece in enumerate(pieces):
+        rows, columns = (slice(c * b, (c + 1) * b)
+                         for c, b in zip(grid.comm.Get_coords(rank), block))
+        result[rows, columns] = piece
+    return result
+
+
+def plot(u, grad_f, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 4))
+    for ax, field, title in zip(axes, (u, grad_f), ("solution u", "d loss / d f")):
+        image = ax.imshow(field, origin="lower", extent=(0, 1, 0, 1), cmap="viridis")
+        fig.colorbar(image, ax=ax)
+        ax.set(title=title, xlabel="x", ylabel="y")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    print(f"saved {path}")
 
 
 if __name__ == "__main__":

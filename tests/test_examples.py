@@ -21,6 +21,14 @@ def run_example(monkeypatch, capsys, name, *args):
     return capsys.readouterr().out
 
 
+@pytest.fixture
+def keep_x64():
+    """Restores jax_enable_x64 after an example that turns it on (poisson_cg.py)."""
+    x64 = jax.config.jax_enable_x64
+    yield
+    jax.config.update("jax_enable_x64", x64)
+
+
 def numbers_after(label, text):
     """The numbers that follow each occurrence of ``label`` in ``text``."""
     return [float(n) for n in re.findall(re.escape(label) + r" ([-+.\deE]+)", text)]
@@ -114,33 +122,39 @@ def test_shallow_water_matches_serial_and_conserves_mass(monkeypatch, capsys, bo
         assert re.search(r"benchmark: [.\d]+ ms per step, \d+ steps/s, [.\de+]+ cells/s", out)
 
 
+# Tiny sizes that divide over 1, 2 and 3 ranks.
+PLOTS = {
+    "shallow_water.py": ("--cells", 12, 12, "--steps", 2, "--boundary", "walls"),
+    "poisson_cg.py": ("--size", 6),
+}
+
+
 @pytest.mark.mpi
-def test_shallow_water_plot_saves_a_png(monkeypatch, capsys, tmp_path):
+@pytest.mark.parametrize("example", PLOTS)
+def test_plot_saves_a_png(monkeypatch, capsys, tmp_path, keep_x64, example):
     pytest.importorskip("matplotlib")
-    path = tmp_path / "height.png"
-    out = run_example(monkeypatch, capsys, "shallow_water.py",
-                      "--cells", 12, 12, "--steps", 2, "--boundary", "walls", "--plot", path)
+    path = tmp_path / "figure.png"
+    out = run_example(monkeypatch, capsys, example, *PLOTS[example], "--plot", path)
     if MPI.COMM_WORLD.rank == 0:
         assert f"saved {path}" in out
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.mpi
-def test_shallow_water_plot_without_matplotlib_names_the_extra(monkeypatch, capsys, tmp_path):
+@pytest.mark.parametrize("example", PLOTS)
+def test_plot_without_matplotlib_names_the_extra(monkeypatch, capsys, tmp_path, keep_x64, example):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now fails
     with pytest.raises(SystemExit):
-        run_example(monkeypatch, capsys, "shallow_water.py", "--plot", tmp_path / "h.png")
+        run_example(monkeypatch, capsys, example, "--plot", tmp_path / "figure.png")
     assert 'pip install "jaxcomm[examples]"' in capsys.readouterr().err
 
 
 @pytest.mark.mpi
-def test_poisson_cg_matches_serial_and_its_gradient_finite_differences(monkeypatch, capsys):
-    x64 = jax.config.jax_enable_x64
-    try:
-        # 12 unknowns per axis divide over 1, 2 and 3 ranks.
-        out = run_example(monkeypatch, capsys, "poisson_cg.py", "--size", 12)
-    finally:
-        jax.config.update("jax_enable_x64", x64)  # the example turns it on
+def test_poisson_cg_matches_serial_and_its_gradient_finite_differences(
+    monkeypatch, capsys, keep_x64
+):
+    # 12 unknowns per axis divide over 1, 2 and 3 ranks.
+    out = run_example(monkeypatch, capsys, "poisson_cg.py", "--size", 12)
     if MPI.COMM_WORLD.rank == 0:
         iterations = int(re.search(r"CG took (\d+) iterations", out).group(1))
         assert 0 < iterations <= 144
