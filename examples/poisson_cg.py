@@ -25,7 +25,10 @@ residual of the solve, the largest difference from the single-process answer
 (``jax.scipy.sparse.linalg.cg`` on the whole grid, to the same tolerance), and
 the gradient of a loss ``0.5 * h**2 * sum((u - target)**2)`` with respect to
 ``sigma`` and to ``f`` (along a random direction), each against a central
-finite difference of the loss. ``--plot FILE.png`` saves the solution ``u``
+finite difference of the loss. ``sigma`` is one parameter replicated on every
+rank: each rank's ``jax.grad`` is the share of the derivative that comes
+through its own copy, and an ``allreduce`` adds the shares (as for the weights
+in ``data_parallel.py``). ``--plot FILE.png`` saves the solution ``u``
 and the gradient of the loss with respect to ``f`` (needs matplotlib:
 ``pip install "jaxcomm[examples]"``).
 """

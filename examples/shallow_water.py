@@ -16,18 +16,18 @@ The update is written as an interior part, the cells whose neighbours are all
 on this rank, and an edge part, the cells next to a halo, so that a halo
 exchange could overlap the interior update.
 
-Boundaries are periodic (default) or solid walls (``--boundary walls``). With walls the
-grid is not periodic, and ``shift`` receives zeros from beyond the wall
-(``MPI.PROC_NULL``); the ghost cell there mirrors the edge cell with its
+Boundaries are periodic (default) or solid walls (``--boundary walls``). With
+walls the grid is not periodic, and ``shift`` receives zeros from beyond the
+wall (``MPI.PROC_NULL``); the ghost cell there mirrors the edge cell with its
 momentum into the wall reversed, so no water crosses the wall.
 
 Rank 0 gathers the final field and prints the largest difference from the same
 scheme run serially on the whole grid in one process (float32, so 0 or a few
 1e-7), the relative change of the total mass (float32 rounding only: the
-fluxes conserve it) and the range of the final height. ``--benchmark`` also prints
-the time per step, steps per second and cells updated per second (the slowest
-rank's time, compilation excluded); ``--plot FILE.png`` saves the final height
-(needs matplotlib: ``pip install "jaxcomm[examples]"``).
+fluxes conserve it) and the range of the final height. ``--benchmark`` also
+prints the time per step, steps per second and cells updated per second (the
+slowest rank's time, compilation excluded); ``--plot FILE.png`` saves the
+final height (needs matplotlib: ``pip install "jaxcomm[examples]"``).
 """
 
 import argparse
