@@ -354,6 +354,39 @@ def test_exit_reports_requests_never_waited(tmp_path):
     assert "never completed" in done.stderr and "irecv from MPI.PROC_NULL" in done.stderr
 
 
+# JaxComm.during -------------------------------------------------------------------
+
+
+def _work(a, steps=8):
+    return jax.lax.fori_loop(0, steps, lambda i, m: jnp.tanh(m @ m) * 0.5, a)
+
+
+@host_kernels
+@pytest.mark.mpi
+def test_during_runs_the_computation_between_starts_and_waits(jc):
+    right, left = _ring(jc)
+    x = jnp.asarray(rank_data(jc.rank, (LARGE,), np.float32))
+    a = jnp.full((32, 32), 0.01, jnp.float32)
+
+    def program(x, a):
+        requests = [jc.irecv(x, source=left), jc.isend(x, right)]
+        c = jc.during(requests, _work, a)
+        return jc.waitall(requests)[0], c
+
+    for run in (program, jax.jit(program), jax.vmap(program, in_axes=(None, 0))):
+        batched = run is not program and not hasattr(run, "lower")
+        y, c = run(x, a[None] if batched else a)
+        np.testing.assert_array_equal(y[0] if batched else y, rank_data(left, (LARGE,), np.float32))
+        np.testing.assert_allclose(c[0] if batched else c, _work(a), rtol=1e-6)
+    # In the compiled program, as XLA schedules it: both starts, the loop, the waits.
+    text = jax.jit(program).lower(x, a).compile().as_text()
+    order = [text.index(f'"jaxcomm_{name}"') for name in ("irecv", "isend")]
+    order += [text.index(" while("), text.index('"jaxcomm_wait_recv"')]
+    assert order == sorted(order), order
+    with pytest.raises(TypeError, match="during takes jaxcomm Requests"):
+        jc.during([x], _work, a)
+
+
 # Transformations -------------------------------------------------------------------
 
 

@@ -226,6 +226,19 @@ auto WaitExchangeBuffers(Binding&& binding) {
   ffi::Token, ffi::AnyBuffer, ffi::AnyBuffer, ffi::AnyBuffer,          \
       ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer>
 
+// A fence: the token and any arrays in (only waited for), the token and an
+// int32 scalar out.
+template <typename Binding>
+auto FenceBuffers(Binding&& binding) {
+  return std::forward<Binding>(binding).template Arg<ffi::Token>()
+      .RemainingArgs()
+      .template Ret<ffi::Token>()
+      .template Ret<ffi::AnyBuffer>();
+}
+#define JAXCOMM_Fence_PARAMS                                         \
+  ffi::Token, ffi::RemainingArgs, ffi::Result<ffi::Token>,           \
+      ffi::Result<ffi::AnyBuffer>
+
 // Each op's complete binding, from its row of ops.def:
 // bindings::<Name>(binding), and its handler body, shared by every platform:
 // ffi::Error <Name>Impl(Memory&, <buffers>, <attributes>).

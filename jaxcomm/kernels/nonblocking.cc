@@ -598,4 +598,17 @@ ffi::Error WaitExchangeImpl(Memory&, ffi::Token, ffi::AnyBuffer handle,
   return ffi::Error::Success();
 }
 
+// JaxComm.during: no MPI call. The arrays are only operands, so XLA computes
+// them before this call; the int32 1 it writes is a value XLA cannot know
+// before it runs, so whatever is computed from it comes after.
+ffi::Error FenceImpl(Memory&, ffi::Token, ffi::RemainingArgs,
+                     ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> one,
+                     int64_t) {
+  if (one->element_type() != ffi::DataType::S32 || one->element_count() != 1) {
+    return ffi::Error::InvalidArgument("jaxcomm: fence: the output must be one int32");
+  }
+  *static_cast<int32_t*>(one->untyped_data()) = 1;
+  return ffi::Error::Success();
+}
+
 }  // namespace jaxcomm

@@ -24,6 +24,7 @@ import weakref
 from functools import partial
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.interpreters import ad
 
@@ -68,6 +69,11 @@ wait_send_p = _start("wait_send", no_output, "jaxcomm_wait_send", ("comm",))
 wait_recv_p = _start("wait_recv", _received, "jaxcomm_wait_recv", ("comm",), aliases={1: 0})
 wait_exchange_p = _start(
     "wait_exchange", _received, "jaxcomm_wait_exchange", ("comm",), aliases={2: 0}
+)
+# JaxComm.during: operands waited for, an int32 1 out (no MPI call).
+fence_p = _start(
+    "fence", lambda *avals, **_: [jax.core.ShapedArray((), np.dtype(np.int32))],
+    "jaxcomm_fence", ("comm",),
 )
 
 STARTS = (isend_p, irecv_p, iallreduce_p, ibcast_p, iallgather_p, ialltoall_p)
@@ -242,20 +248,27 @@ def during(requests, fn, *args, **kwargs):
             raise TypeError(f"during takes jaxcomm Requests, got {type(request).__name__}")
         if request._waited:
             raise RuntimeError(f"this {request._op} request was waited already")
-    traced = [r for r in requests if isinstance(r._handle, jax.core.Tracer)]
-    if not traced:
+    if not _compat.tracing() or not requests:
         return fn(*args, **kwargs)
-    # XLA orders work only by data: the handles pass through a barrier with
-    # fn's inputs, and through another with its outputs, and the waits take
-    # them from there. Barriers move no data.
-    handles, (args, kwargs) = jax.lax.optimization_barrier(
-        ([r._handle for r in traced], (args, kwargs))
-    )
+    # XLA orders work by data alone (optimization barriers do not survive
+    # XLA:CPU's passes). A fence is ordered after the starts like every
+    # jaxcomm call and returns a 1 XLA cannot know in advance: fn's inputs are
+    # selected by it, so fn runs after the starts. A second fence takes fn's
+    # outputs as operands, and the waits are ordered after it.
+    comm = requests[0]._comm
+    (one,) = fence_p.bind(comm=comm)
+    ready = one == 1
+    args, kwargs = jax.tree_util.tree_map(partial(_after, ready), (args, kwargs))
     out = fn(*args, **kwargs)
-    handles, out = jax.lax.optimization_barrier((handles, out))
-    for request, handle in zip(traced, handles):
-        request._handle = handle
+    arrays = [leaf for leaf in jax.tree_util.tree_leaves(out) if isinstance(leaf, jax.Array)]
+    fence_p.bind(*arrays, comm=comm)
     return out
+
+
+def _after(ready, leaf):
+    if not isinstance(leaf, (jax.Array, np.ndarray)):
+        return leaf
+    return jax.lax.select(jnp.broadcast_to(ready, jnp.shape(leaf)), leaf, jnp.zeros_like(leaf))
 
 
 # Eager waits donate the receive buffer ----------------------------------------
@@ -323,14 +336,6 @@ def _check_requests(jaxpr):
             waited.add(handle)
             for var in eqn.invars[1:]:
                 _not_a_handle(starts, var, eqn)
-            continue
-        if eqn.primitive.name == "optimization_barrier":
-            # JaxComm.during: the handle goes on as the barrier's output.
-            for var, out in zip(eqn.invars, eqn.outvars):
-                if _compat.is_var(var) and var in starts:
-                    starts[out] = starts.pop(var)
-                    if var in waited:
-                        waited.add(out)
             continue
         for var in eqn.invars:
             _not_a_handle(starts, var, eqn)
@@ -411,16 +416,14 @@ def _start_batched(prim, axis_data, args, dims, **params):
 
 def _moved_send(handle, x):
     """The array the start of ``handle`` sent from, where it moved ``x``'s batch axis."""
-    entries = [e for e in _moved_sends.get(id(x), ()) if e[0] is x]
-    # The start's handle, unless JaxComm.during passed it through a barrier:
-    # then the one start of x (more are ambiguous, and the wait refuses them).
-    entry = next((e for e in entries if e[1] is handle), entries[0] if len(entries) == 1 else None)
-    if entry is None:
-        return x
-    _moved_sends[id(x)].remove(entry)
-    if not _moved_sends[id(x)]:
-        del _moved_sends[id(x)]
-    return entry[2]
+    entries = _moved_sends.get(id(x), [])
+    for entry in entries:
+        if entry[0] is x and entry[1] is handle:
+            entries.remove(entry)
+            if not entries:
+                del _moved_sends[id(x)]
+            return entry[2]
+    return x
 
 
 def _wait_batched(prim, axis_data, args, dims, **params):
@@ -434,6 +437,12 @@ def _wait_batched(prim, axis_data, args, dims, **params):
     return outs, [buffer_dims[-1]]
 
 
+def _fence_batched(axis_data, args, dims, **params):
+    outs = fence_p.bind(*args, **params)
+    return outs, [None]
+
+
+_compat.fancy_primitive_batchers[fence_p] = _fence_batched
 for _prim in STARTS:
     _compat.fancy_primitive_batchers[_prim] = partial(_start_batched, _prim)
 for _prim in WAITS:
@@ -475,3 +484,12 @@ def _refuse_transpose(name, cts, *args, **params):
 for _prim in (*STARTS, *WAITS):
     ad.primitive_jvps[_prim] = partial(_refuse_jvp, _prim.name)
     ad.primitive_transposes[_prim] = partial(_refuse_transpose, _prim.name)
+
+
+def _fence_jvp(primals, tangents, **params):
+    # The fence's output does not depend on its operands' values.
+    out = fence_p.bind(*primals, **params)
+    return out, [ad.Zero(jax.core.ShapedArray((), jax.dtypes.float0))]
+
+
+ad.primitive_jvps[fence_p] = _fence_jvp
