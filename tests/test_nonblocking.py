@@ -258,6 +258,19 @@ def test_eager_receive_buffer_is_donated_not_copied(jc):
 
 @host_kernels
 @pytest.mark.mpi
+def test_numpy_send_buffer_may_change_before_the_wait(jc):
+    # A JAX array made from NumPy may share its memory; isend sends a copy.
+    right, left = _ring(jc)
+    x = np.full(LARGE, float(jc.rank), np.float32)
+    receiving = jc.irecv(np.zeros(LARGE, np.float32), source=left, tag=10)
+    sending = jc.isend(x, right, tag=10)
+    x[:] = -1
+    np.testing.assert_array_equal(jc.wait(receiving), np.full(LARGE, float(left)))
+    jc.wait(sending)
+
+
+@host_kernels
+@pytest.mark.mpi
 def test_wait_refuses_buffers_mpi_was_not_given(jc):
     # The guard behind the rules above: a wait handed another buffer than the
     # one MPI sends from (as a copy by XLA would be) fails instead of letting
