@@ -379,7 +379,7 @@ if fast_dispatch_enabled:
 
 jaxpr_checks = []
 
-_lower_jaxpr = _mlir.jaxpr_subcomp
+_lower_jaxpr = getattr(_mlir, "jaxpr_subcomp", None)
 
 
 def _checked_jaxpr_subcomp(ctx, jaxpr, *args, **kwargs):
@@ -388,4 +388,7 @@ def _checked_jaxpr_subcomp(ctx, jaxpr, *args, **kwargs):
     return _lower_jaxpr(ctx, jaxpr, *args, **kwargs)
 
 
-_mlir.jaxpr_subcomp = _checked_jaxpr_subcomp
+# Without it (a jax that lowers otherwise) the checks run only where Python
+# sees the mistake (ops/nonblocking.py).
+if _lower_jaxpr is not None:
+    _mlir.jaxpr_subcomp = _checked_jaxpr_subcomp
