@@ -110,6 +110,16 @@ def test_ring_in_loops(jc):
     np.testing.assert_array_equal(ys, np.arange(5) * 10 + left)
     assert int(total) == sum(10 * i * jc.size + sum(range(jc.size)) for i in range(5))
 
+    # Both branches start and wait; the predicate is traced, the same on every rank.
+    def branch(x, scale):
+        return jc.wait(jc.iallreduce(x * scale))
+
+    pick = jax.jit(lambda x, p: jax.lax.cond(p, branch, branch, x, jnp.where(p, 1.0, 2.0)))
+    for p in (True, False):
+        np.testing.assert_array_equal(
+            pick(jnp.full(3, float(jc.rank)), p), np.full(3, (1 if p else 2) * sum(range(jc.size)))
+        )
+
 
 @host_kernels
 @pytest.mark.mpi
