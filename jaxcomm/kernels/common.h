@@ -545,6 +545,12 @@ void Watch(std::string what);
 // it once the message came from a known sender and tag (ReceiveSignatureNow),
 // and compares it at its wait (CheckSignature).
 constexpr size_t kSignatureBytes = 392;
+// A nonblocking send's signature goes out without waiting (its receive may
+// be posted later by this very rank); `signature` must live until `request`
+// completes.
+ffi::Error PostSignatureSend(int64_t handle, MPI_Comm comm, const char* op,
+                             ffi::DataType dtype, int64_t count, int64_t dest,
+                             int64_t tag, void* signature, MPI_Request* request);
 ffi::Error PostSignatureReceive(int64_t handle, MPI_Comm comm, const char* op,
                                 int64_t source, int64_t tag, void* signature,
                                 MPI_Request* request);

@@ -488,6 +488,22 @@ ffi::Error ReceiveSignatureSlow(int64_t handle, MPI_Comm comm,
                   ". The message was discarded.");
 }
 
+ffi::Error PostSignatureSend(int64_t handle, MPI_Comm comm, const char* op,
+                             ffi::DataType dtype, int64_t count, int64_t dest,
+                             int64_t tag, void* signature,
+                             MPI_Request* request) {
+  MPI_Comm check;
+  JAXCOMM_RETURN_IF_ERROR(FindCheckComm(handle, op, comm, &check));
+  PointToPoint call{op, dtype, dest, tag, count};
+  const Signature out =
+      PointToPointSignature(call, count, tag, SiteTextOf(current_site));
+  std::memcpy(signature, &out, sizeof out);
+  JAXCOMM_MPI_CHECK(MPI_Isend, signature, static_cast<int>(kSignatureBytes),
+                    MPI_BYTE, static_cast<int>(dest), static_cast<int>(tag),
+                    check, request);
+  return ffi::Error::Success();
+}
+
 ffi::Error PostSignatureReceive(int64_t handle, MPI_Comm comm, const char* op,
                                 int64_t source, int64_t tag, void* signature,
                                 MPI_Request* request) {

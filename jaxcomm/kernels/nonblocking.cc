@@ -194,7 +194,7 @@ ffi::Error Begin(Kind kind, const char* op, int64_t comm_handle, MPI_Comm comm,
       handle.element_count() != 2) {
     return Invalid(op, comm, "the request handle output must be 2 int32");
   }
-  uint32_t serial;
+  uint32_t serial = 0;
   JAXCOMM_RETURN_IF_ERROR(Acquire(op, index, &serial));
   Slot& s = SlotAt(TheTable(), *index);
   s.kind = kind;
@@ -254,11 +254,6 @@ ffi::Error IsendImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x,
                      int64_t comm_handle, int64_t dest, int64_t tag) {
   MPI_Comm comm;
   JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "isend", &comm));
-  // Checking: the signature goes out ahead of the message, as for send.
-  PointToPoint call{"isend", x.element_type(), dest, tag, Count(x)};
-  int64_t no_source = kNoPeer, no_tag = 0;
-  JAXCOMM_RETURN_IF_ERROR(
-      AnnouncePointToPoint(comm_handle, comm, call, &no_source, &no_tag));
   LargeType type;
   JAXCOMM_RETURN_IF_ERROR(
       LargeType::Make(x.element_type(), x.element_count(), comm, &type));
@@ -270,6 +265,14 @@ ffi::Error IsendImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x,
                                 tag, x, *handle, &index, &slot));
   SlotGuard guard{index};
   slot->send = in;
+  if ((MonitorFlags() & kCheckCalls) && dest != MPI_PROC_NULL) {
+    // Checking: the signature goes out ahead of the message, as for send,
+    // but without waiting: the receive may be this rank's own, posted later.
+    JAXCOMM_RETURN_IF_ERROR(PostSignatureSend(
+        comm_handle, comm, "isend", x.element_type(), Count(x), dest, tag,
+        slot->signature_bytes, &slot->signature));
+    slot->check = Check::kPosted;
+  }
   if (DebugEnabled()) {
     DebugLog(comm, "MPI_Isend -> " + PeerText(dest) + " tag " +
                        std::to_string(tag) + " " +
@@ -536,6 +539,9 @@ ffi::Error Complete(const char* op, const ffi::AnyBuffer& handle,
                                              status.MPI_SOURCE, "irecv",
                                              slot.dtype, slot.count, slot.site));
     }
+  }
+  if (slot.kind == Kind::kSend && slot.check == Check::kPosted) {
+    JAXCOMM_MPI_CHECK(MPI_Wait, &slot.signature, MPI_STATUS_IGNORE);
   }
   if (rc != MPI_SUCCESS) return MpiFailure("MPI_Wait", rc, comm);
   if (send != nullptr && send->size_bytes() > 0 &&
