@@ -11,9 +11,11 @@ from ._gpu import bind_local_gpu, cuda_info, set_cuda_aware
 from ._runtime import build_info, set_check, set_debug, set_timeout, sync
 from ._version import __version__
 from .comm import JaxComm
+from .ops.nonblocking import Request
 
 __all__ = [
     "JaxComm",
+    "Request",
     "__version__",
     "abort_on_exception",
     "bind_local_gpu",

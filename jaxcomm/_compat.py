@@ -70,7 +70,26 @@ def call_site(ctx) -> str:
     The innermost frame of the op's traceback outside JAX, the standard
     library and jaxcomm, as ``"file:line (function)"``.
     """
-    traceback = getattr(ctx, "traceback", None)
+    return _site(getattr(ctx, "traceback", None))
+
+
+def eqn_site(eqn) -> str:
+    """Where the user's code called the jaxcomm method behind a jaxpr equation."""
+    return _site(getattr(eqn.source_info, "traceback", None))
+
+
+def is_var(atom) -> bool:
+    """Whether a jaxpr equation's operand is a variable (not a literal)."""
+    return isinstance(atom, _core.Var)
+
+
+def tracer_is_live(tracer) -> bool:
+    """Whether the trace ``tracer`` belongs to is still running."""
+    trace = getattr(tracer, "_trace", None)
+    return trace is None or trace.is_valid()
+
+
+def _site(traceback):
     for frame in getattr(traceback, "frames", ()):
         name = frame.file_name
         if name.startswith(_PACKAGE_DIR) or not _source_info.is_user_filename(name):
@@ -349,3 +368,27 @@ if fast_dispatch_enabled:
     _mlir.jaxpr_subcomp = _jaxpr_subcomp_with_token
     _dispatch.RuntimeTokenSet.get_token_input = _get_token_input_after_fast_device
     _dispatch.RuntimeTokenSet.set_token_result = _set_token_result_when_done
+
+
+# Checks on every jaxpr jaxcomm lowers ------------------------------------------
+#
+# Functions of a ``jax.core.Jaxpr``, called before it is lowered (a jitted
+# function's, and each loop body's, branch's and nested function's): they
+# raise for programs jaxcomm cannot run, such as a nonblocking request not
+# waited in the function that started it (ops/nonblocking.py).
+
+jaxpr_checks = []
+
+_lower_jaxpr = getattr(_mlir, "jaxpr_subcomp", None)
+
+
+def _checked_jaxpr_subcomp(ctx, jaxpr, *args, **kwargs):
+    for check in jaxpr_checks:
+        check(jaxpr)
+    return _lower_jaxpr(ctx, jaxpr, *args, **kwargs)
+
+
+# Without it (a jax that lowers otherwise) the checks run only where Python
+# sees the mistake (ops/nonblocking.py).
+if _lower_jaxpr is not None:
+    _mlir.jaxpr_subcomp = _checked_jaxpr_subcomp

@@ -125,8 +125,14 @@ if os.environ.get("JAXCOMM_EMULATE_CUDA", "") not in ("", "0"):
         ) from None
     cuda_kernels = _cpu_handlers
 
+_cpu_targets = frozenset(_cpu_handlers.registrations())
 for _name, _capsule in _cpu_handlers.registrations().items():
     jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")
+
+
+def has_target(target: str) -> bool:
+    """Whether the kernels XLA's CPU runs have the FFI target ``target``."""
+    return target in _cpu_targets
 
 
 def register_comm(comm: MPI.Comm) -> int:
@@ -304,6 +310,36 @@ def _probe_input(device):
     return jax.device_put(np.int8(0), device)
 
 
+# Set by ops/nonblocking.py: the (slot, serial) of every eager request alive
+# and not waited yet.
+eager_request_keys = set
+
+
+def raise_unfinished_requests(*, at_exit: bool = False) -> None:
+    """Raise for nonblocking requests started and never waited, each reported once.
+
+    Requests started eagerly whose ``Request`` is still alive may yet be
+    waited: they are left out, except at exit.
+    """
+    unfinished = _kernels_cpu.unfinished_requests()
+    if not unfinished:
+        return
+    alive = set() if at_exit else eager_request_keys()
+    lost = [item for item in unfinished if tuple(item[:2]) not in alive]
+    if not lost:
+        return
+    for slot, serial, _ in lost:
+        _kernels_cpu.mark_request_reported(slot, serial)
+    where = "the program ends with" if at_exit else "there are"
+    raise RuntimeError(
+        f"jaxcomm: {where} {len(lost)} nonblocking request(s) started and never "
+        "completed by JaxComm.wait: " + "; ".join(text for _, _, text in lost) + ". "
+        "A request dropped without a wait, or a compiled function that failed "
+        "between a start and its wait, leaves its operation to MPI: its buffers "
+        "stay allocated and the peers' matching calls may never complete."
+    )
+
+
 def sync() -> None:
     """Wait until every dispatched jaxcomm operation has finished.
 
@@ -318,10 +354,13 @@ def sync() -> None:
             its outputs, but a computation with no outputs that ran after its
             call returned has nowhere to report it; jaxcomm keeps the first
             one for ``sync()`` (and the exit hook), so no failure goes
-            unnoticed. It is raised once, and jaxcomm goes on working.
+            unnoticed. It is raised once, and jaxcomm goes on working. Also
+            for nonblocking requests started and never waited (an eager
+            request dropped without ``JaxComm.wait``), each reported once.
     """
     wait_for_dispatched()
     raise_recorded_error()
+    raise_unfinished_requests()
 
 
 def wait_for_dispatched() -> None:
@@ -443,6 +482,7 @@ def _drain_before_finalize():
         if MPI.Is_initialized() and not MPI.Is_finalized():
             try:
                 sync()
+                raise_unfinished_requests(at_exit=True)
             except Exception as failure:  # noqa: BLE001 (reported, and in the exit status)
                 _report_at_exit(failure)
     finally:

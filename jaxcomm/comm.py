@@ -37,7 +37,9 @@ from .ops._base import (
     register_derivative_comm,
     unregister_derivative_comm,
 )
+from .ops import nonblocking
 from .ops._tree import tree_call
+from .ops.nonblocking import Request
 
 ArrayLike = Any  # a JAX or NumPy array, or a Python scalar
 
@@ -56,6 +58,16 @@ def _as_array(x: ArrayLike, name: str) -> jax.Array:
         raise TypeError(f"{name} must be an array or a scalar, got {type(x).__name__}") from err
     _check_dtype(array.dtype, name)
     return array
+
+
+def _held(x: ArrayLike, name: str) -> jax.Array:
+    """``x`` as an array that MPI may read after the call returns.
+
+    A JAX array made from a NumPy array may share its memory, which the
+    caller can still write: a nonblocking op sends from a copy of it.
+    """
+    array = _as_array(x, name)
+    return jnp.array(array, copy=True) if isinstance(x, np.ndarray) else array
 
 
 def _leaves(tree: Any, name: str) -> tuple[list[jax.Array], Any]:
@@ -1353,6 +1365,252 @@ class JaxComm:
             comm=handle,
         )
         return _received(result, envelope, status, return_status, "sendrecv")
+
+    # Nonblocking operations --------------------------------------------------
+    #
+    # Each starts an operation and returns a Request; JaxComm.wait completes
+    # it. They take single arrays (not pytrees) and bind their primitives
+    # directly, also eagerly (ops/nonblocking.py).
+
+    def isend(self, x: ArrayLike, dest: int, tag: int = 0) -> Request:
+        """Start sending ``x`` to rank ``dest``; complete it with :meth:`wait`.
+
+        Wraps ``MPI_Isend``. ``x`` stays alive and unmodified until the wait
+        (jaxcomm keeps it). Works eagerly and under ``jit``, in loop bodies
+        and under ``vmap``; the request must be waited in the same traced
+        function (see ``docs/nonblocking.md``). Not differentiable, and not
+        on GPUs (use :meth:`send` there).
+
+        Args:
+            x: array or scalar to send.
+            dest: destination rank, or ``MPI.PROC_NULL`` to send nothing.
+            tag: message tag, ``0 <= tag <= MPI.TAG_UB``.
+
+        Returns:
+            A :class:`jaxcomm.Request`; its wait returns None.
+
+        Raises:
+            TypeError: for a non-array ``x`` or a non-int or traced ``dest``/``tag``.
+            ValueError: for a ``dest`` or ``tag`` out of range.
+
+        Example:
+            >>> req = jc.isend(x, dest=(jc.rank + 1) % jc.size)
+            >>> y = expensive(z)          # runs while the message travels
+            >>> jc.wait(req)
+        """
+        handle = self._live()
+        x = _held(x, "x")
+        return nonblocking.start(
+            nonblocking.isend_p, x, dest=self._peer(dest, "dest"),
+            tag=self._tag(tag, "tag"), comm=handle,
+        )
+
+    def irecv(self, x: Any, source: int = MPI.ANY_SOURCE, tag: int = MPI.ANY_TAG) -> Request:
+        """Start receiving an array shaped like ``x`` from rank ``source``; see :meth:`wait`.
+
+        Wraps ``MPI_Irecv``. ``x`` only gives the shape and dtype (an array,
+        tracer or ``jax.ShapeDtypeStruct``). The received array is returned by
+        :meth:`wait`; nothing can read it earlier. A message shorter than
+        ``x`` fills the front and leaves zeros; a receive from
+        ``MPI.PROC_NULL`` gives zeros. Works eagerly, under ``jit`` and
+        ``vmap`` (a batched message needs a batched template, as for
+        :meth:`recv`). Not differentiable, and not on GPUs.
+
+        Args:
+            x: template for the received array's shape and dtype.
+            source: sending rank, ``MPI.ANY_SOURCE``, or ``MPI.PROC_NULL``.
+            tag: message tag or ``MPI.ANY_TAG``.
+
+        Returns:
+            A :class:`jaxcomm.Request`; its wait returns the received array.
+
+        Raises:
+            TypeError: for a bad template or a non-int or traced ``source``/``tag``.
+            ValueError: for a ``source`` or ``tag`` out of range.
+        """
+        handle = self._live()
+        return nonblocking.start(
+            nonblocking.irecv_p, _template(x, "x"),
+            source=self._peer(source, "source", any_source=True),
+            tag=self._tag(tag, "tag", any_tag=True), comm=handle,
+        )
+
+    def iallreduce(self, x: ArrayLike, op: MPI.Op = MPI.SUM) -> Request:
+        """Start combining ``x`` from every rank with ``op``; :meth:`wait` returns the result.
+
+        Wraps ``MPI_Iallreduce``. Every rank starts the same nonblocking
+        collectives in the same order (jaxcomm's program order does that).
+        Arguments as for :meth:`allreduce`, but a single array, not a pytree.
+        Not differentiable, and not on GPUs.
+
+        Args:
+            x: array or scalar, the same shape and dtype on every rank.
+            op: a predefined ``MPI.Op`` (see :meth:`allreduce`).
+
+        Returns:
+            A :class:`jaxcomm.Request`; its wait returns a new array of
+            ``x``'s shape and dtype.
+
+        Raises:
+            TypeError: for a non-array ``x`` or an op MPI does not define for its dtype.
+            ValueError: for a user-defined ``MPI.Op``.
+
+        Example:
+            >>> req = jc.iallreduce(grads)
+            >>> loss = forward(batch)     # runs while the reduction travels
+            >>> grads = jc.wait(req)
+        """
+        handle = self._live()
+        x, code = _reduction_operand(_held(x, "x"), op)
+        return nonblocking.start(nonblocking.iallreduce_p, x, op=code, comm=handle)
+
+    def ibcast(self, x: ArrayLike, root: int = 0) -> Request:
+        """Start broadcasting root's ``x`` to every rank; :meth:`wait` returns it.
+
+        Wraps ``MPI_Ibcast``. Every rank passes an array of the same shape and
+        dtype; only root's values are read. Not differentiable, and not on GPUs.
+
+        Args:
+            x: array or scalar.
+            root: the rank whose ``x`` is broadcast (a static int).
+
+        Returns:
+            A :class:`jaxcomm.Request`; its wait returns a new array holding root's ``x``.
+
+        Raises:
+            TypeError: for a non-array ``x`` or a non-int or traced ``root``.
+            ValueError: if ``root`` is not a rank of the communicator.
+        """
+        handle = self._live()
+        x = _held(x, "x")
+        return nonblocking.start(nonblocking.ibcast_p, x, root=self._root(root), comm=handle)
+
+    def iallgather(self, x: ArrayLike, *, tiled: bool = False) -> Request:
+        """Start collecting ``x`` from every rank on every rank; :meth:`wait` returns it.
+
+        Wraps ``MPI_Iallgather``; the result is laid out as :meth:`allgather`'s.
+        Not differentiable, and not on GPUs.
+
+        Args:
+            x: array or scalar, the same shape and dtype on every rank.
+            tiled: ``False`` stacks along a new leading axis, ``True``
+                concatenates along ``x``'s leading axis.
+
+        Returns:
+            A :class:`jaxcomm.Request`; its wait returns the gathered array.
+
+        Raises:
+            TypeError: for a non-array ``x`` or a non-bool ``tiled``.
+            ValueError: for ``tiled=True`` with a 0-d ``x``.
+        """
+        handle = self._live()
+        tiled = _static_bool(tiled, "tiled")
+        x = _held(x, "x")
+        if tiled:
+            _leading_axis(x, "to concatenate along with tiled=True")
+        return nonblocking.start(
+            nonblocking.iallgather_p, x, size=self._size, tiled=tiled, comm=handle
+        )
+
+    def ialltoall(self, x: ArrayLike, *, tiled: bool = False) -> Request:
+        """Start sending block ``r`` of ``x``'s leading axis to rank ``r``; see :meth:`wait`.
+
+        Wraps ``MPI_Ialltoall``; blocks as in :meth:`alltoall`. Not
+        differentiable, and not on GPUs.
+
+        Args:
+            x: array with a leading axis of length ``size`` (``tiled=False``)
+                or a multiple of ``size`` (``tiled=True``).
+            tiled: how the leading axis splits into blocks.
+
+        Returns:
+            A :class:`jaxcomm.Request`; its wait returns a new array of ``x``'s shape and dtype.
+
+        Raises:
+            TypeError: for a non-array ``x`` or a non-bool ``tiled``.
+            ValueError: for a leading axis that does not fit.
+        """
+        handle = self._live()
+        x = _held(x, "x")
+        self._split_rows(x, _static_bool(tiled, "tiled"))
+        return nonblocking.start(nonblocking.ialltoall_p, x, comm=handle)
+
+    def during(self, requests: Sequence[Request], fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn(*args, **kwargs)`` while ``requests`` are under way, and return its result.
+
+        Inside a traced function XLA orders work only by data, not by the
+        order of the Python code: it may run a computation before the starts
+        it was written after, or after the waits, and then nothing overlaps.
+        ``during`` ties ``fn`` in between, with no data moved: its inputs
+        depend on the starts of ``requests`` (``MPI_Isend``, ``MPI_Irecv``,
+        ``MPI_I*``) and their waits on its outputs. Eagerly it just calls ``fn``.
+
+        Args:
+            requests: the :class:`jaxcomm.Request` objects to overlap with
+                (not waited yet).
+            fn: the computation; its arguments and results are pytrees of arrays.
+            *args: positional arguments of ``fn``.
+            **kwargs: keyword arguments of ``fn``.
+
+        Returns:
+            ``fn(*args, **kwargs)``.
+
+        Raises:
+            TypeError: an entry of ``requests`` is not a Request.
+            RuntimeError: a request was waited already.
+
+        Example:
+            >>> reqs = [jc.irecv(halo, source=left), jc.isend(edge, dest=right)]
+            >>> interior = jc.during(reqs, update_interior, u)
+            >>> halo, _ = jc.waitall(reqs)
+        """
+        return nonblocking.during(_sequence(requests, "requests"), fn, *args, **kwargs)
+
+    def wait(self, request: Request) -> jax.Array | None:
+        """Complete a nonblocking operation and return its result.
+
+        Wraps ``MPI_Wait``. Returns the received array (``irecv``), the
+        collective's result (``iallreduce``, ``ibcast``, ``iallgather``,
+        ``ialltoall``) or None (``isend``). Waits are ordered with every other
+        jaxcomm call, in program order. Each request is waited exactly once,
+        in the traced function (loop body, cond branch) that started it, or
+        eagerly for a request started eagerly.
+
+        Args:
+            request: a :class:`jaxcomm.Request` from a method of any ``JaxComm``.
+
+        Returns:
+            The operation's result, or None for a send.
+
+        Raises:
+            TypeError: ``request`` is not a Request.
+            RuntimeError: the request was waited already, or is waited outside
+                the traced function that started it (a compiled function
+                that breaks the rule raises when it is lowered).
+        """
+        return nonblocking.wait(request)
+
+    def waitall(self, requests: Sequence[Request]) -> list[jax.Array | None]:
+        """Complete several nonblocking operations, in order, and return their results.
+
+        Wraps ``MPI_Wait`` once per request (an ``MPI_Waitall``, in the order
+        given). See :meth:`wait`.
+
+        Args:
+            requests: a sequence of :class:`jaxcomm.Request`.
+
+        Returns:
+            The list of results (None for sends), in the order of ``requests``.
+
+        Raises:
+            TypeError: ``requests`` is not a sequence of Requests.
+            RuntimeError: as :meth:`wait`.
+        """
+        items = _sequence(requests, "requests")
+        for item in items:
+            if not isinstance(item, Request):
+                raise TypeError(f"waitall takes jaxcomm Requests, got {type(item).__name__}")
+        return [nonblocking.wait(item) for item in items]
 
     # Synchronisation ---------------------------------------------------------
 

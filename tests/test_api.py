@@ -102,6 +102,14 @@ def test_mpi_wrapping_methods_name_their_mpi_call():
         "gatherv": "MPI_Gatherv",
         "scatterv": "MPI_Scatterv",
         "alltoallv": "MPI_Alltoallv",
+        "isend": "MPI_Isend",
+        "irecv": "MPI_Irecv",
+        "iallreduce": "MPI_Iallreduce",
+        "ibcast": "MPI_Ibcast",
+        "iallgather": "MPI_Iallgather",
+        "ialltoall": "MPI_Ialltoall",
+        "wait": "MPI_Wait",
+        "waitall": "MPI_Wait",
     }
     for method, call in wrapped.items():
         assert call in getattr(JaxComm, method).__doc__

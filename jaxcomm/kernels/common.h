@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "xla/ffi/api/ffi.h"
 
@@ -175,6 +176,68 @@ auto AddressedBuffers(Binding&& binding) {
 #define JAXCOMM_Addressed_PARAMS                                       \
   ffi::Token, ffi::AnyBuffer, ffi::AnyBuffer, ffi::Result<ffi::Token>, \
       ffi::Result<ffi::AnyBuffer>, ffi::Result<ffi::AnyBuffer>
+
+// Nonblocking starts (nonblocking.cc): the token and one array in, the
+// token and the request handle (two int32: slot and serial) out.
+template <typename Binding>
+auto StartBuffers(Binding&& binding) {
+  return SinkBuffers(std::forward<Binding>(binding)).template Ret<ffi::AnyBuffer>();
+}
+#define JAXCOMM_Start_PARAMS JAXCOMM_Sink_PARAMS, ffi::Result<ffi::AnyBuffer>
+
+// As StartBuffers, with the array MPI will fill out too.
+template <typename Binding>
+auto StartReceiveBuffers(Binding&& binding) {
+  return StartBuffers(std::forward<Binding>(binding)).template Ret<ffi::AnyBuffer>();
+}
+#define JAXCOMM_StartReceive_PARAMS \
+  JAXCOMM_Start_PARAMS, ffi::Result<ffi::AnyBuffer>
+
+// Waits: the token, the handle and the buffers the operation uses in (the
+// send buffer, kept alive until here; the receive buffer), the token and
+// the receive buffer, aliased to the one in, out.
+template <typename Binding>
+auto WaitSendBuffers(Binding&& binding) {
+  return std::forward<Binding>(binding).template Arg<ffi::Token>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Ret<ffi::Token>();
+}
+#define JAXCOMM_WaitSend_PARAMS \
+  ffi::Token, ffi::AnyBuffer, ffi::AnyBuffer, ffi::Result<ffi::Token>
+
+template <typename Binding>
+auto WaitReceiveBuffers(Binding&& binding) {
+  return WaitSendBuffers(std::forward<Binding>(binding)).template Ret<ffi::AnyBuffer>();
+}
+#define JAXCOMM_WaitReceive_PARAMS \
+  JAXCOMM_WaitSend_PARAMS, ffi::Result<ffi::AnyBuffer>
+
+template <typename Binding>
+auto WaitExchangeBuffers(Binding&& binding) {
+  return std::forward<Binding>(binding).template Arg<ffi::Token>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Ret<ffi::Token>()
+      .template Ret<ffi::AnyBuffer>();
+}
+#define JAXCOMM_WaitExchange_PARAMS                                    \
+  ffi::Token, ffi::AnyBuffer, ffi::AnyBuffer, ffi::AnyBuffer,          \
+      ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer>
+
+// A fence: the token and any arrays in (only waited for), the token and an
+// int32 scalar out.
+template <typename Binding>
+auto FenceBuffers(Binding&& binding) {
+  return std::forward<Binding>(binding).template Arg<ffi::Token>()
+      .RemainingArgs()
+      .template Ret<ffi::Token>()
+      .template Ret<ffi::AnyBuffer>();
+}
+#define JAXCOMM_Fence_PARAMS                                         \
+  ffi::Token, ffi::RemainingArgs, ffi::Result<ffi::Token>,           \
+      ffi::Result<ffi::AnyBuffer>
 
 // Each op's complete binding, from its row of ops.def:
 // bindings::<Name>(binding), and its handler body, shared by every platform:
@@ -463,6 +526,52 @@ inline ffi::Error AnnouncePointToPoint(int64_t handle, MPI_Comm comm,
   if (MonitorFlags() == 0) return ffi::Error::Success();
   return AnnouncePointToPointSlow(handle, comm, call, source, tag);
 }
+
+// The text of a call site id (RegisterSite), for reports.
+std::string SiteText(int64_t site);
+
+// The id of the call site of the handler running on this thread.
+int64_t CurrentSite();
+
+// The watchdog: the handler running on this thread now waits in `what`
+// (only when the watchdog is on: check Watching() first).
+inline bool Watching() { return (MonitorFlags() & kWatchCalls) != 0; }
+void Watch(std::string what);
+
+// The checker's part in nonblocking receives (monitor.cc). A checked message
+// is preceded by its sender's signature of kSignatureBytes bytes on the
+// checking communicator. A nonblocking receive posts the receive of that
+// signature when it starts (PostSignatureReceive), or, for a wildcard, takes
+// it once the message came from a known sender and tag (ReceiveSignatureNow),
+// and compares it at its wait (CheckSignature).
+constexpr size_t kSignatureBytes = 392;
+// A nonblocking send's signature goes out without waiting (its receive may
+// be posted later by this very rank); `signature` must live until `request`
+// completes.
+ffi::Error PostSignatureSend(int64_t handle, MPI_Comm comm, const char* op,
+                             ffi::DataType dtype, int64_t count, int64_t dest,
+                             int64_t tag, void* signature, MPI_Request* request);
+ffi::Error PostSignatureReceive(int64_t handle, MPI_Comm comm, const char* op,
+                                int64_t source, int64_t tag, void* signature,
+                                MPI_Request* request);
+ffi::Error ReceiveSignatureNow(int64_t handle, MPI_Comm comm, const char* op,
+                               int64_t source, int64_t tag, void* signature);
+// Fails with the checker's point-to-point mismatch unless the signature
+// fits a receive by `op` at `site` of up to `capacity` elements of `dtype`.
+ffi::Error CheckSignature(MPI_Comm comm, const void* signature, int64_t source,
+                          const char* op, ffi::DataType dtype,
+                          int64_t capacity, int64_t site);
+
+// Nonblocking requests (nonblocking.cc): requests started and not yet
+// completed by a wait, as (slot, serial, description), skipping those
+// already reported; MarkRequestReported stops reporting one.
+struct UnfinishedRequest {
+  int64_t slot;
+  int64_t serial;
+  std::string text;
+};
+std::vector<UnfinishedRequest> UnfinishedRequests();
+void MarkRequestReported(int64_t slot, int64_t serial);
 
 }  // namespace jaxcomm
 

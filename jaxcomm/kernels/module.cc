@@ -91,6 +91,11 @@ auto PlatformBinding() {
 
 }  // namespace
 
+// The CUDA modules bind no host-only ops (ops.def).
+#ifdef JAXCOMM_CUDA
+#define JAXCOMM_NO_HOST_OPS
+#endif
+
 #define JAXCOMM_OP(name, Name, buffers, attributes)                  \
   XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommHandler##Name,                \
                                 OnPlatform<&jaxcomm::Name##Impl>{},  \
@@ -245,6 +250,20 @@ PYBIND11_MODULE(JAXCOMM_MODULE, m) {
       py::arg("status"),
       "End the process with a non-zero status once Python and MPI are "
       "finalised, whatever status Python ends with; the first one set holds.");
+  m.def(
+      "unfinished_requests",
+      []() {
+        py::list out;
+        for (const jaxcomm::UnfinishedRequest& r : jaxcomm::UnfinishedRequests()) {
+          out.append(py::make_tuple(r.slot, r.serial, r.text));
+        }
+        return out;
+      },
+      "Nonblocking requests started and not completed by a wait, not yet "
+      "reported: [(slot, serial, description)].");
+  m.def("mark_request_reported", &jaxcomm::MarkRequestReported,
+        py::arg("slot"), py::arg("serial"),
+        "Leave a request out of unfinished_requests() from now on.");
   m.def("set_max_count", &jaxcomm::SetMaxCount, py::arg("count"),
         "Cap the count of one MPI call (tests use small caps to exercise the "
         "large-message paths).");

@@ -45,7 +45,7 @@ Sites& TheSites() {
   return *sites;
 }
 
-std::string SiteText(int64_t site) {
+std::string SiteTextOf(int64_t site) {
   Sites& sites = TheSites();
   std::lock_guard<std::mutex> lock(sites.mutex);
   if (site >= 0 && static_cast<size_t>(site) < sites.texts.size()) {
@@ -125,7 +125,7 @@ void WatchdogLoop() {
   }
 }
 
-void Watch(std::string what) {
+void WatchSlot(std::string what) {
   Watchdog& dog = TheWatchdog();
   std::lock_guard<std::mutex> lock(dog.mutex);
   if (watch_slot < 0) {
@@ -158,6 +158,9 @@ struct Signature {
   char agreed_text[64];
   char site[256];
 };
+
+static_assert(sizeof(Signature) == kSignatureBytes,
+              "kSignatureBytes (common.h) must be the signature's size");
 
 // The part ranks must agree on: everything before the site.
 constexpr size_t kAgreedBytes = offsetof(Signature, site);
@@ -224,7 +227,7 @@ Signature CollectiveSignature(const Collective& call) {
     }
     CopyText(s.agreed_text, sizeof s.agreed_text, text);
   }
-  CopyText(s.site, sizeof s.site, SiteText(current_site));
+  CopyText(s.site, sizeof s.site, SiteTextOf(current_site));
   return s;
 }
 
@@ -268,6 +271,12 @@ ffi::Error Mismatch(const std::string& text) {
 
 }  // namespace
 
+std::string SiteText(int64_t site) { return SiteTextOf(site); }
+
+int64_t CurrentSite() { return current_site; }
+
+void Watch(std::string what) { WatchSlot(std::move(what)); }
+
 int MonitorFlags() { return monitor_flags.load(std::memory_order_relaxed); }
 
 void SetCheck(bool enabled) {
@@ -299,7 +308,7 @@ void SetTimeout(double seconds) {
 int CallsInFlight() { return calls_in_flight.load(std::memory_order_relaxed); }
 
 std::string LatestSite() {
-  return SiteText(latest_site.load(std::memory_order_relaxed));
+  return SiteTextOf(latest_site.load(std::memory_order_relaxed));
 }
 
 int64_t RegisterSite(const std::string& text) {
@@ -344,7 +353,7 @@ ffi::Error AnnounceCollectiveSlow(int64_t handle, MPI_Comm comm,
   const int flags = MonitorFlags();
   const Signature mine = CollectiveSignature(call);
   if (flags & kWatchCalls) {
-    Watch(Describe(mine) + " on a communicator of " +
+    WatchSlot(Describe(mine) + " on a communicator of " +
           std::to_string(CommSize(comm)) + " ranks (rank " +
           std::to_string(CommRank(comm)) + " there)");
   }
@@ -387,7 +396,7 @@ ffi::Error AnnouncePointToPointSlow(int64_t handle, MPI_Comm comm,
   const bool sends = call.dest != kNoPeer && call.dest != MPI_PROC_NULL;
   const bool receives = *source != kNoPeer && *source != MPI_PROC_NULL;
   if (!sends && !receives) return ffi::Error::Success();
-  const std::string site = SiteText(current_site);
+  const std::string site = SiteTextOf(current_site);
   const int rank = CommRank(comm);
   auto peer = [](int64_t r) {
     return r == MPI_ANY_SOURCE ? std::string("any rank") : "rank " + std::to_string(r);
@@ -406,7 +415,7 @@ ffi::Error AnnouncePointToPointSlow(int64_t handle, MPI_Comm comm,
               " (" + tag_text(*tag) + ", up to " +
               Elements(call.capacity, call.dtype) + ")";
     }
-    Watch(what + " at " + site + " on rank " + std::to_string(rank));
+    WatchSlot(what + " at " + site + " on rank " + std::to_string(rank));
   }
   if (!(flags & kCheckCalls)) return ffi::Error::Success();
   MPI_Comm check;
@@ -444,7 +453,7 @@ ffi::Error ReceiveSignatureSlow(int64_t handle, MPI_Comm comm,
   call.signature_pending = false;
   MPI_Comm check;
   JAXCOMM_RETURN_IF_ERROR(FindCheckComm(handle, call.op, comm, &check));
-  const std::string site = SiteText(current_site);
+  const std::string site = SiteTextOf(current_site);
   const int rank = CommRank(comm);
   const Signature expected =
       PointToPointSignature(call, call.capacity, *tag, site);
@@ -477,6 +486,65 @@ ffi::Error ReceiveSignatureSlow(int64_t handle, MPI_Comm comm,
                   std::to_string(rank) + " called " + call.op +
                   " receiving up to " + elements(expected) + " at " + site +
                   ". The message was discarded.");
+}
+
+ffi::Error PostSignatureSend(int64_t handle, MPI_Comm comm, const char* op,
+                             ffi::DataType dtype, int64_t count, int64_t dest,
+                             int64_t tag, void* signature,
+                             MPI_Request* request) {
+  MPI_Comm check;
+  JAXCOMM_RETURN_IF_ERROR(FindCheckComm(handle, op, comm, &check));
+  PointToPoint call{op, dtype, dest, tag, count};
+  const Signature out =
+      PointToPointSignature(call, count, tag, SiteTextOf(current_site));
+  std::memcpy(signature, &out, sizeof out);
+  JAXCOMM_MPI_CHECK(MPI_Isend, signature, static_cast<int>(kSignatureBytes),
+                    MPI_BYTE, static_cast<int>(dest), static_cast<int>(tag),
+                    check, request);
+  return ffi::Error::Success();
+}
+
+ffi::Error PostSignatureReceive(int64_t handle, MPI_Comm comm, const char* op,
+                                int64_t source, int64_t tag, void* signature,
+                                MPI_Request* request) {
+  MPI_Comm check;
+  JAXCOMM_RETURN_IF_ERROR(FindCheckComm(handle, op, comm, &check));
+  JAXCOMM_MPI_CHECK(MPI_Irecv, signature, static_cast<int>(kSignatureBytes),
+                    MPI_BYTE, static_cast<int>(source), static_cast<int>(tag),
+                    check, request);
+  return ffi::Error::Success();
+}
+
+ffi::Error ReceiveSignatureNow(int64_t handle, MPI_Comm comm, const char* op,
+                               int64_t source, int64_t tag, void* signature) {
+  MPI_Comm check;
+  JAXCOMM_RETURN_IF_ERROR(FindCheckComm(handle, op, comm, &check));
+  JAXCOMM_MPI_CHECK(MPI_Recv, signature, static_cast<int>(kSignatureBytes),
+                    MPI_BYTE, static_cast<int>(source), static_cast<int>(tag),
+                    check, MPI_STATUS_IGNORE);
+  return ffi::Error::Success();
+}
+
+ffi::Error CheckSignature(MPI_Comm comm, const void* signature, int64_t source,
+                          const char* op, ffi::DataType dtype,
+                          int64_t capacity, int64_t site) {
+  Signature in;
+  std::memcpy(&in, signature, sizeof in);
+  if (in.dtype == static_cast<int32_t>(dtype) && in.count <= capacity) {
+    return ffi::Error::Success();
+  }
+  const int rank = CommRank(comm);
+  const auto elements = [](int64_t count, int32_t type) {
+    return Elements(static_cast<size_t>(count), static_cast<ffi::DataType>(type));
+  };
+  return Mismatch("jaxcomm: point-to-point mismatch on rank " +
+                  std::to_string(rank) + ": rank " + std::to_string(source) +
+                  " called " + in.op + " sending " +
+                  elements(in.count, in.dtype) + " (tag " +
+                  std::to_string(in.tag) + ") at " + in.site + "; rank " +
+                  std::to_string(rank) + " called " + op + " receiving up to " +
+                  elements(capacity, static_cast<int32_t>(dtype)) + " at " +
+                  SiteTextOf(site) + ".");
 }
 
 }  // namespace jaxcomm

@@ -63,7 +63,12 @@ ALLOWED_DTYPES = {
 PRIMITIVES = {}
 
 
-def comm_primitive(name, abstract_eval, target, attrs, *, in_place=False):
+# FFI targets the CUDA kernels leave out (ops.def's JAXCOMM_HOST_OP rows).
+HOST_ONLY = set()
+
+
+def comm_primitive(name, abstract_eval, target, attrs, *, in_place=False, aliases=None,
+                   host_only=False):
     """Create the primitive ``<name>_p`` lowered to the FFI target ``target``.
 
     Args:
@@ -78,19 +83,34 @@ def comm_primitive(name, abstract_eval, target, attrs, *, in_place=False):
             loop's carry is, XLA then moves no data around the call; where it
             is still used (an argument of the jitted function, a value read
             later), XLA copies it first, so inputs are never modified.
+        aliases: ``{operand: result}``, the operands (counted without the
+            token) whose buffers results (likewise) take, where ``in_place``
+            does not describe them.
+        host_only: the kernels work only on host memory and exist only in
+            the CPU kernels module; a lowering for a GPU refuses the op.
     """
     PRIMITIVES[name] = (target, tuple(attrs))
     prim = Primitive(name)
     prim.multiple_results = True
     prim.def_impl(partial(_compat.apply_primitive, prim))
     _compat.def_effectful_abstract_eval(prim, abstract_eval)
-    lowering = partial(_ordered_ffi_lowering, target, attrs, in_place)
+    if in_place:
+        aliases = _ARRAY_IN_PLACE
+    elif aliases is not None:
+        # The token comes first on both sides of the FFI call.
+        aliases = {operand + 1: result + 1 for operand, result in aliases.items()}
+    lowering = partial(_ordered_ffi_lowering, target, attrs, aliases)
+    if host_only:
+        HOST_ONLY.add(target)
+        cpu_lowering = partial(_host_lowering, lowering)
+        cuda_lowering = _refused_on_gpu
+    else:
+        cpu_lowering = lowering
+        cuda_lowering = partial(_cuda_lowering, lowering)
     # Not cacheable: JAX would lower equal calls from different lines once,
     # and all would then report the first one's call site.
-    mlir.register_lowering(prim, lowering, platform="cpu", cacheable=False)
-    mlir.register_lowering(
-        prim, partial(_cuda_lowering, lowering), platform="cuda", cacheable=False
-    )
+    mlir.register_lowering(prim, cpu_lowering, platform="cpu", cacheable=False)
+    mlir.register_lowering(prim, cuda_lowering, platform="cuda", cacheable=False)
     _compat.communicating_primitives.add(prim)
     return prim
 
@@ -99,7 +119,7 @@ def comm_primitive(name, abstract_eval, target, attrs, *, in_place=False):
 _ARRAY_IN_PLACE = {1: 1}
 
 
-def _ordered_ffi_lowering(target, attrs, in_place, ctx, *args, **params):
+def _ordered_ffi_lowering(target, attrs, aliases, ctx, *args, **params):
     # One MPI call per process and op, in program order, is what keeps every
     # rank's collectives matched; copies of the call on several devices of one
     # process would break both.
@@ -114,7 +134,6 @@ def _ordered_ffi_lowering(target, attrs, in_place, ctx, *args, **params):
             "with jax.default_device), and combine the processes' results with jaxcomm."
         )
     token, token_ctx = _compat.ordered_token(ctx)
-    aliases = _ARRAY_IN_PLACE if in_place else None
     lowering = jax.ffi.ffi_lowering(
         target, has_side_effect=True, operand_output_aliases=aliases
     )
@@ -136,6 +155,28 @@ def _cuda_lowering(lowering, ctx, *args, **params):
             "Or keep the arrays it communicates on the CPU (jax.device_put(x, "
             "jax.devices('cpu')[0])) and jaxcomm's CPU kernels move them."
         )
+    return lowering(ctx, *args, **params)
+
+
+def _gpu_refusal(name):
+    return NotImplementedError(
+        f"jaxcomm op {name!r} on a GPU: jaxcomm's nonblocking operations work on "
+        "host memory only (MPI uses their buffers after the call that started them "
+        "returned, which GPU staging does not allow yet). Use the blocking form "
+        "(send, recv, allreduce, ...) on the GPU, or keep the arrays on the CPU "
+        "(jax.device_put(x, jax.devices('cpu')[0]))."
+    )
+
+
+def _refused_on_gpu(ctx, *args, **params):
+    raise _gpu_refusal(ctx.primitive.name)
+
+
+def _host_lowering(lowering, ctx, *args, **params):
+    # The emulated CUDA kernels (tests/cuda_emulation) stand in for the CPU
+    # ones and, like the CUDA kernels, have no host-only ops.
+    if not _runtime.has_target(PRIMITIVES[ctx.primitive.name][0]):
+        raise _gpu_refusal(ctx.primitive.name)
     return lowering(ctx, *args, **params)
 
 

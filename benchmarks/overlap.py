@@ -1,0 +1,145 @@
+"""Overlap: a large message and a computation of about its duration, blocking and nonblocking.
+
+Run:  mpiexec -n 2 python benchmarks/overlap.py [--mib 16 64] [--repeats 7]
+
+On a machine with few cores, give XLA one thread per rank and let MPI make
+progress on its own (see docs/nonblocking.md):
+
+    XLA_FLAGS=--xla_cpu_multi_thread_eigen=false MPICH_ASYNC_PROGRESS=1 \\
+        mpiexec -n 2 python benchmarks/overlap.py
+
+For each message size and each operation (a ring ``isend``/``irecv``, and
+``iallreduce``), every rank times, as medians of ``--repeats`` runs of one
+jitted function each, after a barrier:
+
+- message: the blocking operation alone (``sendrecv`` / ``allreduce``);
+- compute: an XLA computation alone, a loop of small matrix products whose
+  length is calibrated to take about as long as the message;
+- blocking: the blocking operation and the computation, in one function
+  (XLA may run the two at once on two threads: they are independent);
+- nonblocking: start, the computation, wait, as written (XLA chooses the
+  order, and may run the wait on another thread while the computation runs);
+- during: start, ``jc.during(requests, computation)``, wait: the computation
+  runs after the starts and before the waits, on the same thread.
+
+It prints them with the ratios of the two nonblocking times to
+max(compute, message), the target being 1.2 or less (1.0 is perfect
+overlap, (compute + message) / max is none). Times are the slowest rank's.
+"""
+
+import argparse
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from mpi4py import MPI
+
+from jaxcomm import JaxComm
+
+jc = JaxComm(MPI.COMM_WORLD)
+world = MPI.COMM_WORLD
+RIGHT, LEFT = (jc.rank + 1) % jc.size, (jc.rank - 1) % jc.size
+
+
+def compute(steps):
+    """A jittable computation of ``steps`` small matrix products, independent of any message."""
+
+    def run(a):
+        return jax.lax.fori_loop(0, steps, lambda i, m: jnp.tanh(m @ m) * 0.5, a)
+
+    return run
+
+
+def message(op):
+    """The blocking operation ``op`` ("ring" or "allreduce") on x."""
+    if op == "ring":
+        return lambda x: jc.sendrecv(x, x, source=LEFT, dest=RIGHT)
+    return jc.allreduce
+
+
+def start(op, x):
+    """Start ``op`` on x; returns the requests, the receive (or result) first."""
+    if op == "ring":
+        return [jc.irecv(x, source=LEFT), jc.isend(x, RIGHT)]
+    return [jc.iallreduce(x)]
+
+
+def programs(op, steps):
+    """The four jitted functions of one row, each of (x, a) -> outputs."""
+    work = compute(steps)
+    blocking_op = message(op)
+
+    def alone(x, a):
+        return blocking_op(x)
+
+    def computing(x, a):
+        return work(a)
+
+    def blocking(x, a):
+        return blocking_op(x), work(a)
+
+    def nonblocking(x, a):
+        requests = start(op, x)
+        c = work(a)
+        return jc.waitall(requests)[0], c
+
+    def during(x, a):
+        requests = start(op, x)
+        c = jc.during(requests, work, a)
+        return jc.waitall(requests)[0], c
+
+    return {name: jax.jit(f) for name, f in
+            (("message", alone), ("compute", computing), ("blocking", blocking),
+             ("nonblocking", nonblocking), ("during", during))}
+
+
+def timed(f, args, repeats):
+    """Median seconds of f(*args), the slowest rank's, each run after a barrier."""
+    jax.block_until_ready(f(*args))  # compile and warm up
+    times = []
+    for _ in range(repeats):
+        world.Barrier()
+        t0 = time.perf_counter()
+        jax.block_until_ready(f(*args))
+        times.append(time.perf_counter() - t0)
+    return world.allreduce(float(np.median(times)), op=MPI.MAX)
+
+
+def calibrate(target, a, repeats):
+    """Loop steps for a computation of about ``target`` seconds (the same on every rank)."""
+    probe = 16
+    per_step = timed(jax.jit(compute(probe)), (a,), repeats) / probe
+    return max(1, int(round(target / per_step)))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--mib", type=int, nargs="+", default=[16, 64])
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--ops", nargs="+", default=["ring", "allreduce"],
+                        choices=["ring", "allreduce"])
+    args = parser.parse_args()
+    a = jnp.asarray(np.random.default_rng(jc.rank).standard_normal((192, 192)), jnp.float32)
+    if jc.rank == 0:
+        mpi = MPI.Get_library_version().splitlines()[0]
+        print(f"# {jc.size} ranks, jax {jax.__version__}, {mpi}")
+        print(f"# {'op':9} {'MiB':>4} {'message':>9} {'compute':>9} {'blocking':>9} "
+              f"{'nonblock':>9} {'during':>9} {'max(c,m)':>9} {'ratio':>6} {'ratio':>6}"
+              "   (ms, medians, slowest rank; ratios: nonblock/max, during/max)")
+    for mib in args.mib:
+        x = jnp.full(mib * (1 << 20) // 4, float(jc.rank), jnp.float32)
+        for op in args.ops:
+            alone = timed(jax.jit(message(op)), (x,), args.repeats)
+            steps = calibrate(alone, a, args.repeats)
+            t = {name: timed(f, (x, a), args.repeats) for name, f in programs(op, steps).items()}
+            best = max(t["compute"], t["message"])
+            if jc.rank == 0:
+                print(f"  {op:9} {mib:>4} {1e3 * t['message']:9.1f} {1e3 * t['compute']:9.1f} "
+                      f"{1e3 * t['blocking']:9.1f} {1e3 * t['nonblocking']:9.1f} "
+                      f"{1e3 * t['during']:9.1f} {1e3 * best:9.1f} "
+                      f"{t['nonblocking'] / best:6.2f} {t['during'] / best:6.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

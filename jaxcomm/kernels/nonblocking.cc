@@ -1,0 +1,620 @@
+// Nonblocking operations: MPI_Isend, MPI_Irecv, MPI_Iallreduce, MPI_Ibcast,
+// MPI_Iallgather, MPI_Ialltoall, and the MPI_Wait that completes each.
+//
+// A start handler makes the MPI call and writes a request handle, two int32
+// (slot, serial), naming a slot of the process-wide request table below. The
+// wait handler takes that handle together with every buffer the operation
+// uses: the send buffer, which XLA therefore keeps alive and unmodified
+// until then, and the receive buffer, which it returns aliased in place, so
+// that XLA reads it only after the wait. The wait also checks that XLA
+// handed it the very buffers MPI was given at the start: a copy made in
+// between would mean MPI works on memory XLA no longer owns.
+//
+// The table: slots in chunks allocated once and never moved, a free list of
+// slot indices with room for every slot, and one mutex. A start and a wait
+// take the mutex once each and allocate nothing (a new chunk is allocated
+// when all slots are taken). A slot's serial changes every time it is
+// taken, so a handle waited twice, or kept from an earlier run, is refused.
+#include <array>
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common.h"
+
+namespace jaxcomm {
+namespace {
+
+constexpr int kChunkSlots = 256;
+constexpr int kMaxChunks = 256;  // 65536 requests under way at once
+
+enum class Kind { kSend, kReceive, kCollective };
+enum class Check { kNone, kPosted, kAtWait };
+
+struct Slot {
+  bool busy = false;
+  bool reported = false;
+  uint32_t serial = 0;
+  Kind kind = Kind::kSend;
+  MPI_Request data = MPI_REQUEST_NULL;
+  // Checking a receive: the receive of the sender's signature, posted at
+  // the start (kPosted) or made at the wait once the message told where it
+  // came from (kAtWait: wildcard receives).
+  Check check = Check::kNone;
+  MPI_Request signature = MPI_REQUEST_NULL;
+  alignas(8) unsigned char signature_bytes[kSignatureBytes];
+  // What the request is, for errors, the watchdog and reports.
+  const char* op = "";
+  int64_t comm_handle = 0;
+  MPI_Comm comm = MPI_COMM_NULL;
+  int64_t peer = 0;  // dest, source or root; kNoPeer for none
+  int64_t tag = 0;
+  int64_t count = 0;  // elements of the operation's input
+  ffi::DataType dtype = ffi::DataType::INVALID;
+  int64_t site = -1;
+  // The buffers MPI was given, which the wait must be handed again.
+  const void* send = nullptr;
+  void* recv = nullptr;
+};
+
+struct Table {
+  std::mutex mutex;
+  std::array<std::unique_ptr<Slot[]>, kMaxChunks> chunks;
+  int chunk_count = 0;
+  std::vector<int32_t> free;  // reserved for every slot: push_back never allocates
+};
+
+Table& TheTable() {
+  static Table* table = new Table;  // never destroyed: exit hooks read it
+  return *table;
+}
+
+Slot& SlotAt(Table& table, int32_t index) {
+  return table.chunks[index / kChunkSlots][index % kChunkSlots];
+}
+
+// Takes a free slot (holding the table's mutex).
+ffi::Error Acquire(const char* op, int32_t* index, uint32_t* serial) {
+  Table& table = TheTable();
+  std::lock_guard<std::mutex> lock(table.mutex);
+  if (table.free.empty()) {
+    if (table.chunk_count == kMaxChunks) {
+      return ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                        std::string("jaxcomm: ") + op + " on world rank " +
+                            std::to_string(WorldRank()) + ": " +
+                            std::to_string(kMaxChunks * kChunkSlots) +
+                            " nonblocking requests are under way, none "
+                            "waited: wait for some first");
+    }
+    const int chunk = table.chunk_count++;
+    table.chunks[chunk].reset(new Slot[kChunkSlots]);
+    table.free.reserve(static_cast<size_t>(table.chunk_count) * kChunkSlots);
+    for (int i = kChunkSlots - 1; i >= 0; --i) {
+      table.free.push_back(chunk * kChunkSlots + i);
+    }
+  }
+  *index = table.free.back();
+  table.free.pop_back();
+  Slot& slot = SlotAt(table, *index);
+  slot.busy = true;
+  slot.reported = false;
+  slot.serial += 1;
+  *serial = slot.serial;
+  return ffi::Error::Success();
+}
+
+void Release(int32_t index) {
+  Table& table = TheTable();
+  std::lock_guard<std::mutex> lock(table.mutex);
+  Slot& slot = SlotAt(table, index);
+  slot.busy = false;
+  slot.data = MPI_REQUEST_NULL;
+  slot.signature = MPI_REQUEST_NULL;
+  slot.check = Check::kNone;
+  table.free.push_back(index);
+}
+
+std::string PeerText(int64_t rank) {
+  if (rank == MPI_ANY_SOURCE) return "any rank";
+  if (rank == MPI_PROC_NULL) return "MPI.PROC_NULL";
+  return "rank " + std::to_string(rank);
+}
+
+std::string Describe(const Slot& slot) {
+  std::string text = slot.op;
+  switch (slot.kind) {
+    case Kind::kSend:
+      text += " to " + PeerText(slot.peer);
+      break;
+    case Kind::kReceive:
+      text += " from " + PeerText(slot.peer);
+      break;
+    case Kind::kCollective:
+      if (slot.peer != kNoPeer) text += " (root " + std::to_string(slot.peer) + ")";
+      break;
+  }
+  if (slot.kind != Kind::kCollective) {
+    text += slot.tag == MPI_ANY_TAG ? " (any tag" : " (tag " + std::to_string(slot.tag);
+    text += ", " + Elements(static_cast<size_t>(slot.count), slot.dtype) + ")";
+  } else {
+    text += " of " + Elements(static_cast<size_t>(slot.count), slot.dtype);
+  }
+  return text + " started at " + SiteText(slot.site);
+}
+
+ffi::Error NotUnderWay(const char* op, int32_t index, uint32_t serial) {
+  return ffi::Error(
+      ffi::ErrorCode::kFailedPrecondition,
+      std::string("jaxcomm: ") + op + " on world rank " +
+          std::to_string(WorldRank()) + ": request (slot " +
+          std::to_string(index) + ", serial " + std::to_string(serial) +
+          ") is not under way: it was waited already, or comes from another "
+          "run of a compiled function");
+}
+
+// The handle's (slot, serial): two int32 in host memory.
+ffi::Error ReadHandle(const char* op, const ffi::AnyBuffer& handle,
+                      int32_t* index, uint32_t* serial) {
+  if (handle.element_type() != ffi::DataType::S32 ||
+      handle.element_count() != 2) {
+    return ffi::Error::InvalidArgument(
+        std::string("jaxcomm: ") + op + ": a request handle is 2 int32, got " +
+        Elements(handle.element_count(), handle.element_type()));
+  }
+  const int32_t* fields = static_cast<const int32_t*>(handle.untyped_data());
+  *index = fields[0];
+  *serial = static_cast<uint32_t>(fields[1]);
+  return ffi::Error::Success();
+}
+
+void WriteHandle(ffi::AnyBuffer& handle, int32_t index, uint32_t serial) {
+  int32_t* fields = static_cast<int32_t*>(handle.untyped_data());
+  fields[0] = index;
+  fields[1] = static_cast<int32_t>(serial);
+}
+
+// A start that took slot `index` and then failed gives it back.
+struct SlotGuard {
+  int32_t index;
+  bool keep = false;
+  ~SlotGuard() {
+    if (!keep) Release(index);
+  }
+};
+
+// Takes a slot for a request of `kind` described by the other arguments;
+// the caller then makes the MPI call into slot->data.
+ffi::Error Begin(Kind kind, const char* op, int64_t comm_handle, MPI_Comm comm,
+                 int64_t peer, int64_t tag, const ffi::AnyBuffer& x,
+                 ffi::AnyBuffer& handle, int32_t* index, Slot** slot) {
+  if (handle.element_type() != ffi::DataType::S32 ||
+      handle.element_count() != 2) {
+    return Invalid(op, comm, "the request handle output must be 2 int32");
+  }
+  uint32_t serial = 0;
+  JAXCOMM_RETURN_IF_ERROR(Acquire(op, index, &serial));
+  Slot& s = SlotAt(TheTable(), *index);
+  s.kind = kind;
+  s.op = op;
+  s.comm_handle = comm_handle;
+  s.comm = comm;
+  s.peer = peer;
+  s.tag = tag;
+  s.count = Count(x);
+  s.dtype = x.element_type();
+  s.site = CurrentSite();
+  s.send = nullptr;
+  s.recv = nullptr;
+  WriteHandle(handle, *index, serial);
+  *slot = &s;
+  return ffi::Error::Success();
+}
+
+// Element count of a collective's buffer that MPI takes as one int count.
+ffi::Error OneCount(const char* op, MPI_Comm comm, size_t count) {
+  if (count <= MaxCount()) return ffi::Error::Success();
+  return Invalid(op, comm,
+                 std::to_string(count) + " elements are more than one "
+                 "nonblocking reduction can take (" +
+                     std::to_string(MaxCount()) + "); use the blocking form");
+}
+
+}  // namespace
+
+std::vector<UnfinishedRequest> UnfinishedRequests() {
+  Table& table = TheTable();
+  std::lock_guard<std::mutex> lock(table.mutex);
+  std::vector<UnfinishedRequest> out;
+  for (int32_t i = 0; i < table.chunk_count * kChunkSlots; ++i) {
+    const Slot& slot = SlotAt(table, i);
+    if (slot.busy && !slot.reported) {
+      out.push_back({i, static_cast<int64_t>(slot.serial), Describe(slot)});
+    }
+  }
+  return out;
+}
+
+void MarkRequestReported(int64_t index, int64_t serial) {
+  Table& table = TheTable();
+  std::lock_guard<std::mutex> lock(table.mutex);
+  if (index < 0 || index >= table.chunk_count * kChunkSlots) return;
+  Slot& slot = SlotAt(table, static_cast<int32_t>(index));
+  if (slot.busy && slot.serial == static_cast<uint32_t>(serial)) {
+    slot.reported = true;
+  }
+}
+
+// Starts ----------------------------------------------------------------------
+
+ffi::Error IsendImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x,
+                     ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> handle,
+                     int64_t comm_handle, int64_t dest, int64_t tag) {
+  MPI_Comm comm;
+  JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "isend", &comm));
+  LargeType type;
+  JAXCOMM_RETURN_IF_ERROR(
+      LargeType::Make(x.element_type(), x.element_count(), comm, &type));
+  const void* in;
+  JAXCOMM_RETURN_IF_ERROR(memory.Input(x, &in));
+  int32_t index;
+  Slot* slot;
+  JAXCOMM_RETURN_IF_ERROR(Begin(Kind::kSend, "isend", comm_handle, comm, dest,
+                                tag, x, *handle, &index, &slot));
+  SlotGuard guard{index};
+  slot->send = in;
+  if ((MonitorFlags() & kCheckCalls) && dest != MPI_PROC_NULL) {
+    // Checking: the signature goes out ahead of the message, as for send,
+    // but without waiting: the receive may be this rank's own, posted later.
+    JAXCOMM_RETURN_IF_ERROR(PostSignatureSend(
+        comm_handle, comm, "isend", x.element_type(), Count(x), dest, tag,
+        slot->signature_bytes, &slot->signature));
+    slot->check = Check::kPosted;
+  }
+  if (DebugEnabled()) {
+    DebugLog(comm, "MPI_Isend -> " + PeerText(dest) + " tag " +
+                       std::to_string(tag) + " " +
+                       Elements(x.element_count(), x.element_type()));
+  }
+  // MPI may free the datatype now (LargeType does): the send completes
+  // normally (MPI 4.1, section 5.1.10).
+  JAXCOMM_MPI_CHECK(MPI_Isend, in, type.count(), type.type(),
+                    static_cast<int>(dest), static_cast<int>(tag), comm,
+                    &slot->data);
+  guard.keep = true;
+  return ffi::Error::Success();
+}
+
+ffi::Error IrecvImpl(Memory& memory, ffi::Token, ffi::AnyBuffer template_buffer,
+                     ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> handle,
+                     ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle,
+                     int64_t source, int64_t tag) {
+  MPI_Comm comm;
+  JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "irecv", &comm));
+  if (y->element_type() != template_buffer.element_type() ||
+      y->element_count() != template_buffer.element_count()) {
+    return Invalid("irecv", comm, "the result buffer does not match the template");
+  }
+  LargeType type;
+  JAXCOMM_RETURN_IF_ERROR(
+      LargeType::Make(y->element_type(), y->element_count(), comm, &type));
+  void* out;
+  JAXCOMM_RETURN_IF_ERROR(memory.Output(*y, &out));
+  int32_t index;
+  Slot* slot;
+  JAXCOMM_RETURN_IF_ERROR(Begin(Kind::kReceive, "irecv", comm_handle, comm,
+                                source, tag, template_buffer, *handle, &index,
+                                &slot));
+  SlotGuard guard{index};
+  slot->recv = out;
+  const bool checked = (MonitorFlags() & kCheckCalls) && source != MPI_PROC_NULL;
+  if (checked && source != MPI_ANY_SOURCE && tag != MPI_ANY_TAG) {
+    // Posted now, in the order receives are posted, so that it pairs with
+    // the signature of exactly the message the data receive will match.
+    JAXCOMM_RETURN_IF_ERROR(PostSignatureReceive(comm_handle, comm, "irecv",
+                                                 source, tag,
+                                                 slot->signature_bytes,
+                                                 &slot->signature));
+    slot->check = Check::kPosted;
+  } else if (checked) {
+    slot->check = Check::kAtWait;
+  }
+  if (DebugEnabled()) {
+    DebugLog(comm, "MPI_Irecv <- " + PeerText(source) + " tag " +
+                       (tag == MPI_ANY_TAG ? std::string("any") : std::to_string(tag)) +
+                       " " + Elements(y->element_count(), y->element_type()));
+  }
+  JAXCOMM_MPI_CHECK(MPI_Irecv, out, type.count(), type.type(),
+                    static_cast<int>(source), static_cast<int>(tag), comm,
+                    &slot->data);
+  guard.keep = true;
+  return ffi::Error::Success();
+}
+
+ffi::Error IallreduceImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x,
+                          ffi::Result<ffi::Token>,
+                          ffi::Result<ffi::AnyBuffer> handle,
+                          ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle,
+                          int64_t op) {
+  MPI_Comm comm;
+  JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "iallreduce", &comm));
+  JAXCOMM_RETURN_IF_ERROR(AnnounceCollective(
+      comm_handle, comm,
+      Collective{"iallreduce", x.element_type(), Count(x), -1, op}));
+  JAXCOMM_RETURN_IF_ERROR(
+      CheckOutput("iallreduce", comm, x, *y, x.element_count(), LikeTheInput));
+  JAXCOMM_RETURN_IF_ERROR(OneCount("iallreduce", comm, x.element_count()));
+  MPI_Datatype dtype;
+  MPI_Op mpi_op;
+  JAXCOMM_RETURN_IF_ERROR(MpiDatatype(x.element_type(), &dtype));
+  JAXCOMM_RETURN_IF_ERROR(MpiReduceOp(op, x.element_type(), comm, &mpi_op));
+  const void* in;
+  void* out;
+  JAXCOMM_RETURN_IF_ERROR(memory.Input(x, &in));
+  JAXCOMM_RETURN_IF_ERROR(memory.Output(*y, &out));
+  int32_t index;
+  Slot* slot;
+  JAXCOMM_RETURN_IF_ERROR(Begin(Kind::kCollective, "iallreduce", comm_handle,
+                                comm, kNoPeer, 0, x, *handle, &index, &slot));
+  SlotGuard guard{index};
+  slot->send = in;
+  slot->recv = out;
+  if (DebugEnabled()) {
+    DebugLog(comm, std::string("MPI_Iallreduce op ") + ReduceOpName(op) + " " +
+                       Elements(x.element_count(), x.element_type()));
+  }
+  JAXCOMM_MPI_CHECK(MPI_Iallreduce, in, out, static_cast<int>(x.element_count()),
+                    dtype, mpi_op, comm, &slot->data);
+  guard.keep = true;
+  return ffi::Error::Success();
+}
+
+ffi::Error IbcastImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x,
+                      ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> handle,
+                      ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle,
+                      int64_t root) {
+  MPI_Comm comm;
+  JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "ibcast", &comm));
+  JAXCOMM_RETURN_IF_ERROR(AnnounceCollective(
+      comm_handle, comm, Collective{"ibcast", x.element_type(), Count(x), root}));
+  JAXCOMM_RETURN_IF_ERROR(
+      CheckOutput("ibcast", comm, x, *y, x.element_count(), LikeTheInput));
+  LargeType type;
+  JAXCOMM_RETURN_IF_ERROR(
+      LargeType::Make(x.element_type(), x.element_count(), comm, &type));
+  const void* in;
+  void* out;
+  JAXCOMM_RETURN_IF_ERROR(memory.Input(x, &in));
+  JAXCOMM_RETURN_IF_ERROR(memory.Output(*y, &out));
+  // MPI_Ibcast works in one buffer: the root sends from y, which starts as
+  // its x (x itself is not ours to write).
+  if (CommRank(comm) == root) JAXCOMM_RETURN_IF_ERROR(memory.Preload(*y, 0, x));
+  int32_t index;
+  Slot* slot;
+  JAXCOMM_RETURN_IF_ERROR(Begin(Kind::kCollective, "ibcast", comm_handle, comm,
+                                root, 0, x, *handle, &index, &slot));
+  SlotGuard guard{index};
+  slot->send = in;
+  slot->recv = out;
+  if (DebugEnabled()) {
+    DebugLog(comm, "MPI_Ibcast root " + std::to_string(root) + " " +
+                       Elements(x.element_count(), x.element_type()));
+  }
+  JAXCOMM_MPI_CHECK(MPI_Ibcast, out, type.count(), type.type(),
+                    static_cast<int>(root), comm, &slot->data);
+  guard.keep = true;
+  return ffi::Error::Success();
+}
+
+namespace {
+
+// MPI_Iallgather and MPI_Ialltoall: `blocks` blocks of y, one per rank.
+using BlockCall = int (*)(const void*, int, MPI_Datatype, void*, int,
+                          MPI_Datatype, MPI_Comm, MPI_Request*);
+
+ffi::Error StartBlocks(Memory& memory, const char* op, const char* function,
+                       BlockCall call, ffi::AnyBuffer& x, ffi::AnyBuffer& handle,
+                       ffi::AnyBuffer& y, int64_t comm_handle, bool gather) {
+  MPI_Comm comm;
+  JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, op, &comm));
+  JAXCOMM_RETURN_IF_ERROR(AnnounceCollective(
+      comm_handle, comm, Collective{op, x.element_type(), Count(x)}));
+  const size_t size = static_cast<size_t>(CommSize(comm));
+  size_t block_count;
+  if (gather) {
+    block_count = x.element_count();
+    JAXCOMM_RETURN_IF_ERROR(CheckOutput(op, comm, x, y, size * block_count, [&] {
+      return std::to_string(size) + " times the input";
+    }));
+  } else {
+    if (x.element_count() % size != 0) {
+      return Invalid(op, comm,
+                     "input has " + std::to_string(x.element_count()) +
+                         " elements, expected a multiple of the communicator "
+                         "size " + std::to_string(size));
+    }
+    block_count = x.element_count() / size;
+    JAXCOMM_RETURN_IF_ERROR(
+        CheckOutput(op, comm, x, y, x.element_count(), LikeTheInput));
+  }
+  LargeType block;
+  JAXCOMM_RETURN_IF_ERROR(
+      LargeType::Make(x.element_type(), block_count, comm, &block));
+  const void* in;
+  void* out;
+  JAXCOMM_RETURN_IF_ERROR(memory.Input(x, &in));
+  JAXCOMM_RETURN_IF_ERROR(memory.Output(y, &out));
+  int32_t index;
+  Slot* slot;
+  JAXCOMM_RETURN_IF_ERROR(Begin(Kind::kCollective, op, comm_handle, comm,
+                                kNoPeer, 0, x, handle, &index, &slot));
+  SlotGuard guard{index};
+  slot->send = in;
+  slot->recv = out;
+  if (DebugEnabled()) {
+    DebugLog(comm, std::string(function) + " " +
+                       Elements(x.element_count(), x.element_type()));
+  }
+  const int rc = call(in, block.count(), block.type(), out, block.count(),
+                      block.type(), comm, &slot->data);
+  if (rc != MPI_SUCCESS) return MpiFailure(function, rc, comm);
+  guard.keep = true;
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+ffi::Error IallgatherImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x,
+                          ffi::Result<ffi::Token>,
+                          ffi::Result<ffi::AnyBuffer> handle,
+                          ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle) {
+  return StartBlocks(memory, "iallgather", "MPI_Iallgather", MPI_Iallgather, x,
+                     *handle, *y, comm_handle, true);
+}
+
+ffi::Error IalltoallImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x,
+                         ffi::Result<ffi::Token>,
+                         ffi::Result<ffi::AnyBuffer> handle,
+                         ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle) {
+  return StartBlocks(memory, "ialltoall", "MPI_Ialltoall", MPI_Ialltoall, x,
+                     *handle, *y, comm_handle, false);
+}
+
+// Waits -----------------------------------------------------------------------
+
+namespace {
+
+ffi::Error Moved(const Slot& slot, const char* which) {
+  return ffi::Error(
+      ffi::ErrorCode::kInternal,
+      std::string("jaxcomm: wait on world rank ") + std::to_string(WorldRank()) +
+          ": the " + which + " buffer of " + Describe(slot) +
+          " is not the one MPI was given at the start (XLA copied it in "
+          "between); please report this as a jaxcomm bug");
+}
+
+// Completes the request behind `handle`: waits for it, checks that `send`
+// and `recv` (null: none) are the buffers MPI was given, and for a receive
+// zeros what no message filled and checks the message's signature.
+ffi::Error Complete(const char* op, const ffi::AnyBuffer& handle,
+                    const ffi::AnyBuffer* send, ffi::AnyBuffer* recv) {
+  int32_t index = 0;
+  uint32_t serial = 0;
+  JAXCOMM_RETURN_IF_ERROR(ReadHandle(op, handle, &index, &serial));
+  Table& table = TheTable();
+  {
+    std::lock_guard<std::mutex> lock(table.mutex);
+    if (index < 0 || index >= table.chunk_count * kChunkSlots ||
+        !SlotAt(table, index).busy ||
+        SlotAt(table, index).serial != serial) {
+      return NotUnderWay(op, index, serial);
+    }
+  }
+  Slot& slot = SlotAt(table, index);
+  SlotGuard guard{index};
+  if (Watching()) {
+    Watch("wait for " + Describe(slot) + ", at " + SiteText(CurrentSite()) +
+          " on world rank " + std::to_string(WorldRank()));
+  }
+  MPI_Comm comm = slot.comm;
+  MPI_Status status;
+  const int rc = MPI_Wait(&slot.data, &status);
+  if (slot.kind == Kind::kReceive && slot.check != Check::kNone) {
+    // Checking: a message that does not fit is named as a mismatch, also
+    // when MPI refused it (truncation).
+    bool signed_message = false;
+    if (slot.check == Check::kPosted) {
+      JAXCOMM_MPI_CHECK(MPI_Wait, &slot.signature, MPI_STATUS_IGNORE);
+      signed_message = true;
+    } else if (status.MPI_SOURCE != MPI_PROC_NULL) {
+      JAXCOMM_RETURN_IF_ERROR(ReceiveSignatureNow(
+          slot.comm_handle, comm, op, status.MPI_SOURCE, status.MPI_TAG,
+          slot.signature_bytes));
+      signed_message = true;
+    }
+    if (signed_message) {
+      JAXCOMM_RETURN_IF_ERROR(CheckSignature(comm, slot.signature_bytes,
+                                             status.MPI_SOURCE, "irecv",
+                                             slot.dtype, slot.count, slot.site));
+    }
+  }
+  if (slot.kind == Kind::kSend && slot.check == Check::kPosted) {
+    JAXCOMM_MPI_CHECK(MPI_Wait, &slot.signature, MPI_STATUS_IGNORE);
+  }
+  if (rc != MPI_SUCCESS) return MpiFailure("MPI_Wait", rc, comm);
+  if (send != nullptr && send->size_bytes() > 0 &&
+      send->untyped_data() != slot.send) {
+    return Moved(slot, "send");
+  }
+  if (recv != nullptr && recv->size_bytes() > 0 &&
+      recv->untyped_data() != slot.recv) {
+    return Moved(slot, "receive");
+  }
+  if (slot.kind != Kind::kReceive) return ffi::Error::Success();
+  MPI_Datatype base;
+  JAXCOMM_RETURN_IF_ERROR(MpiDatatype(slot.dtype, &base));
+  // The receive used `base` unless the message was too large for one count;
+  // then a derived type of `base` elements (freed by now), which MPI counts
+  // in `base` elements all the same.
+  MPI_Count received = 0;
+  JAXCOMM_MPI_CHECK(MPI_Get_elements_x, &status, base, &received);
+  if (received == MPI_UNDEFINED || received < 0 || received > slot.count) {
+    return Invalid("irecv", comm,
+                   "received a message that is not a whole number of " +
+                       std::string(DtypeName(slot.dtype)) + " elements");
+  }
+  if (received < slot.count) {
+    HostMemory host;
+    JAXCOMM_RETURN_IF_ERROR(host.ZeroFrom(
+        *recv, static_cast<size_t>(received) * ffi::ByteWidth(slot.dtype)));
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+ffi::Error WaitSendImpl(Memory&, ffi::Token, ffi::AnyBuffer handle,
+                        ffi::AnyBuffer x, ffi::Result<ffi::Token>,
+                        int64_t) {
+  return Complete("wait", handle, &x, nullptr);
+}
+
+ffi::Error WaitRecvImpl(Memory&, ffi::Token, ffi::AnyBuffer handle,
+                        ffi::AnyBuffer y, ffi::Result<ffi::Token>,
+                        ffi::Result<ffi::AnyBuffer> y_out, int64_t) {
+  JAXCOMM_RETURN_IF_ERROR(Complete("wait", handle, nullptr, &y));
+  if (y_out->untyped_data() != y.untyped_data()) {
+    // Not aliased (a lowering without operand_output_aliases): XLA still
+    // reads the result only from here.
+    std::memcpy(y_out->untyped_data(), y.untyped_data(), y.size_bytes());
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error WaitExchangeImpl(Memory&, ffi::Token, ffi::AnyBuffer handle,
+                            ffi::AnyBuffer x, ffi::AnyBuffer y,
+                            ffi::Result<ffi::Token>,
+                            ffi::Result<ffi::AnyBuffer> y_out, int64_t) {
+  JAXCOMM_RETURN_IF_ERROR(Complete("wait", handle, &x, &y));
+  if (y_out->untyped_data() != y.untyped_data()) {
+    std::memcpy(y_out->untyped_data(), y.untyped_data(), y.size_bytes());
+  }
+  return ffi::Error::Success();
+}
+
+// JaxComm.during: no MPI call. The arrays are only operands, so XLA computes
+// them before this call; the int32 1 it writes is a value XLA cannot know
+// before it runs, so whatever is computed from it comes after.
+ffi::Error FenceImpl(Memory&, ffi::Token, ffi::RemainingArgs,
+                     ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> one,
+                     int64_t) {
+  if (one->element_type() != ffi::DataType::S32 || one->element_count() != 1) {
+    return ffi::Error::InvalidArgument("jaxcomm: fence: the output must be one int32");
+  }
+  *static_cast<int32_t*>(one->untyped_data()) = 1;
+  return ffi::Error::Success();
+}
+
+}  // namespace jaxcomm

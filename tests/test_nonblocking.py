@@ -1,0 +1,519 @@
+"""Nonblocking operations: isend, irecv, iallreduce, ibcast, iallgather, ialltoall, wait.
+
+Every rule of docs/nonblocking.md has a test here: program order, buffers
+kept alive until the wait and read only after it, one wait per request in
+the traced function that started it, vmap, refused derivatives, the GPU
+refusal, the checker and the reports of requests never waited.
+"""
+
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import (
+    RUNTIME_ERRORS,
+    environment_without_launcher,
+    mpiexec,
+    rank_data,
+    reported_again,
+    spawns_own_mpi,
+    unchanged,
+)
+from mpi4py import MPI
+
+import jaxcomm
+from jaxcomm import Request
+from jaxcomm.ops import nonblocking
+
+EMULATED = os.environ.get("JAXCOMM_EMULATE_CUDA", "") not in ("", "0")
+host_kernels = pytest.mark.skipif(
+    EMULATED, reason="the emulated CUDA kernels refuse nonblocking ops, as a GPU does"
+)
+
+# Large enough that MPICH sends it by rendezvous: the data moves only once
+# the receive is posted, long after the start returned.
+LARGE = 1 << 18
+
+
+def _ring(jc):
+    return (jc.rank + 1) % jc.size, (jc.rank - 1) % jc.size
+
+
+def _exchange(jc, x, tag=0):
+    """Ring shift of x through irecv/isend: returns what the left neighbour sent."""
+    right, left = _ring(jc)
+    receiving = jc.irecv(x, source=left, tag=tag)
+    sending = jc.isend(x, right, tag=tag)
+    y, none = jc.waitall([receiving, sending])
+    assert none is None
+    return y
+
+
+# Point to point ------------------------------------------------------------------
+
+
+@host_kernels
+@pytest.mark.mpi
+@pytest.mark.parametrize(
+    "dtype", [np.dtype(bool), np.dtype("int16"), np.dtype(jnp.bfloat16), np.dtype("float64"),
+              np.dtype("complex64")], ids=str,
+)
+def test_ring_eager(jc, dtype):
+    right, left = _ring(jc)
+    x = rank_data(jc.rank, (3, 4), dtype)
+    original = x.copy()
+    y = _exchange(jc, x, tag=3)
+    np.testing.assert_array_equal(np.asarray(y), rank_data(left, (3, 4), dtype))
+    unchanged(x, original)
+
+
+@host_kernels
+@pytest.mark.mpi
+@pytest.mark.parametrize("shape", [(), (0,), (7,), (LARGE,)], ids=str)
+def test_ring_jit(jc, shape):
+    right, left = _ring(jc)
+    x = jnp.asarray(rank_data(jc.rank, shape, np.float32))
+    y = jax.jit(lambda v: _exchange(jc, v))(x)
+    np.testing.assert_array_equal(y, rank_data(left, shape, np.float32))
+    unchanged(x, rank_data(jc.rank, shape, np.float32))
+
+
+@host_kernels
+@pytest.mark.mpi
+def test_ring_in_loops(jc):
+    right, left = _ring(jc)
+
+    @jax.jit
+    def pass_around(x):
+        # After `size` shifts every value is back home, having visited all.
+        def body(_, state):
+            value, seen = state
+            value = _exchange(jc, value, tag=1)
+            return value, seen + value
+
+        return jax.lax.fori_loop(0, jc.size, body, (x, jnp.zeros_like(x)))
+
+    value, seen = pass_around(jnp.full(2, float(jc.rank)))
+    np.testing.assert_array_equal(value, np.full(2, float(jc.rank)))
+    np.testing.assert_array_equal(seen, np.full(2, float(sum(range(jc.size)))))
+
+    def step(carry, x):
+        req = jc.iallreduce(x)
+        shifted = _exchange(jc, x, tag=2)
+        return carry + jc.wait(req), shifted
+
+    total, ys = jax.jit(lambda xs: jax.lax.scan(step, 0, xs))(jnp.arange(5) * 10 + jc.rank)
+    np.testing.assert_array_equal(ys, np.arange(5) * 10 + left)
+    assert int(total) == sum(10 * i * jc.size + sum(range(jc.size)) for i in range(5))
+
+    # Both branches start and wait; the predicate is traced, the same on every rank.
+    def branch(x, scale):
+        return jc.wait(jc.iallreduce(x * scale))
+
+    pick = jax.jit(lambda x, p: jax.lax.cond(p, branch, branch, x, jnp.where(p, 1.0, 2.0)))
+    for p in (True, False):
+        np.testing.assert_array_equal(
+            pick(jnp.full(3, float(jc.rank)), p), np.full(3, (1 if p else 2) * sum(range(jc.size)))
+        )
+
+
+@host_kernels
+@pytest.mark.mpi
+def test_proc_null_and_short_messages(jc):
+    req = jc.irecv(jnp.ones(3), source=MPI.PROC_NULL)
+    assert jc.wait(jc.isend(jnp.ones(3), MPI.PROC_NULL)) is None
+    np.testing.assert_array_equal(jc.wait(req), np.zeros(3))
+    right, left = _ring(jc)
+    # A message shorter than the receive fills its front; zeros follow.
+    req = jc.irecv(jnp.full(6, 7.0), source=left, tag=5)
+    jc.wait(jc.isend(jnp.arange(1.0, 4.0) + jc.rank, right, tag=5))
+    np.testing.assert_array_equal(jc.wait(req), [1.0 + left, 2.0 + left, 3.0 + left, 0, 0, 0])
+
+
+@host_kernels
+@pytest.mark.mpi(min_size=2)
+def test_wildcard_receives(jc):
+    # Every other rank sends to rank 0, which takes the messages in any order.
+    if jc.rank == 0:
+        reqs = [jc.irecv(jnp.zeros(4, jnp.int32)) for _ in range(1, jc.size)]
+        got = sorted(int(y[0]) for y in jc.waitall(reqs))
+        assert got == list(range(1, jc.size))
+    else:
+        jc.wait(jc.isend(jnp.full(4, jc.rank, jnp.int32), 0, tag=jc.rank))
+    jc.barrier()
+
+
+# Collectives ---------------------------------------------------------------------
+
+
+@host_kernels
+@pytest.mark.mpi
+@pytest.mark.parametrize("mode", ["eager", "jit"])
+def test_collectives(jc, mode):
+    size, rank = jc.size, jc.rank
+    x = jnp.asarray(rank_data(rank, (size, 3), np.float32))
+    every = np.stack([rank_data(r, (size, 3), np.float32) for r in range(size)])
+
+    def program(x):
+        reqs = [
+            jc.iallreduce(x),
+            jc.iallreduce(x, op=MPI.MAX),
+            jc.iallreduce(x.astype(jnp.bfloat16)),
+            *[jc.ibcast(x, root=root) for root in range(size)],
+            jc.iallgather(x),
+            jc.iallgather(x, tiled=True),
+            jc.ialltoall(x),
+            jc.ialltoall(jnp.concatenate([x, x]), tiled=True),
+        ]
+        # Waited in another order than started: MPI allows it, and so does jaxcomm.
+        return jc.waitall(reqs[::-1])[::-1]
+
+    run = jax.jit(program) if mode == "jit" else program
+    out = run(x)
+    np.testing.assert_array_equal(out[0], every.sum(0))
+    np.testing.assert_array_equal(out[1], every.max(0))
+    np.testing.assert_array_equal(out[2].astype(np.float32), every.sum(0))
+    for root in range(size):
+        np.testing.assert_array_equal(out[3 + root], every[root])
+    np.testing.assert_array_equal(out[3 + size], every)
+    np.testing.assert_array_equal(out[4 + size], every.reshape(size * size, 3))
+    np.testing.assert_array_equal(out[5 + size], every[:, rank])
+    doubled = np.concatenate([every, every], axis=1)
+    np.testing.assert_array_equal(
+        out[6 + size], doubled[:, 2 * rank: 2 * rank + 2].reshape(2 * size, 3)
+    )
+    unchanged(x, every[rank])
+
+
+@host_kernels
+@pytest.mark.mpi
+def test_mixed_with_blocking_calls_in_program_order(jc):
+    right, left = _ring(jc)
+
+    @jax.jit
+    def program(x):
+        first = jc.iallreduce(x)
+        blocking = jc.allreduce(x * 2)
+        second = jc.irecv(x, source=left, tag=9)
+        jc.barrier()
+        jc.send(x * 3, right, tag=9)  # blocking, while an irecv is posted
+        return jc.wait(first), blocking, jc.wait(second)
+
+    one, two, three = program(jnp.full(3, float(jc.rank)))
+    total = float(sum(range(jc.size)))
+    np.testing.assert_array_equal(one, np.full(3, total))
+    np.testing.assert_array_equal(two, np.full(3, 2 * total))
+    np.testing.assert_array_equal(three, np.full(3, 3.0 * left))
+
+
+# Buffers: alive until the wait, read only after it ---------------------------------
+
+
+@host_kernels
+@pytest.mark.mpi
+def test_send_buffer_is_kept_until_the_wait(jc):
+    # x is dead after the isend but for the wait that keeps it. Were it
+    # not kept, XLA would give the elementwise results x's buffer, and the
+    # message (moved only once the peer's receive is posted) would carry them.
+    right, left = _ring(jc)
+
+    @jax.jit
+    def program(seed):
+        x = jnp.arange(LARGE, dtype=jnp.float32) + seed
+        sending = jc.isend(x, right, tag=4)
+        scribble = jnp.sin(x) * 0 - 1.0
+        scribble = scribble * 2 + jnp.cos(scribble)
+        receiving = jc.irecv(jnp.zeros(LARGE, jnp.float32), source=left, tag=4)
+        jc.wait(sending)
+        return jc.wait(receiving), scribble
+
+    y, _ = program(float(jc.rank))
+    np.testing.assert_array_equal(y, np.arange(LARGE, dtype=np.float32) + left)
+
+
+@host_kernels
+@pytest.mark.mpi
+def test_received_buffer_is_read_after_the_wait(jc):
+    # Each iteration receives new values into a buffer whose result feeds
+    # the carry; a read before the wait would see the last iteration's
+    # values, zeros or garbage.
+    right, left = _ring(jc)
+
+    def body(i, total):
+        receiving = jc.irecv(jnp.zeros(LARGE, jnp.float32), source=left, tag=6)
+        busy = jnp.tanh(total[:16]).sum()  # work between start and wait
+        sending = jc.isend(jnp.full(LARGE, 1000.0 * i + jc.rank, jnp.float32), right, tag=6)
+        y = jc.wait(receiving)
+        jc.wait(sending)
+        return total + y + busy * 0
+
+    total = jax.jit(lambda t: jax.lax.fori_loop(0, 4, body, t))(jnp.zeros(LARGE, jnp.float32))
+    np.testing.assert_array_equal(total, np.full(LARGE, 6000.0 + 4 * left, np.float32))
+
+
+@host_kernels
+@pytest.mark.mpi
+def test_eager_receive_buffer_is_donated_not_copied(jc):
+    right, left = _ring(jc)
+    receiving = jc.irecv(jnp.zeros(LARGE, jnp.float32), source=left, tag=8)
+    busy = jnp.ones(1000).sum()
+    sending = jc.isend(jnp.full(LARGE, float(jc.rank), jnp.float32), right, tag=8)
+    np.testing.assert_array_equal(jc.wait(receiving), np.full(LARGE, float(left)))
+    assert jc.wait(sending) is None and receiving.done and float(busy) == 1000
+
+
+@host_kernels
+@pytest.mark.mpi
+def test_numpy_send_buffer_may_change_before_the_wait(jc):
+    # A JAX array made from NumPy may share its memory; isend sends a copy.
+    right, left = _ring(jc)
+    x = np.full(LARGE, float(jc.rank), np.float32)
+    receiving = jc.irecv(np.zeros(LARGE, np.float32), source=left, tag=10)
+    sending = jc.isend(x, right, tag=10)
+    x[:] = -1
+    np.testing.assert_array_equal(jc.wait(receiving), np.full(LARGE, float(left)))
+    jc.wait(sending)
+
+
+@host_kernels
+@pytest.mark.mpi
+def test_wait_refuses_buffers_mpi_was_not_given(jc):
+    # The guard behind the rules above: a wait handed another buffer than the
+    # one MPI sends from (as a copy by XLA would be) fails instead of letting
+    # MPI use memory XLA no longer owns.
+    @jax.jit
+    def program(x):
+        (handle,) = nonblocking.isend_p.bind(x, dest=MPI.PROC_NULL, tag=0, comm=jc._handle)
+        nonblocking.wait_send_p.bind(handle, x + 1, comm=jc._handle)
+        return x
+
+    with pytest.raises(RUNTIME_ERRORS, match="not the one MPI was given"):
+        program(jnp.ones(8)).block_until_ready()
+    reported_again("not the one MPI was given")
+
+
+# One wait per request, in the function that started it ----------------------------
+
+
+@host_kernels
+@pytest.mark.mpi
+def test_request_rules_are_enforced_before_any_mpi_call(jc):
+    x = jnp.ones(3)
+    null = dict(source=MPI.PROC_NULL)
+    req = jc.irecv(x, **null)
+    jc.wait(req)
+    with pytest.raises(RuntimeError, match="waited already"):
+        jc.wait(req)
+    with pytest.raises(TypeError, match="cannot be returned from or passed into"):
+        jax.jit(lambda v: jc.irecv(v, **null))(x)
+    with pytest.raises(TypeError, match="carried through a loop"):
+        jax.jit(
+            lambda v: jax.lax.fori_loop(0, 2, lambda i, c: c, (v, jc.irecv(v, **null)))
+        )(x)
+    with pytest.raises(RuntimeError, match="never waited"):
+        jax.jit(lambda v: (jc.irecv(v, **null), v)[1])(x)
+
+    def outside_loop(v):
+        r = jc.irecv(v, **null)
+        return jax.lax.fori_loop(0, 2, lambda i, c: c + jc.wait(r), v)
+
+    with pytest.raises(RuntimeError, match="(waited in another traced function|passed to)"):
+        jax.jit(outside_loop)(x)
+
+    def twice(v):
+        r = jc.irecv(v, **null)
+        return jc.wait(r), jc.wait(r)
+
+    with pytest.raises(RuntimeError, match="waited already"):
+        jax.jit(twice)(x)
+    eager = jc.irecv(x, **null)
+    with pytest.raises(RuntimeError, match="started eagerly"):
+        jax.jit(lambda v: jc.wait(eager) + v)(x)
+    jc.wait(eager)
+    leaked = []
+    jax.make_jaxpr(lambda v: (leaked.append(jc.irecv(v, **null)), v)[1])(x)
+    # jaxcomm names it where the trace was invalidated, JAX otherwise.
+    with pytest.raises((RuntimeError, jax.errors.UnexpectedTracerError),
+                       match="(has finished|leaked)"):
+        jc.wait(leaked[0])
+    with pytest.raises(TypeError, match="jaxcomm Request"):
+        jc.wait(x)
+    with pytest.raises(TypeError, match="jaxcomm Requests"):
+        jc.waitall([x])
+    jaxcomm.sync()
+
+
+@host_kernels
+@pytest.mark.mpi
+def test_dropped_requests_are_reported_once(jc):
+    req = jc.isend(jnp.ones(2), MPI.PROC_NULL)
+    jaxcomm.sync()  # alive: it may still be waited
+    del req
+    with pytest.raises(RuntimeError, match=r"1 nonblocking request.*isend to MPI.PROC_NULL"):
+        jaxcomm.sync()
+    jaxcomm.sync()
+
+
+@spawns_own_mpi
+@host_kernels
+def test_exit_reports_requests_never_waited(tmp_path):
+    script = tmp_path / "unwaited.py"
+    script.write_text(
+        "import jax.numpy as jnp\n"
+        "from mpi4py import MPI\n"
+        "from jaxcomm import JaxComm\n"
+        "jc = JaxComm(MPI.COMM_WORLD)\n"
+        "kept = jc.irecv(jnp.ones(2), source=MPI.PROC_NULL)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], env=environment_without_launcher(),
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "never completed" in done.stderr and "irecv from MPI.PROC_NULL" in done.stderr
+
+
+# JaxComm.during -------------------------------------------------------------------
+
+
+def _work(a, steps=8):
+    return jax.lax.fori_loop(0, steps, lambda i, m: jnp.tanh(m @ m) * 0.5, a)
+
+
+@host_kernels
+@pytest.mark.mpi
+def test_during_runs_the_computation_between_starts_and_waits(jc):
+    right, left = _ring(jc)
+    x = jnp.asarray(rank_data(jc.rank, (LARGE,), np.float32))
+    a = jnp.full((32, 32), 0.01, jnp.float32)
+
+    def program(x, a):
+        requests = [jc.irecv(x, source=left), jc.isend(x, right)]
+        c = jc.during(requests, _work, a)
+        return jc.waitall(requests)[0], c
+
+    for run in (program, jax.jit(program), jax.vmap(program, in_axes=(None, 0))):
+        batched = run is not program and not hasattr(run, "lower")
+        y, c = run(x, a[None] if batched else a)
+        np.testing.assert_array_equal(y[0] if batched else y, rank_data(left, (LARGE,), np.float32))
+        np.testing.assert_allclose(c[0] if batched else c, _work(a), rtol=1e-6)
+    # In the compiled program, as XLA schedules it: both starts, the loop, the waits.
+    text = jax.jit(program).lower(x, a).compile().as_text()
+    order = [text.index(f'"jaxcomm_{name}"') for name in ("irecv", "isend")]
+    order += [text.index(" while("), text.index('"jaxcomm_wait_recv"')]
+    assert order == sorted(order), order
+    with pytest.raises(TypeError, match="during takes jaxcomm Requests"):
+        jc.during([x], _work, a)
+
+
+# Transformations -------------------------------------------------------------------
+
+
+@host_kernels
+@pytest.mark.mpi
+def test_vmap(jc):
+    right, left = _ring(jc)
+    xs = jnp.asarray(rank_data(jc.rank, (3, 4), np.float32))
+
+    def exchange_and_reduce(x):
+        return _exchange(jc, x), jc.wait(jc.iallreduce(x))
+
+    # in_axes=1: the send buffer is moved into place, and the wait keeps the moved one.
+    for in_axes in (0, 1):
+        batch = xs if in_axes == 0 else xs.T
+        shifted, total = jax.jit(jax.vmap(exchange_and_reduce, in_axes=in_axes))(batch)
+        # Either way the members are the rows of xs, and the results stack them.
+        np.testing.assert_array_equal(shifted, rank_data(left, (3, 4), np.float32))
+        every = sum(rank_data(r, (3, 4), np.float32) for r in range(jc.size))
+        np.testing.assert_array_equal(total, every)
+    gathered = jax.vmap(lambda x: jc.wait(jc.iallgather(x)))(xs)
+    assert gathered.shape == (3, jc.size, 4)
+    np.testing.assert_array_equal(gathered[:, jc.rank], xs)
+
+
+@host_kernels
+@pytest.mark.mpi
+def test_derivatives_are_refused_on_every_rank(jc):
+    right, left = _ring(jc)
+    with pytest.raises(NotImplementedError, match="differentiate the blocking jc.recv"):
+        jax.grad(lambda v: _exchange(jc, v).sum())(jnp.ones(3))
+    with pytest.raises(NotImplementedError, match="blocking jc.allreduce"):
+        jax.jvp(lambda v: jc.wait(jc.iallreduce(v)), (jnp.ones(3),), (jnp.ones(3),))
+    # Refused while tracing: no rank made an MPI call, so the ranks still agree.
+    np.testing.assert_array_equal(jc.allreduce(jnp.ones(2)), np.full(2, jc.size))
+
+
+@pytest.mark.mpi
+def test_refused_on_gpus_while_lowering(jc):
+    def program(x):
+        return jc.wait(jc.iallreduce(x))
+
+    with pytest.raises(NotImplementedError, match="on a GPU.*host memory only"):
+        jax.jit(program).trace(jnp.ones(3)).lower(lowering_platforms=("cuda",))
+    if EMULATED:
+        with pytest.raises(NotImplementedError, match="on a GPU"):
+            jax.jit(program)(jnp.ones(3))
+
+
+# The checker and the watchdog --------------------------------------------------------
+
+
+@host_kernels
+@pytest.mark.mpi(min_size=2)
+def test_checker_passes_good_programs_and_names_bad_messages(jc):
+    was_checking = jaxcomm._runtime.checking()
+    jaxcomm.set_check(True)
+    try:
+        right, left = _ring(jc)
+        x = jnp.asarray(rank_data(jc.rank, (5,), np.float32))
+        np.testing.assert_array_equal(_exchange(jc, x, tag=12), rank_data(left, (5,), np.float32))
+        np.testing.assert_array_equal(jc.wait(jc.iallreduce(x)),
+                                      sum(rank_data(r, (5,), np.float32) for r in range(jc.size)))
+        # Wildcard receives are checked once the message told its sender.
+        if jc.rank == 0:
+            reqs = [jc.irecv(jnp.zeros(2, jnp.int32)) for _ in range(1, jc.size)]
+            assert sorted(int(y[0]) for y in jc.waitall(reqs)) == list(range(1, jc.size))
+        else:
+            jc.wait(jc.isend(jnp.full(2, jc.rank, jnp.int32), 0, tag=3))
+        # Rank 1 expects 3 elements and gets 5: named as a mismatch there.
+        if jc.rank == 0:
+            jc.wait(jc.isend(jnp.ones(5, jnp.float32), 1, tag=13))
+        if jc.rank == 1:
+            with pytest.raises(RUNTIME_ERRORS, match="point-to-point mismatch on rank 1"):
+                jc.wait(jc.irecv(jnp.zeros(3, jnp.float32), source=0, tag=13)).block_until_ready()
+            reported_again("point-to-point mismatch")
+        jc.barrier()
+    finally:
+        jaxcomm.set_check(was_checking)
+
+
+@spawns_own_mpi
+@host_kernels
+def test_watchdog_names_the_wait(tmp_path):
+    script = tmp_path / "hang.py"
+    script.write_text(
+        "import jax.numpy as jnp\n"
+        "from mpi4py import MPI\n"
+        "import jaxcomm\n"
+        "jc = jaxcomm.JaxComm(MPI.COMM_WORLD)\n"
+        "jaxcomm.set_timeout(1.0)\n"
+        "if jc.rank == 1:\n"
+        "    jc.wait(jc.irecv(jnp.ones(2), source=0, tag=77)).block_until_ready()\n"
+        "jc.barrier()\n"
+    )
+    done = subprocess.run(
+        [*mpiexec(2), sys.executable, str(script)], env=environment_without_launcher(),
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )
+    assert done.returncode != 0
+    assert "wait for irecv from rank 0 (tag 77" in done.stderr, done.stderr
+
+
+def test_request_repr_and_properties():
+    request = Request("isend", None, None, None, None, 0)
+    assert repr(request) == "<jaxcomm Request isend under way>"
+    assert request.op == "isend" and not request.done
