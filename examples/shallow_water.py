@@ -13,8 +13,15 @@ Euler step, stable at the fixed CFL number used here. The whole time loop is
 one jitted ``lax.fori_loop``.
 
 The update is written as an interior part, the cells whose neighbours are all
-on this rank, and an edge part, the cells next to a halo, so that a halo
-exchange could overlap the interior update.
+on this rank, and an edge part, the cells next to a halo. With ``--overlap``
+each step starts its halo exchange with nonblocking ``irecv``/``isend``,
+updates the interior while the messages travel (``JaxComm.during`` keeps that
+computation between the starts and the waits), then waits and updates the
+edges: the same field as the blocking version, bit for bit. With
+``--overlap --benchmark`` both versions are timed. Whether the messages
+really travel during the interior update depends on MPI's progress (for
+MPICH, ``MPICH_ASYNC_PROGRESS=1`` and a spare core per rank; see
+docs/nonblocking.md).
 
 Boundaries are periodic (default) or solid walls (``--boundary walls``). With
 walls the grid is not periodic, and ``shift`` receives zeros from beyond the
@@ -56,6 +63,8 @@ def parse_args():
     parser.add_argument("--benchmark", action="store_true",
                         help="print time per step, steps per second and cells per second")
     parser.add_argument("--plot", metavar="FILE.png", help="save the final height field")
+    parser.add_argument("--overlap", action="store_true",
+                        help="nonblocking halo exchange overlapped with the interior update")
     args = parser.parse_args()
     if min(args.cells) < 2 or args.steps < 0:
         parser.error("--cells needs at least 2 cells per axis and --steps must be >= 0")
@@ -108,8 +117,12 @@ def reflect(edge, axis):
     return edge.at[1 + axis].multiply(-1)
 
 
-def make_stepper(grid, spacing, dt):
-    """The distributed time step: exchange halos, then update the interior and the edges."""
+def make_stepper(grid, spacing, dt, overlap=False):
+    """The distributed time step: exchange halos, then update the interior and the edges.
+
+    With ``overlap`` the exchange is started first, the interior is updated
+    while it travels, and the edges once it has arrived.
+    """
     wall_behind = [grid.cart_shift(axis)[0] == MPI.PROC_NULL for axis in (0, 1)]
     wall_ahead = [grid.cart_shift(axis)[1] == MPI.PROC_NULL for axis in (0, 1)]
 
@@ -130,6 +143,33 @@ def make_stepper(grid, spacing, dt):
             halos += [behind, ahead]
         return halos
 
+    def start_halo_exchange(state):
+        """The nonblocking form of exchange_halos: four receives and four sends, started.
+
+        Tags tell the two messages between a pair of ranks apart (on a grid
+        two ranks wide the rank behind is also the rank ahead).
+        """
+        receives, sends = [], []
+        for axis in (0, 1):
+            first = jnp.take(state, 0, axis=1 + axis)
+            last = jnp.take(state, -1, axis=1 + axis)
+            source, dest = grid.cart_shift(axis)  # behind, ahead; PROC_NULL at a wall
+            receives += [grid.irecv(last, source=source, tag=2 * axis),
+                         grid.irecv(first, source=dest, tag=2 * axis + 1)]
+            sends += [grid.isend(last, dest=dest, tag=2 * axis),
+                      grid.isend(first, dest=source, tag=2 * axis + 1)]
+        return receives, sends
+
+    def finish_halo_exchange(state, receives, sends):
+        halos = grid.waitall(receives)
+        grid.waitall(sends)
+        for axis in (0, 1):
+            if wall_behind[axis]:
+                halos[2 * axis] = reflect(jnp.take(state, 0, axis=1 + axis), axis)
+            if wall_ahead[axis]:
+                halos[2 * axis + 1] = reflect(jnp.take(state, -1, axis=1 + axis), axis)
+        return halos
+
     def interior_tendency(state):
         """Cells [1:-1, 1:-1]: their neighbours are all on this rank, no halo needed."""
         return tendency(state, spacing)
@@ -147,14 +187,21 @@ def make_stepper(grid, spacing, dt):
             tendency(padded[:, 1:-1, -3:], spacing),
         )
 
-    def step(state):
-        halos = exchange_halos(state)
-        interior = interior_tendency(state)
+    def update(state, interior, halos):
         top, bottom, left, right = edge_tendencies(state, halos)
         middle = jnp.concatenate([left, interior, right], axis=2)
         return state + dt * jnp.concatenate([top, middle, bottom], axis=1)
 
-    return step
+    def step(state):
+        halos = exchange_halos(state)
+        return update(state, interior_tendency(state), halos)
+
+    def overlapped_step(state):
+        receives, sends = start_halo_exchange(state)
+        interior = grid.during(receives + sends, interior_tendency, state)
+        return update(state, interior, finish_halo_exchange(state, receives, sends))
+
+    return overlapped_step if overlap else step
 
 
 def serial_step(state, spacing, dt, walls):
@@ -185,15 +232,27 @@ def main():
     mine = tuple(slice(c * b, (c + 1) * b) for c, b in zip(coords, block))
     start = jnp.asarray(full[:, mine[0], mine[1]])
 
-    step = make_stepper(grid, spacing, dt)
-    evolve = jax.jit(lambda state, steps: jax.lax.fori_loop(0, steps, lambda _, s: step(s), state))
-    if args.benchmark:
-        evolve(start, 1).block_until_ready()  # compile outside the timing
+    def evolver(overlap):
+        step = make_stepper(grid, spacing, dt, overlap)
+        return jax.jit(lambda state, steps: jax.lax.fori_loop(0, steps, lambda _, s: step(s), state))
+
+    def timed(evolve):
+        """The final state and the slowest rank's seconds, compilation excluded."""
+        evolve(start, 1).block_until_ready()
         grid.barrier()
         began = time.perf_counter()
-    final = evolve(start, args.steps).block_until_ready()
+        final = evolve(start, args.steps).block_until_ready()
+        return final, float(grid.allreduce(time.perf_counter() - began, op=MPI.MAX))
+
+    evolve = evolver(args.overlap)
     if args.benchmark:
-        elapsed = float(grid.allreduce(time.perf_counter() - began, op=MPI.MAX))
+        final, elapsed = timed(evolve)
+        if args.overlap:
+            blocking, blocking_elapsed = timed(evolver(False))
+            if not np.array_equal(np.asarray(blocking), np.asarray(final)):
+                raise SystemExit("the overlapped and the blocking step gave different fields")
+    else:
+        final = evolve(start, args.steps).block_until_ready()
 
     blocks = np.asarray(grid.gather(final, root=0))
     if grid.rank == 0:
@@ -208,13 +267,18 @@ def main():
         # Summed in float64, so that the sum's own rounding does not hide the scheme's.
         mass_before, mass_after = (float(np.sum(h, dtype=np.float64)) for h in (full[0], field[0]))
         print(f"{dims[0]}x{dims[1]} process grid, {args.cells[0]}x{args.cells[1]} cells, "
-              f"{args.boundary}, {args.steps} steps: max difference from serial {difference:.1e}, "
+              f"{args.boundary}{', overlapped' if args.overlap else ''}, {args.steps} steps: "
+              f"max difference from serial {difference:.1e}, "
               f"mass change {abs(mass_after - mass_before) / mass_before:.1e}, "
               f"final height {field[0].min():.3f} to {field[0].max():.3f}")
         if args.benchmark:
-            per_step = elapsed / max(args.steps, 1)
-            print(f"benchmark: {per_step * 1e3:.3f} ms per step, {1 / per_step:.0f} steps/s, "
-                  f"{args.cells[0] * args.cells[1] / per_step:.3e} cells/s")
+            runs = [("overlapped" if args.overlap else "benchmark", elapsed)]
+            if args.overlap:
+                runs.append(("blocking", blocking_elapsed))
+            for name, seconds in runs:
+                per_step = seconds / max(args.steps, 1)
+                print(f"{name}: {per_step * 1e3:.3f} ms per step, {1 / per_step:.0f} steps/s, "
+                      f"{args.cells[0] * args.cells[1] / per_step:.3e} cells/s")
         if args.plot:
             plot(field[0], dt * args.steps, args.boundary, args.plot)
     grid.free()

@@ -122,6 +122,21 @@ def test_shallow_water_matches_serial_and_conserves_mass(monkeypatch, capsys, bo
         assert re.search(r"benchmark: [.\d]+ ms per step, \d+ steps/s, [.\de+]+ cells/s", out)
 
 
+@pytest.mark.mpi
+@pytest.mark.parametrize("boundary", ["periodic", "walls"])
+def test_shallow_water_overlapped_gives_the_blocking_field(monkeypatch, capsys, boundary):
+    # The script itself compares the overlapped field with the blocking one
+    # (bit for bit) under --benchmark, and exits if they differ.
+    out = run_example(monkeypatch, capsys, "shallow_water.py", "--cells", 24, 24, "--steps", 30,
+                      "--boundary", boundary, "--overlap", "--benchmark")
+    if MPI.COMM_WORLD.rank == 0:
+        assert f"24x24 cells, {boundary}, overlapped, 30 steps" in out
+        assert numbers_after("max difference from serial", out)[0] < 1e-5
+        assert numbers_after("mass change", out)[0] < 1e-5
+        for name in ("overlapped", "blocking"):
+            assert re.search(rf"{name}: [.\d]+ ms per step, \d+ steps/s, [.\de+]+ cells/s", out)
+
+
 # Tiny sizes that divide over 1, 2 and 3 ranks.
 PLOTS = {
     "shallow_water.py": ("--cells", 12, 12, "--steps", 2, "--boundary", "walls"),
