@@ -416,6 +416,59 @@ CASES = [
         *tag_cases("tag", lambda c, tag: c.jc.send(ones(2), MPI.PROC_NULL, tag=tag)),
         ("freed", lambda c: c.freed.send(ones(2), MPI.PROC_NULL), RuntimeError, FREED),
     ]),
+    # Nonblocking starts validate as their blocking forms do, and take one array.
+    *cases("isend", [
+        *x_cases(lambda c, x: c.jc.isend(x, MPI.PROC_NULL)),
+        *rank_cases("dest", lambda c, dest: c.jc.isend(ones(2), dest), special=("PROC_NULL",)),
+        *tag_cases("tag", lambda c, tag: c.jc.isend(ones(2), MPI.PROC_NULL, tag=tag)),
+        ("freed", lambda c: c.freed.isend(ones(2), MPI.PROC_NULL), RuntimeError, FREED),
+    ]),
+    *cases("irecv", [
+        ("x-str", lambda c: c.jc.irecv("abc", MPI.PROC_NULL), TypeError, NOT_AN_ARRAY),
+        *rank_cases("source", lambda c, source: c.jc.irecv(ones(2), source),
+                    special=("PROC_NULL", "ANY_SOURCE")),
+        *tag_cases("tag", lambda c, tag: c.jc.irecv(ones(2), MPI.PROC_NULL, tag=tag),
+                   any_tag=True),
+        ("freed", lambda c: c.freed.irecv(ones(2), MPI.PROC_NULL), RuntimeError, FREED),
+    ]),
+    *cases("iallreduce", [
+        *x_cases(lambda c, x: c.jc.iallreduce(x)),
+        *op_cases(lambda c, x, op: c.jc.iallreduce(x, op=op)),
+        ("freed", lambda c: c.freed.iallreduce(ones(2)), RuntimeError, FREED),
+    ]),
+    *cases("ibcast", [
+        *x_cases(lambda c, x: c.jc.ibcast(x)),
+        *rank_cases("root", lambda c, root: c.jc.ibcast(ones(2), root=root)),
+        ("freed", lambda c: c.freed.ibcast(ones(2)), RuntimeError, FREED),
+    ]),
+    *cases("iallgather", [
+        *x_cases(lambda c, x: c.jc.iallgather(x)),
+        *tiled_cases(lambda c, tiled: c.jc.iallgather(ones(2), tiled=tiled)),
+        ("x-0-d-tiled", lambda c: c.jc.iallgather(ones(), tiled=True), ValueError,
+         r"^x must have a leading axis to concatenate along"),
+        ("freed", lambda c: c.freed.iallgather(ones(2)), RuntimeError, FREED),
+    ]),
+    *cases("ialltoall", [
+        *x_cases(lambda c, x: c.jc.ialltoall(x)),
+        *tiled_cases(lambda c, tiled: c.jc.ialltoall(ones(c.size), tiled=tiled)),
+        ("x-leading-axis", lambda c: c.jc.ialltoall(ones(c.size + 1)), ValueError,
+         r"^x has leading axis \d+; with tiled=False it needs one entry per rank"),
+        ("freed", lambda c: c.freed.ialltoall(ones(c.size)), RuntimeError, FREED),
+    ]),
+    *cases("wait", [
+        ("request-array", lambda c: c.jc.wait(ones(2)), TypeError,
+         r"^wait takes a jaxcomm Request, got ArrayImpl"),
+        ("request-None", lambda c: c.jc.wait(None), TypeError,
+         r"^wait takes a jaxcomm Request, got NoneType"),
+    ]),
+    *cases("waitall", [
+        ("requests-str", lambda c: c.jc.waitall(["abc"]), TypeError,
+         r"^waitall takes jaxcomm Requests, got str"),
+    ]),
+    *cases("during", [
+        ("requests-str", lambda c: c.jc.during(["abc"], lambda: None), TypeError,
+         r"^during takes jaxcomm Requests, got str"),
+    ]),
     *cases("recv", [
         ("x-str", lambda c: c.jc.recv("abc", MPI.PROC_NULL), TypeError, NOT_AN_ARRAY),
         ("x-float8-template",
@@ -502,7 +555,8 @@ CASES = [
 TRACEABLE = frozenset([
     "allreduce", "reduce", "scan", "exscan", "reduce_scatter", "bcast", "barrier", "allgather",
     "gather", "scatter", "alltoall", "allgatherv", "gatherv", "scatterv", "alltoallv", "send",
-    "recv", "sendrecv", "shift",
+    "recv", "sendrecv", "shift", "isend", "irecv", "iallreduce", "ibcast", "iallgather",
+    "ialltoall",
 ])
 
 

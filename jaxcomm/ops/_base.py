@@ -94,12 +94,10 @@ def comm_primitive(name, abstract_eval, target, attrs, *, in_place=False, aliase
     prim.multiple_results = True
     prim.def_impl(partial(_compat.apply_primitive, prim))
     _compat.def_effectful_abstract_eval(prim, abstract_eval)
-    if in_place:
-        aliases = _ARRAY_IN_PLACE
-    elif aliases is not None:
+    if aliases is not None:
         # The token comes first on both sides of the FFI call.
         aliases = {operand + 1: result + 1 for operand, result in aliases.items()}
-    lowering = partial(_ordered_ffi_lowering, target, attrs, aliases)
+    lowering = partial(_ordered_ffi_lowering, target, attrs, in_place, aliases)
     if host_only:
         HOST_ONLY.add(target)
         cpu_lowering = partial(_host_lowering, lowering)
@@ -119,7 +117,7 @@ def comm_primitive(name, abstract_eval, target, attrs, *, in_place=False, aliase
 _ARRAY_IN_PLACE = {1: 1}
 
 
-def _ordered_ffi_lowering(target, attrs, aliases, ctx, *args, **params):
+def _ordered_ffi_lowering(target, attrs, in_place, aliases, ctx, *args, **params):
     # One MPI call per process and op, in program order, is what keeps every
     # rank's collectives matched; copies of the call on several devices of one
     # process would break both.
@@ -134,6 +132,10 @@ def _ordered_ffi_lowering(target, attrs, aliases, ctx, *args, **params):
             "with jax.default_device), and combine the processes' results with jaxcomm."
         )
     token, token_ctx = _compat.ordered_token(ctx)
+    if in_place:
+        # Looked up here, not when the primitive is made: a test lowers
+        # without the alias to check that the kernels do not depend on it.
+        aliases = _ARRAY_IN_PLACE
     lowering = jax.ffi.ffi_lowering(
         target, has_side_effect=True, operand_output_aliases=aliases
     )
