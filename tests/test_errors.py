@@ -257,7 +257,7 @@ def test_work_in_flight_at_exit_finishes(tmp_path):
     done, _ = run_job(
         tmp_path,
         f"""
-        import sys
+        import os
         import jax, jax.numpy as jnp
         from jaxcomm import JaxComm
 
@@ -266,7 +266,9 @@ def test_work_in_flight_at_exit_finishes(tmp_path):
         m = jnp.full((384, 384), 1e-3, jnp.float32)
         for _ in range({steps}):
             m = step(m)
-        print(f"rank {{jc.rank}}: dispatched", file=sys.stderr, flush=True)
+        # One write for the whole line: the kernels' log lines come from
+        # another thread, and print() writes the text and its newline apart.
+        os.write(2, f"rank {{jc.rank}}: dispatched\\n".encode())
         """,
         JAXCOMM_DEBUG="1",
     )
