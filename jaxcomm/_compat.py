@@ -9,6 +9,7 @@ hook that makes every rank run the same differentiation rules
 """
 
 import contextvars
+import inspect
 import os
 import weakref
 
@@ -235,6 +236,37 @@ def _instantiating(process_primitive):
 for _trace_type, _tracer_type in _AD_TRACES.items():
     _tracer_type.__init__ = _remembering(_tracer_type.__init__)
     _trace_type.process_primitive = _instantiating(_trace_type.process_primitive)
+
+
+def _structured_residuals():
+    # jax 0.12 passes structured residuals between a linearize rule and its
+    # linear function; earlier versions do not.
+    return "structured_res" in inspect.getsource(_ad.LinearizeTrace.process_primitive)
+
+
+_STRUCTURED_RESIDUALS = _structured_residuals()
+
+
+def def_linearization(primitive, rule):
+    """Register ``rule`` as ``primitive``'s linearize rule (``jax.linearize``, ``vjp``).
+
+    Args:
+        primitive: the primitive.
+        rule: ``rule(nonzeros, *primals, **params)`` binds the primitive on the
+            primals and returns ``(outs, out_nonzeros, residuals, linear)``;
+            ``linear(residuals, *tangents)`` returns the output tangents
+            (symbolic zeros where ``out_nonzeros`` is false).
+    """
+
+    def linearization(is_vjp, nonzeros, *primals, **params):
+        outs, out_nonzeros, residuals, linear = rule(nonzeros, *primals, **params)
+        if _STRUCTURED_RESIDUALS:
+            return outs, out_nonzeros, residuals, None, (
+                lambda residuals, _, *tangents: linear(residuals, *tangents)
+            )
+        return outs, out_nonzeros, residuals, linear
+
+    _ad.primitive_linearizations[primitive] = linearization
 
 
 # Fast dispatch -----------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 Every rule of docs/nonblocking.md has a test here: program order, buffers
 kept alive until the wait and read only after it, one wait per request in
-the traced function that started it, vmap, refused derivatives, the GPU
+the traced function that started it, vmap, derivatives, the GPU
 refusal, the checker and the reports of requests never waited.
 """
 
@@ -435,15 +435,153 @@ def test_vmap(jc):
     np.testing.assert_array_equal(gathered[:, jc.rank], xs)
 
 
+# Derivatives ---------------------------------------------------------------------
+#
+# Each nonblocking program against its blocking twin: the same values, tangents
+# and gradients, eagerly and under jit. The scale makes every rank's cotangent
+# differ, so a cotangent sent to the wrong rank, or not at all, shows.
+
+
+def _pairs(jc):
+    right, left = _ring(jc)
+    size = jc.size
+    last = size - 1
+    tile = lambda v: jnp.tile(v, (size, 1))
+    return {
+        "ring": (
+            lambda v: _exchange(jc, v * v, tag=4),
+            lambda v: jc.sendrecv(v * v, v, source=left, dest=right, sendtag=4, recvtag=4),
+        ),
+        "allreduce": (
+            lambda v: jc.wait(jc.iallreduce(jnp.sin(v))),
+            lambda v: jc.allreduce(jnp.sin(v)),
+        ),
+        "allreduce-max": (
+            lambda v: jc.wait(jc.iallreduce(jnp.sin(v), op=MPI.MAX)),
+            lambda v: jc.allreduce(jnp.sin(v), op=MPI.MAX),
+        ),
+        "allreduce-prod": (
+            lambda v: jc.wait(jc.iallreduce(v * v, op=MPI.PROD)),
+            lambda v: jc.allreduce(v * v, op=MPI.PROD),
+        ),
+        "bcast": (
+            lambda v: jc.wait(jc.ibcast(v * v, root=last)),
+            lambda v: jc.bcast(v * v, root=last),
+        ),
+        "allgather": (
+            lambda v: jc.wait(jc.iallgather(v * v)),
+            lambda v: jc.allgather(v * v),
+        ),
+        "alltoall": (
+            lambda v: jc.wait(jc.ialltoall(tile(v * v))),
+            lambda v: jc.alltoall(tile(v * v)),
+        ),
+    }
+
+
+PAIRS = ["ring", "allreduce", "allreduce-max", "allreduce-prod", "bcast", "allgather", "alltoall"]
+
+
 @host_kernels
 @pytest.mark.mpi
-def test_derivatives_are_refused_on_every_rank(jc):
+@pytest.mark.parametrize("mode", ["eager", "jit"])
+@pytest.mark.parametrize("name", PAIRS)
+def test_derivatives_match_the_blocking_ops(jc, name, mode):
+    nonblocking_op, blocking_op = _pairs(jc)[name]
+    wrap = jax.jit if mode == "jit" else (lambda f: f)
+    x = jnp.arange(1.0, 5.0) * (0.3 + 0.1 * jc.rank)
+    t = jnp.linspace(-1.0, 1.0, 4) + jc.rank
+    scale = 1.0 + jc.rank
+
+    def loss(op):
+        return lambda v: (scale * op(v) ** 2).sum()
+
+    for transform in (
+        lambda op: wrap(lambda a, b: jax.jvp(op, (a,), (b,)))(x, t),
+        lambda op: wrap(jax.grad(loss(op)))(x),
+        lambda op: wrap(lambda a, b: jax.linearize(op, a)[1](b))(x, t),
+    ):
+        got, expected = transform(nonblocking_op), transform(blocking_op)
+        for g, e in zip(jax.tree.leaves(got), jax.tree.leaves(expected)):
+            np.testing.assert_allclose(g, e, rtol=1e-6)
+
+
+@host_kernels
+@pytest.mark.mpi
+def test_reverse_mode_of_a_symmetric_exchange_does_not_deadlock(jc):
+    # Every rank sends a rendezvous-sized message before it receives: blocking
+    # sends in the transposed program would wait for each other forever.
     right, left = _ring(jc)
-    with pytest.raises(NotImplementedError, match="differentiate the blocking jc.recv"):
-        jax.grad(lambda v: _exchange(jc, v).sum())(jnp.ones(3))
-    with pytest.raises(NotImplementedError, match="blocking jc.allreduce"):
-        jax.jvp(lambda v: jc.wait(jc.iallreduce(v)), (jnp.ones(3),), (jnp.ones(3),))
-    # Refused while tracing: no rank made an MPI call, so the ranks still agree.
+    x = jnp.linspace(0.0, 1.0, LARGE) + jc.rank
+
+    def step(v):
+        sending = jc.isend(v * v, right, tag=6)
+        receiving = jc.irecv(v, source=left, tag=6)
+        y, _ = jc.waitall([receiving, sending])
+        return (y * (1.0 + jc.rank)).sum()
+
+    grad = jax.jit(jax.grad(step))(x)
+    # d/dv of (v_right^2 * (1 + right)) summed on the right neighbour.
+    np.testing.assert_allclose(grad, 2 * x * (1.0 + right), rtol=1e-6)
+
+
+@host_kernels
+@pytest.mark.mpi
+def test_derivatives_in_loops_under_vmap_and_during(jc):
+    right, left = _ring(jc)
+
+    def body(i, v):
+        receiving = jc.irecv(v, source=left, tag=8)
+        sending = jc.isend(v, right, tag=8)
+        total = jc.iallreduce(v)
+        inside = jc.during([receiving, sending, total], jnp.sin, v)
+        y, _, s = jc.waitall([receiving, sending, total])
+        return y * inside + s
+
+    def blocking_body(i, v):
+        y = jc.sendrecv(v, v, source=left, dest=right, sendtag=8, recvtag=8)
+        return y * jnp.sin(v) + jc.allreduce(v)
+
+    def loss(b):
+        return lambda v: (jax.lax.fori_loop(0, 3, b, v) ** 2).sum() * (1.0 + jc.rank)
+
+    x = jnp.linspace(0.1, 0.5, 6) + 0.1 * jc.rank
+    np.testing.assert_allclose(
+        jax.jit(jax.grad(loss(body)))(x), jax.jit(jax.grad(loss(blocking_body)))(x), rtol=1e-5
+    )
+    xs = jnp.stack([x, 2 * x, -x])
+    np.testing.assert_allclose(
+        jax.jit(jax.vmap(jax.grad(loss(body))))(xs),
+        jax.jit(jax.vmap(jax.grad(loss(blocking_body))))(xs),
+        rtol=1e-5,
+    )
+    # Second order: forward over reverse.
+    hvp = lambda b: jax.jit(lambda v, w: jax.jvp(jax.grad(loss(b)), (v,), (w,))[1])
+    np.testing.assert_allclose(hvp(body)(x, x), hvp(blocking_body)(x, x), rtol=1e-5)
+
+
+@host_kernels
+@pytest.mark.mpi
+def test_integers_ride_along_and_wildcards_are_refused(jc):
+    right, left = _ring(jc)
+
+    def mixed(v):
+        counts = jc.irecv(jnp.zeros(2, jnp.int32), source=left, tag=9)
+        jc.wait(jc.isend(jnp.arange(2, dtype=jnp.int32) + jc.rank, right, tag=9))
+        return v * jc.wait(counts).sum()
+
+    grad = jax.jit(jax.grad(lambda v: mixed(v).sum()))(jnp.ones(3))
+    np.testing.assert_array_equal(grad, np.full(3, 1 + 2 * left))
+    # A wildcard receive: the tangent could match another rank's. Refused on
+    # every rank while tracing (every rank receives), before any MPI call.
+    def wildcard(v):
+        receiving = jc.irecv(v, source=left)
+        jc.wait(jc.isend(v, right))
+        return jc.wait(receiving).sum()
+
+    for differentiate in (jax.grad, lambda f: jax.jit(jax.grad(f))):
+        with pytest.raises(NotImplementedError, match="irecv from MPI.ANY_SOURCE"):
+            differentiate(wildcard)(jnp.ones(3))
     np.testing.assert_array_equal(jc.allreduce(jnp.ones(2)), np.full(2, jc.size))
 
 
@@ -514,6 +652,6 @@ def test_watchdog_names_the_wait(tmp_path):
 
 
 def test_request_repr_and_properties():
-    request = Request("isend", None, None, None, None, 0)
+    request = Request("isend", None, None, None, None, None, 0)
     assert repr(request) == "<jaxcomm Request isend under way>"
     assert request.op == "isend" and not request.done

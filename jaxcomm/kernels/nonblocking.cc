@@ -1,8 +1,9 @@
 // Nonblocking operations: MPI_Isend, MPI_Irecv, MPI_Iallreduce, MPI_Ibcast,
 // MPI_Iallgather, MPI_Ialltoall, and the MPI_Wait that completes each.
 //
-// A start handler makes the MPI call and writes a request handle, two int32
-// (slot, serial), naming a slot of the process-wide request table below. The
+// A start handler makes the MPI call and writes a request handle: the bits
+// of two int32 (slot, serial) in a float32[2] (a float type, so that a
+// request's tangent or cotangent can be another request's handle), naming a slot of the process-wide request table below. The
 // wait handler takes that handle together with every buffer the operation
 // uses: the send buffer, which XLA therefore keeps alive and unmodified
 // until then, and the receive buffer, which it returns aliased in place, so
@@ -155,25 +156,26 @@ ffi::Error NotUnderWay(const char* op, int32_t index, uint32_t serial) {
           "run of a compiled function");
 }
 
-// The handle's (slot, serial): two int32 in host memory.
+// The handle's (slot, serial): the bits of two int32 in a float32[2] in host
+// memory (only ever copied, never computed on).
 ffi::Error ReadHandle(const char* op, const ffi::AnyBuffer& handle,
                       int32_t* index, uint32_t* serial) {
-  if (handle.element_type() != ffi::DataType::S32 ||
+  if (handle.element_type() != ffi::DataType::F32 ||
       handle.element_count() != 2) {
     return ffi::Error::InvalidArgument(
-        std::string("jaxcomm: ") + op + ": a request handle is 2 int32, got " +
+        std::string("jaxcomm: ") + op + ": a request handle is 2 float32, got " +
         Elements(handle.element_count(), handle.element_type()));
   }
-  const int32_t* fields = static_cast<const int32_t*>(handle.untyped_data());
+  int32_t fields[2];
+  std::memcpy(fields, handle.untyped_data(), sizeof(fields));
   *index = fields[0];
   *serial = static_cast<uint32_t>(fields[1]);
   return ffi::Error::Success();
 }
 
 void WriteHandle(ffi::AnyBuffer& handle, int32_t index, uint32_t serial) {
-  int32_t* fields = static_cast<int32_t*>(handle.untyped_data());
-  fields[0] = index;
-  fields[1] = static_cast<int32_t>(serial);
+  const int32_t fields[2] = {index, static_cast<int32_t>(serial)};
+  std::memcpy(handle.untyped_data(), fields, sizeof(fields));
 }
 
 // A start that took slot `index` and then failed gives it back.
@@ -190,9 +192,9 @@ struct SlotGuard {
 ffi::Error Begin(Kind kind, const char* op, int64_t comm_handle, MPI_Comm comm,
                  int64_t peer, int64_t tag, const ffi::AnyBuffer& x,
                  ffi::AnyBuffer& handle, int32_t* index, Slot** slot) {
-  if (handle.element_type() != ffi::DataType::S32 ||
+  if (handle.element_type() != ffi::DataType::F32 ||
       handle.element_count() != 2) {
-    return Invalid(op, comm, "the request handle output must be 2 int32");
+    return Invalid(op, comm, "the request handle output must be 2 float32");
   }
   uint32_t serial = 0;
   JAXCOMM_RETURN_IF_ERROR(Acquire(op, index, &serial));

@@ -18,6 +18,7 @@ from mpi4py import MPI
 
 from .. import _compat, _gpu, _runtime
 from .._runtime import mpi_comm
+from ._batching import batched_alike
 
 # Reduction codes shared with kernels/common.h (enum ReduceOp).
 REDUCTION_OPS = (
@@ -251,7 +252,7 @@ def linear_jvp(prim, primals, tangents, *, comm, **params):
 
 
 def _transpose_with(transposed, cts, x, *, comm, **params):
-    ct = ad.instantiate_zeros(cts[0])
+    ct = batched_alike(ad.instantiate_zeros(cts[0]))
     return [transposed(ct, x.aval, comm=derivative_comm(comm), **params)]
 
 

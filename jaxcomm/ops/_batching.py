@@ -25,6 +25,8 @@ Moving the axis costs a transpose only where it was elsewhere; the defaults
 """
 
 import jax.numpy as jnp
+from jax.extend.core import Primitive
+from jax.interpreters import ad, mlir
 
 from .. import _compat
 
@@ -80,3 +82,33 @@ def stacked(*, tiled, **_):
 def split(*, tiled, **_):
     """scatter, reduce_scatter: the leading axis of blocks goes, or holds rows (``tiled``)."""
     return 1, (1 if tiled else 0)
+
+
+# Buffers of derivative rules -----------------------------------------------------
+#
+# A transpose rule sends cotangents and receives into templates it makes, and
+# whether a cotangent depends on the batch follows each rank's own data flow.
+# Under vmap, ranks would then disagree about message sizes. Every buffer such
+# a rule communicates goes through batched_alike, an identity whose batching
+# rule always batches: under vmap, rules' messages always hold the whole batch,
+# whether the rule runs inside the vmap or in a loop body vmap batches later.
+
+batched_alike_p = Primitive("jaxcomm_batched_alike")
+batched_alike_p.def_impl(lambda x: x)
+batched_alike_p.def_abstract_eval(lambda aval: aval)
+mlir.register_lowering(batched_alike_p, lambda ctx, x: [x])
+ad.deflinear2(batched_alike_p, lambda ct, x: [batched_alike(ct)])
+
+
+def batched_alike(x):
+    """``x``, batched along every ``vmap`` it is inside (broadcast where it was not)."""
+    return batched_alike_p.bind(x)
+
+
+def _always_batched(axis_data, args, dims):
+    (x,), (dim,) = args, dims
+    x = _placed(x, dim, 0, axis_data.size)
+    return batched_alike(x), 0
+
+
+_compat.fancy_primitive_batchers[batched_alike_p] = _always_batched

@@ -2,8 +2,8 @@
 
 A start (``isend_p``, ``irecv_p``, ``iallreduce_p``, ``ibcast_p``,
 ``iallgather_p``, ``ialltoall_p``) makes the ``MPI_I*`` call and returns a
-request handle (two int32: a slot of the kernels' request table and its
-serial) and, where MPI fills one, the receive buffer. A wait
+request handle (a slot of the kernels' request table and its serial, as the
+bits of a float32[2]) and, where MPI fills one, the receive buffer. A wait
 (``wait_send_p``, ``wait_recv_p``, ``wait_exchange_p``) takes the handle and
 every buffer the operation uses, calls ``MPI_Wait`` and returns the receive
 buffer aliased in place. Both carry jaxcomm's ordered effect, so starts and
@@ -28,13 +28,19 @@ import jax.numpy as jnp
 import numpy as np
 from jax.interpreters import ad
 
+from mpi4py import MPI
+
 from .. import _compat, _runtime
-from ._base import comm_primitive, no_output, not_differentiable
-from ._batching import _placed, behind_rows, flat, stacked
+from ._adjoint import replicated_adjoint
+from ._base import comm_primitive, derivative_comm, no_output, not_differentiable
+from ._batching import _placed, batched_alike, behind_rows, flat, stacked
+from .reduction import SUM, _contribution, allreduce
 
 
 def _handle_aval():
-    return jax.core.ShapedArray((2,), np.dtype(np.int32))
+    # A float type: a tangent or cotangent of a handle is then another
+    # request's handle (see the derivative rules at the end).
+    return jax.core.ShapedArray((2,), np.dtype(np.float32))
 
 
 def _send_start(aval, **_):
@@ -98,13 +104,14 @@ class Request:
     """
 
     __slots__ = (
-        "_op", "_wait", "_handle", "_send", "_recv", "_comm", "_waited", "_traced",
-        "_finalizer", "__weakref__",
+        "_op", "_wait", "_start", "_handle", "_send", "_recv", "_comm", "_waited",
+        "_traced", "_finalizer", "__weakref__",
     )
 
-    def __init__(self, op, wait, handle, send, recv, comm):
+    def __init__(self, op, wait, start, handle, send, recv, comm):
         self._op = op
         self._wait = wait
+        self._start = start
         self._handle = handle
         self._send = send
         self._recv = recv
@@ -155,12 +162,17 @@ def _orphaned(buffers):
 def _eager_keys():
     keys = set()
     for request in list(_eager_requests):
-        slot, serial = np.asarray(request._handle).tolist()
+        slot, serial = np.asarray(request._handle).view(np.int32).tolist()
         keys.add((slot, serial & 0xFFFFFFFF))
     return keys
 
 
 _runtime.eager_request_keys = _eager_keys
+
+
+def _describe(prim, params):
+    """The wait's ``start`` param: the start primitive and its params but ``comm``."""
+    return (prim.name, tuple(sorted((k, v) for k, v in params.items() if k != "comm")))
 
 
 def start(prim, x, **params):
@@ -183,7 +195,13 @@ def start(prim, x, **params):
     handle, recv = outs[0], (outs[1] if len(outs) > 1 else None)
     send = None if prim is irecv_p else x
     request = Request(
-        prim.name, _WAIT_OF.get(prim, wait_exchange_p), handle, send, recv, params["comm"]
+        prim.name,
+        _WAIT_OF.get(prim, wait_exchange_p),
+        _describe(prim, params),
+        handle,
+        send,
+        recv,
+        params["comm"],
     )
     request._traced = tracing
     if not tracing:
@@ -228,7 +246,9 @@ def wait(request):
         request._finalizer.detach()
         _eager_requests.discard(request)
     buffers = [b for b in (request._send, request._recv) if b is not None]
-    outs = request._wait.bind(request._handle, *buffers, comm=request._comm)
+    outs = request._wait.bind(
+        request._handle, *buffers, comm=request._comm, start=request._start
+    )
     # The request no longer holds the buffers: MPI is done with them.
     request._send = request._recv = None
     if request._wait is wait_send_p:
@@ -280,16 +300,16 @@ def _after(ready, leaf):
 # a jitted function that donates it.
 
 
-@partial(jax.jit, static_argnums=(0, 1), donate_argnums=(3,))
-def _donating_wait(prim, comm, handle, recv, *send):
-    return prim.bind(handle, *send, recv, comm=comm)
+@partial(jax.jit, static_argnums=(0, 1, 2), donate_argnums=(4,))
+def _donating_wait(prim, comm, start, handle, recv, *send):
+    return prim.bind(handle, *send, recv, comm=comm, start=start)
 
 
-def _wait_impl(prim, handle, *buffers, comm):
+def _wait_impl(prim, handle, *buffers, comm, start):
     if prim is wait_send_p:
-        return _compat.apply_primitive(prim, handle, *buffers, comm=comm)
+        return _compat.apply_primitive(prim, handle, *buffers, comm=comm, start=start)
     *send, recv = buffers
-    return _donating_wait(prim, comm, handle, recv, *send)
+    return _donating_wait(prim, comm, start, handle, recv, *send)
 
 
 # Set while an eager start or wait runs: its computation holds the start or
@@ -449,41 +469,225 @@ for _prim in WAITS:
     _compat.fancy_primitive_batchers[_prim] = partial(_wait_batched, _prim)
 
 
-# Differentiation: refused ---------------------------------------------------------
+# Derivatives --------------------------------------------------------------------
 #
-# Rules run on every rank (_compat.py), so every rank refuses alike, while
-# tracing, before any MPI call.
+# A start's tangent is the same start on the tangent, on the derivative
+# communicator, and its handle is the handle's tangent: the wait's rule finds
+# the tangent request beside the primal one and waits both. Transposing that
+# tangent program reverses each request: the wait's transpose starts the
+# reverse operation (the cotangent goes back along the message's path), and
+# the start's transpose, which comes later in the transposed program, waits
+# it. The reverse handle is the tangent handle's cotangent, so JAX hands it
+# from one rule to the other. The buffers that go with a handle, which MPI
+# uses until the wait, ride beside it in _companions.
+#
+# Replicated collectives (iallreduce with SUM, ibcast, iallgather) transpose
+# locally, like their blocking forms (_adjoint.py): their cotangent needs no
+# message. iallreduce with MAX, MIN or PROD needs the reduced value for its
+# tangent, so its wait's rule computes the tangent with the blocking
+# collectives, after the primal wait. Rules run on every rank (_compat.py).
 
-_BLOCKING = {
-    "isend": "send",
-    "irecv": "recv",
-    "iallreduce": "allreduce",
-    "ibcast": "bcast",
-    "iallgather": "allgather",
-    "ialltoall": "alltoall",
-}
+# id(handle) -> (handle, buffers that go with it).
+_companions = {}
 
 
-def _refused(name):
-    what = _BLOCKING.get(name)
-    form = f"the blocking jc.{what}" if what else "the blocking forms"
-    return not_differentiable(
-        f"the nonblocking {name if what else 'wait'}: nonblocking operations have no "
-        f"derivative rules; differentiate {form} instead"
+def _keep(handle, *buffers):
+    _companions[id(handle)] = (handle, buffers)
+
+
+def _take(handle):
+    entry = _companions.pop(id(handle), None)
+    if entry is None or entry[0] is not handle:
+        raise RuntimeError(
+            "jaxcomm: internal error: a nonblocking request's derivative lost its buffers"
+        )
+    return entry[1]
+
+
+def _inexact(aval):
+    return jnp.issubdtype(aval.dtype, jnp.inexact)
+
+
+def _zeros(outs):
+    return [ad.Zero(jax.typeof(out).to_tangent_aval()) for out in outs]
+
+
+def _sendable(ct, aval):
+    """The cotangent ``ct`` of ``aval``, as an array MPI can send from until its wait."""
+    if type(ct) is ad.Zero:
+        # A constant: keep XLA from giving the start and the wait each a copy.
+        ct = jax.lax.optimization_barrier(jnp.zeros(aval.shape, aval.dtype))
+    return batched_alike(ct)
+
+
+def _reduces_by_sum(params):
+    return params["op"] == SUM
+
+
+def _irecv_wildcard(source, tag, **_):
+    return source != MPI.PROC_NULL and (source == MPI.ANY_SOURCE or tag == MPI.ANY_TAG)
+
+
+def _has_tangent(prim, x, params):
+    """Whether the start of ``prim`` on ``x`` starts a tangent request too."""
+    if not _inexact(jax.typeof(x)):
+        return False
+    if prim is irecv_p and _irecv_wildcard(**params):
+        # The tangent's receive could match another sender's tangent.
+        raise not_differentiable(
+            "irecv from MPI.ANY_SOURCE or with MPI.ANY_TAG: the tangent must come "
+            "from the rank and tag the message came with. Pass an explicit source "
+            "and tag, or differentiate the blocking jc.recv"
+        )
+    # MAX, MIN and PROD: the wait's rule makes the tangent.
+    return prim is not iallreduce_p or _reduces_by_sum(params)
+
+
+def _tangent_start(prim, t, comm, params):
+    t = ad.instantiate_zeros(t)
+    touts = prim.bind(t, comm=derivative_comm(comm), **params)
+    # The tangent wait must get the very buffer the tangent start sent from.
+    _keep(touts[0], *(() if prim is irecv_p else (t,)))
+    return touts
+
+
+def _start_jvp(prim, primals, tangents, *, comm, **params):
+    (x,), (t,) = primals, tangents
+    # Checked first: a refusal must come before any MPI call.
+    tangent = _has_tangent(prim, x, params)
+    outs = prim.bind(x, comm=comm, **params)
+    if not tangent:
+        return outs, _zeros(outs)
+    return outs, _tangent_start(prim, t, comm, params)
+
+
+def _start_linearize(prim, nonzeros, x, *, comm, **params):
+    tangent = _has_tangent(prim, x, params)
+    outs = prim.bind(x, comm=comm, **params)
+    if not tangent:
+        return outs, [False] * len(outs), [], lambda residuals, t: _zeros(outs)
+    return (
+        outs,
+        [True] * len(outs),
+        [],
+        lambda residuals, t: _tangent_start(prim, t, comm, params),
     )
 
 
-def _refuse_jvp(name, primals, tangents, **params):
-    raise _refused(name)
+def _wait_plan(buffers, comm, start):
+    """How a wait's tangent is made: None (integers), "wait" or ("reduce", factor)."""
+    name, params = start[0], dict(start[1])
+    if not _inexact(jax.typeof(buffers[0])):
+        return None
+    if name == "iallreduce" and not _reduces_by_sum(params):
+        # The tangent is the SUM of factor * t over ranks (reduction.py).
+        x = buffers[0]
+        factor = _contribution(x, jnp.ones_like(x), params["op"], derivative_comm(comm), name)
+        return ("reduce", factor)
+    return "wait"
 
 
-def _refuse_transpose(name, cts, *args, **params):
-    raise _refused(name)
+def _wait_tangent(prim, plan, tangents, comm, start):
+    t_handle, *t_buffers = tangents
+    derivative = derivative_comm(comm)
+    if plan != "wait":
+        t = ad.instantiate_zeros(t_buffers[0])
+        return [allreduce(plan[1] * t, op=SUM, comm=derivative)]
+    sent = _take(t_handle)
+    received = t_buffers[-1:] if prim is not wait_send_p else []
+    return prim.bind(t_handle, *sent, *received, comm=derivative, start=start)
 
 
-for _prim in (*STARTS, *WAITS):
-    ad.primitive_jvps[_prim] = partial(_refuse_jvp, _prim.name)
-    ad.primitive_transposes[_prim] = partial(_refuse_transpose, _prim.name)
+def _wait_jvp(prim, primals, tangents, *, comm, start):
+    handle, *buffers = primals
+    outs = prim.bind(handle, *buffers, comm=comm, start=start)
+    plan = _wait_plan(buffers, comm, start)
+    if plan is None:
+        return outs, _zeros(outs)
+    return outs, _wait_tangent(prim, plan, tangents, comm, start)
+
+
+def _wait_linearize(prim, nonzeros, handle, *buffers, comm, start):
+    outs = prim.bind(handle, *buffers, comm=comm, start=start)
+    plan = _wait_plan(buffers, comm, start)
+    if plan is None:
+        return outs, [False] * len(outs), [], lambda residuals, *ts: _zeros(outs)
+    residuals = [] if plan == "wait" else [plan[1]]
+
+    def linearized(residuals, *tangents):
+        again = plan if plan == "wait" else ("reduce", residuals[0])
+        return _wait_tangent(prim, again, tangents, comm, start)
+
+    return outs, [True] * len(outs), residuals, linearized
+
+
+def _start_transpose(prim, cts, x, *, comm, **params):
+    if prim is isend_p:
+        (received,) = _take(cts[0])
+        reverse = _describe(irecv_p, dict(source=params["dest"], tag=params["tag"]))
+        (back,) = wait_recv_p.bind(cts[0], received, comm=comm, start=reverse)
+        return [back]
+    if prim is irecv_p:
+        (sent,) = _take(cts[0])
+        reverse = _describe(isend_p, dict(dest=params["source"], tag=params["tag"]))
+        wait_send_p.bind(cts[0], sent, comm=comm, start=reverse)
+        return [None]
+    if prim is ialltoall_p:
+        sent, received = _take(cts[0])
+        (back,) = wait_exchange_p.bind(
+            cts[0], sent, received, comm=comm, start=_describe(ialltoall_p, params)
+        )
+        return [back]
+    # A replicated collective: the wait's rule handed the cotangent of the
+    # result over as the receive buffer's.
+    ct = ad.instantiate_zeros(cts[1])
+    if prim is iallreduce_p:
+        return [replicated_adjoint(ct, kind="allreduce", comm=comm)]
+    if prim is ibcast_p:
+        return [replicated_adjoint(ct, kind="bcast", root=params["root"], comm=comm)]
+    return [
+        replicated_adjoint(
+            ct, kind="allgather", size=params["size"], tiled=params["tiled"], comm=comm
+        )
+    ]
+
+
+def _wait_transpose(prim, cts, handle, *buffers, comm, start):
+    name, params = start[0], dict(start[1])
+    if name == "isend":
+        aval = buffers[0].aval
+        reverse, received = irecv_p.bind(
+            batched_alike(jnp.zeros(aval.shape, aval.dtype)),
+            source=params["dest"],
+            tag=params["tag"],
+            comm=comm,
+        )
+        _keep(reverse, received)
+        return [reverse, None]
+    aval = buffers[-1].aval
+    ct = _sendable(cts[0], aval)
+    if name == "irecv":
+        (reverse,) = isend_p.bind(ct, dest=params["source"], tag=params["tag"], comm=comm)
+        _keep(reverse, ct)
+        return [reverse, None]
+    if name == "ialltoall":
+        reverse, received = ialltoall_p.bind(ct, comm=comm, **params)
+        _keep(reverse, ct, received)
+        return [reverse, None, None]
+    return [None, None, cts[0]]
+
+
+# The linearize rules bind the tangent starts and waits on the tangents
+# themselves (JAX's fallback would trace the JVP rule apart from them), so
+# that _companions is keyed by the handles the waits get.
+for _prim in STARTS:
+    ad.primitive_jvps[_prim] = partial(_start_jvp, _prim)
+    _compat.def_linearization(_prim, partial(_start_linearize, _prim))
+    ad.primitive_transposes[_prim] = partial(_start_transpose, _prim)
+for _prim in WAITS:
+    ad.primitive_jvps[_prim] = partial(_wait_jvp, _prim)
+    _compat.def_linearization(_prim, partial(_wait_linearize, _prim))
+    ad.primitive_transposes[_prim] = partial(_wait_transpose, _prim)
 
 
 def _fence_jvp(primals, tangents, **params):

@@ -16,7 +16,7 @@ from mpi4py import MPI
 
 from .. import _compat
 from ._base import comm_primitive, derivative_comm, no_output, not_differentiable
-from ._batching import batch_whole, flat
+from ._batching import batch_whole, batched_alike, flat
 
 # Which side of sendrecv_addressed takes peer and tag from its envelope
 # operand (kernels/p2p.cc).
@@ -209,8 +209,14 @@ def _sendrecv_wildcard(*, source, recvtag, **_):
     return _wildcard(source, recvtag)
 
 
+def _cotangent(ct):
+    """``ct`` as an array batched alike on every rank (see ``_compat.batched_under_vmap``)."""
+    return batched_alike(ad.instantiate_zeros(ct))
+
+
 def _send_transpose(cts, x, *, dest, tag, comm):
-    back, _ = recv(jnp.zeros(x.aval.shape, x.aval.dtype), source=dest, tag=tag, comm=comm)
+    template = batched_alike(jnp.zeros(x.aval.shape, x.aval.dtype))
+    back, _ = recv(template, source=dest, tag=tag, comm=comm)
     return [back]
 
 
@@ -228,7 +234,7 @@ def _recv_transpose(cts, template, *, source, tag, comm):
     # came with; the sender's send transposes to the matching receive.
     if _wildcard(source, tag):
         raise _refuse_wildcard("recv", "tag")
-    send(ad.instantiate_zeros(cts[0]), dest=source, tag=_tag_back(tag), comm=comm)
+    send(_cotangent(cts[0]), dest=source, tag=_tag_back(tag), comm=comm)
     return [None]
 
 
@@ -236,7 +242,7 @@ def _sendrecv_transpose(cts, x, *, source, dest, sendtag, recvtag, comm):
     if _wildcard(source, recvtag):
         raise _refuse_wildcard("sendrecv", "recvtag")
     back, _ = sendrecv(
-        ad.instantiate_zeros(cts[0]),
+        _cotangent(cts[0]),
         source=dest,
         dest=source,
         sendtag=_tag_back(recvtag),
@@ -258,7 +264,7 @@ def _sendrecv_addressed_transpose(
         params = dict(source=MPI.PROC_NULL, dest=source, sendtag=recvtag, recvtag=0)
         flipped = RECEIVE_FROM_ENVELOPE
     back, _ = sendrecv_addressed_p.bind(
-        ad.instantiate_zeros(cts[0]), address, addressed=flipped, comm=comm, **params
+        _cotangent(cts[0]), address, addressed=flipped, comm=comm, **params
     )
     return [back, None]
 
