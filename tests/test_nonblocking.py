@@ -8,6 +8,7 @@ refusal, the checker and the reports of requests never waited.
 
 import os
 import subprocess
+from functools import partial
 import sys
 
 import jax
@@ -545,7 +546,8 @@ def test_derivatives_in_loops_under_vmap_and_during(jc):
     def loss(b):
         return lambda v: (jax.lax.fori_loop(0, 3, b, v) ** 2).sum() * (1.0 + jc.rank)
 
-    x = jnp.linspace(0.1, 0.5, 6) + 0.1 * jc.rank
+    data = lambda rank: jnp.linspace(0.1, 0.5, 6) + 0.1 * rank
+    x = data(jc.rank)
     np.testing.assert_allclose(
         jax.jit(jax.grad(loss(body)))(x), jax.jit(jax.grad(loss(blocking_body)))(x), rtol=1e-5
     )
@@ -558,6 +560,12 @@ def test_derivatives_in_loops_under_vmap_and_during(jc):
     # Second order: forward over reverse.
     hvp = lambda b: jax.jit(lambda v, w: jax.jvp(jax.grad(loss(b)), (v,), (w,))[1])
     np.testing.assert_allclose(hvp(body)(x, x), hvp(blocking_body)(x, x), rtol=1e-5)
+    # jax.checkpoint recomputes the forward pass, requests included.
+    remat = lambda b: jax.jit(jax.grad(lambda v: (jax.checkpoint(partial(b, 0))(v) ** 2).sum()))
+    np.testing.assert_allclose(remat(body)(x), remat(blocking_body)(x), rtol=1e-5)
+    # The transpose of the linear ring itself sends every value back.
+    (back,) = jax.jit(jax.linear_transpose(partial(_exchange, jc, tag=8), x))(x * (1 + jc.rank))
+    np.testing.assert_array_equal(back, data(right) * (1 + right))
 
 
 @host_kernels
