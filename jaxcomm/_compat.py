@@ -241,7 +241,8 @@ for _trace_type, _tracer_type in _AD_TRACES.items():
 def _structured_residuals():
     # jax 0.12 passes structured residuals between a linearize rule and its
     # linear function; earlier versions do not.
-    return "structured_res" in inspect.getsource(_ad.LinearizeTrace.process_primitive)
+    # (process_primitive is wrapped above; __init__ is not.)
+    return "structured_residuals" in inspect.getsource(_ad.LinearizeTrace.__init__)
 
 
 _STRUCTURED_RESIDUALS = _structured_residuals()
