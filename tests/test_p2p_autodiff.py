@@ -204,3 +204,29 @@ def test_jacobians_and_vmap_of_wildcard_sendrecv(jc):
     # One message carries the whole batch; vmap repeats its one status.
     assert statuses.tolist() == [[left, 5, 6]] * 2
     jc.barrier()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("loop", [False, True], ids=["plain", "in-scan"])
+def test_vmap_of_grad_batches_every_transposed_message(jc, loop):
+    # The transpose of a send receives into a template it makes, unbatched by
+    # nature, while the cotangent its peer sends back depends on the batch:
+    # under vmap both must carry the whole batch, also where vmap batches a
+    # loop body that was transposed before. (A blocking send to oneself
+    # could wait forever: two ranks at least.)
+    right, left = (jc.rank + 1) % jc.size, (jc.rank - 1) % jc.size
+
+    def step(v):
+        jc.send(v * v, right, tag=3)
+        return jc.recv(v, source=left, tag=3) * v
+
+    def loss(v):
+        if loop:
+            return jax.lax.scan(lambda c, _: (step(c), None), v, None, length=1)[0].sum()
+        return step(v).sum()
+
+    data = lambda rank: jnp.stack([jnp.arange(3.0) + rank, jnp.arange(3.0) * 2 - rank])
+    grads = jax.jit(jax.vmap(jax.grad(loss)))(data(jc.rank))
+    # loss_r = sum(v_left**2 * v_r): d/dv_r = v_left**2 + 2 v_r v_right.
+    expected = data(left) ** 2 + 2 * data(jc.rank) * data(right)
+    np.testing.assert_allclose(grads, expected)
