@@ -28,12 +28,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.interpreters import ad
 
-from mpi4py import MPI
-
 from .. import _compat, _runtime
 from ._adjoint import replicated_adjoint
 from ._base import comm_primitive, derivative_comm, no_output, not_differentiable
 from ._batching import _placed, batched_alike, behind_rows, flat, stacked
+from .p2p import _wildcard
 from .reduction import SUM, _contribution, allreduce
 
 
@@ -524,15 +523,11 @@ def _reduces_by_sum(params):
     return params["op"] == SUM
 
 
-def _irecv_wildcard(source, tag, **_):
-    return source != MPI.PROC_NULL and (source == MPI.ANY_SOURCE or tag == MPI.ANY_TAG)
-
-
 def _has_tangent(prim, x, params):
     """Whether the start of ``prim`` on ``x`` starts a tangent request too."""
     if not _inexact(jax.typeof(x)):
         return False
-    if prim is irecv_p and _irecv_wildcard(**params):
+    if prim is irecv_p and _wildcard(params["source"], params["tag"]):
         # The tangent's receive could match another sender's tangent.
         raise not_differentiable(
             "irecv from MPI.ANY_SOURCE or with MPI.ANY_TAG: the tangent must come "
@@ -551,17 +546,8 @@ def _tangent_start(prim, t, comm, params):
     return touts
 
 
-def _start_jvp(prim, primals, tangents, *, comm, **params):
-    (x,), (t,) = primals, tangents
-    # Checked first: a refusal must come before any MPI call.
-    tangent = _has_tangent(prim, x, params)
-    outs = prim.bind(x, comm=comm, **params)
-    if not tangent:
-        return outs, _zeros(outs)
-    return outs, _tangent_start(prim, t, comm, params)
-
-
 def _start_linearize(prim, nonzeros, x, *, comm, **params):
+    # Checked first: a refusal must come before any MPI call.
     tangent = _has_tangent(prim, x, params)
     outs = prim.bind(x, comm=comm, **params)
     if not tangent:
@@ -596,15 +582,6 @@ def _wait_tangent(prim, plan, tangents, comm, start):
     sent = _take(t_handle)
     received = t_buffers[-1:] if prim is not wait_send_p else []
     return prim.bind(t_handle, *sent, *received, comm=derivative, start=start)
-
-
-def _wait_jvp(prim, primals, tangents, *, comm, start):
-    handle, *buffers = primals
-    outs = prim.bind(handle, *buffers, comm=comm, start=start)
-    plan = _wait_plan(buffers, comm, start)
-    if plan is None:
-        return outs, _zeros(outs)
-    return outs, _wait_tangent(prim, plan, tangents, comm, start)
 
 
 def _wait_linearize(prim, nonzeros, handle, *buffers, comm, start):
@@ -677,16 +654,24 @@ def _wait_transpose(prim, cts, handle, *buffers, comm, start):
     return [None, None, cts[0]]
 
 
+def _jvp_of(linearize, primals, tangents, **params):
+    # The JVP is the linearization applied to the tangents at once.
+    outs, _, residuals, linear = linearize(None, *primals, **params)
+    return outs, linear(residuals, *tangents)
+
+
 # The linearize rules bind the tangent starts and waits on the tangents
 # themselves (JAX's fallback would trace the JVP rule apart from them), so
 # that _companions is keyed by the handles the waits get.
+for _prim, _linearize in (
+    *((p, partial(_start_linearize, p)) for p in STARTS),
+    *((p, partial(_wait_linearize, p)) for p in WAITS),
+):
+    ad.primitive_jvps[_prim] = partial(_jvp_of, _linearize)
+    _compat.def_linearization(_prim, _linearize)
 for _prim in STARTS:
-    ad.primitive_jvps[_prim] = partial(_start_jvp, _prim)
-    _compat.def_linearization(_prim, partial(_start_linearize, _prim))
     ad.primitive_transposes[_prim] = partial(_start_transpose, _prim)
 for _prim in WAITS:
-    ad.primitive_jvps[_prim] = partial(_wait_jvp, _prim)
-    _compat.def_linearization(_prim, partial(_wait_linearize, _prim))
     ad.primitive_transposes[_prim] = partial(_wait_transpose, _prim)
 
 

@@ -210,7 +210,7 @@ def _sendrecv_wildcard(*, source, recvtag, **_):
 
 
 def _cotangent(ct):
-    """``ct`` as an array batched alike on every rank (see ``_compat.batched_under_vmap``)."""
+    """``ct`` instantiated, batched alike on every rank under ``vmap`` (``_batching.py``)."""
     return batched_alike(ad.instantiate_zeros(ct))
 
 
