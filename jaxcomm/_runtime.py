@@ -125,14 +125,8 @@ if os.environ.get("JAXCOMM_EMULATE_CUDA", "") not in ("", "0"):
         ) from None
     cuda_kernels = _cpu_handlers
 
-_cpu_targets = frozenset(_cpu_handlers.registrations())
 for _name, _capsule in _cpu_handlers.registrations().items():
     jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")
-
-
-def has_target(target: str) -> bool:
-    """Whether the kernels XLA's CPU runs have the FFI target ``target``."""
-    return target in _cpu_targets
 
 
 def register_comm(comm: MPI.Comm) -> int:

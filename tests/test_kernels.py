@@ -227,29 +227,19 @@ def _every_method(jc, platform="cpu"):
         # The tangent of a wildcard receive is addressed by its envelope.
         wildcard = lambda x: jc.sendrecv(x, x, source=MPI.ANY_SOURCE, dest=ring["dest"])
         out.append(jax.jvp(wildcard, (x,), (x,))[1])
-        if _host_ops(platform):
-            requests = [
-                jc.irecv(x, source=ring["source"]),
-                jc.isend(x, ring["dest"]),
-                jc.iallreduce(x),
-                jc.ibcast(x),
-                jc.iallgather(x),
-                jc.ialltoall(x),
-            ]
-            out.append(jc.during(requests, jnp.sin, x))
-            out.extend(y for y in jc.waitall(requests) if y is not None)
+        requests = [
+            jc.irecv(x, source=ring["source"]),
+            jc.isend(x, ring["dest"]),
+            jc.iallreduce(x),
+            jc.ibcast(x),
+            jc.iallgather(x),
+            jc.ialltoall(x),
+        ]
+        out.append(jc.during(requests, jnp.sin, x))
+        out.extend(y for y in jc.waitall(requests) if y is not None)
         return out
 
     return jax.jit(program).trace(x).lower(lowering_platforms=(platform,))
-
-
-def _host_ops(platform):
-    """Whether the kernels run for ``platform`` have the host-only (nonblocking) ops.
-
-    The CUDA kernels have none, nor have the emulated ones that stand in for
-    the CPU kernels under JAXCOMM_EMULATE_CUDA.
-    """
-    return platform == "cpu" and _runtime.has_target("jaxcomm_isend")
 
 
 # Each platform's kernels module; the CUDA one only where this build has it.
@@ -265,8 +255,6 @@ def test_every_ffi_target_has_a_primitive_and_back(platform):
     targets = set(module.attributes())
     assert set(module.registrations()) == targets
     primitives = {target for target, _ in _base.PRIMITIVES.values()}
-    if platform != "cpu":
-        primitives -= _base.HOST_ONLY
     assert primitives == targets
 
 
@@ -279,13 +267,10 @@ def test_primitive_attributes_match_the_kernels_bindings(jc, platform):
     kernels = {target: dict(attributes) for target, attributes in module.attributes().items()}
     # Names, as each primitive declares them; the lowering adds every call's site.
     for name, (target, attrs) in _base.PRIMITIVES.items():
-        if target in kernels or platform == "cpu":
-            assert set(attrs) | {"site"} == set(kernels[target]), name
+        assert set(attrs) | {"site"} == set(kernels[target]), name
     # Names and types, as the lowerings for the platform emit them (lowering
     # for CUDA needs no GPU).
     emitted = _custom_call_attributes(_every_method(jc, platform))
-    if not _host_ops(platform):
-        kernels = {t: a for t, a in kernels.items() if t not in _base.HOST_ONLY}
     assert set(emitted) == set(kernels)
     assert emitted == kernels
 

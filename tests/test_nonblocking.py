@@ -2,8 +2,8 @@
 
 Every rule of docs/nonblocking.md has a test here: program order, buffers
 kept alive until the wait and read only after it, one wait per request in
-the traced function that started it, vmap, derivatives, the GPU
-refusal, the checker and the reports of requests never waited.
+the traced function that started it, vmap, derivatives, GPU
+staging, the checker and the reports of requests never waited.
 """
 
 import os
@@ -30,10 +30,9 @@ import jaxcomm
 from jaxcomm import Request
 from jaxcomm.ops import nonblocking
 
+# The CUDA kernels' platform layer over an emulated CUDA runtime
+# (tests/cuda_emulation/README.md) runs every test here as well.
 EMULATED = os.environ.get("JAXCOMM_EMULATE_CUDA", "") not in ("", "0")
-host_kernels = pytest.mark.skipif(
-    EMULATED, reason="the emulated CUDA kernels refuse nonblocking ops, as a GPU does"
-)
 
 # Large enough that MPICH sends it by rendezvous: the data moves only once
 # the receive is posted, long after the start returned.
@@ -57,7 +56,6 @@ def _exchange(jc, x, tag=0):
 # Point to point ------------------------------------------------------------------
 
 
-@host_kernels
 @pytest.mark.mpi
 @pytest.mark.parametrize(
     "dtype", [np.dtype(bool), np.dtype("int16"), np.dtype(jnp.bfloat16), np.dtype("float64"),
@@ -72,7 +70,6 @@ def test_ring_eager(jc, dtype):
     unchanged(x, original)
 
 
-@host_kernels
 @pytest.mark.mpi
 @pytest.mark.parametrize("shape", [(), (0,), (7,), (LARGE,)], ids=str)
 def test_ring_jit(jc, shape):
@@ -83,7 +80,6 @@ def test_ring_jit(jc, shape):
     unchanged(x, rank_data(jc.rank, shape, np.float32))
 
 
-@host_kernels
 @pytest.mark.mpi
 def test_ring_in_loops(jc):
     right, left = _ring(jc)
@@ -122,7 +118,6 @@ def test_ring_in_loops(jc):
         )
 
 
-@host_kernels
 @pytest.mark.mpi
 def test_proc_null_and_short_messages(jc):
     req = jc.irecv(jnp.ones(3), source=MPI.PROC_NULL)
@@ -135,7 +130,6 @@ def test_proc_null_and_short_messages(jc):
     np.testing.assert_array_equal(jc.wait(req), [1.0 + left, 2.0 + left, 3.0 + left, 0, 0, 0])
 
 
-@host_kernels
 @pytest.mark.mpi(min_size=2)
 def test_wildcard_receives(jc):
     # Every other rank sends to rank 0, which takes the messages in any order.
@@ -151,7 +145,6 @@ def test_wildcard_receives(jc):
 # Collectives ---------------------------------------------------------------------
 
 
-@host_kernels
 @pytest.mark.mpi
 @pytest.mark.parametrize("mode", ["eager", "jit"])
 def test_collectives(jc, mode):
@@ -190,7 +183,6 @@ def test_collectives(jc, mode):
     unchanged(x, every[rank])
 
 
-@host_kernels
 @pytest.mark.mpi
 def test_mixed_with_blocking_calls_in_program_order(jc):
     right, left = _ring(jc)
@@ -214,7 +206,6 @@ def test_mixed_with_blocking_calls_in_program_order(jc):
 # Buffers: alive until the wait, read only after it ---------------------------------
 
 
-@host_kernels
 @pytest.mark.mpi
 def test_send_buffer_is_kept_until_the_wait(jc):
     # x is dead after the isend but for the wait that keeps it. Were it
@@ -236,7 +227,6 @@ def test_send_buffer_is_kept_until_the_wait(jc):
     np.testing.assert_array_equal(y, np.arange(LARGE, dtype=np.float32) + left)
 
 
-@host_kernels
 @pytest.mark.mpi
 def test_received_buffer_is_read_after_the_wait(jc):
     # Each iteration receives new values into a buffer whose result feeds
@@ -256,7 +246,6 @@ def test_received_buffer_is_read_after_the_wait(jc):
     np.testing.assert_array_equal(total, np.full(LARGE, 6000.0 + 4 * left, np.float32))
 
 
-@host_kernels
 @pytest.mark.mpi
 def test_eager_receive_buffer_is_donated_not_copied(jc):
     right, left = _ring(jc)
@@ -267,7 +256,6 @@ def test_eager_receive_buffer_is_donated_not_copied(jc):
     assert jc.wait(sending) is None and receiving.done and float(busy) == 1000
 
 
-@host_kernels
 @pytest.mark.mpi
 def test_numpy_send_buffer_may_change_before_the_wait(jc):
     # A JAX array made from NumPy may share its memory; isend sends a copy.
@@ -280,9 +268,8 @@ def test_numpy_send_buffer_may_change_before_the_wait(jc):
     jc.wait(sending)
 
 
-@host_kernels
 @pytest.mark.mpi
-def test_wait_refuses_buffers_mpi_was_not_given(jc):
+def test_wait_refuses_buffers_the_start_was_not_given(jc):
     # The guard behind the rules above: a wait handed another buffer than the
     # one MPI sends from (as a copy by XLA would be) fails instead of letting
     # MPI use memory XLA no longer owns.
@@ -292,15 +279,14 @@ def test_wait_refuses_buffers_mpi_was_not_given(jc):
         nonblocking.wait_send_p.bind(handle, x + 1, comm=jc._handle)
         return x
 
-    with pytest.raises(RUNTIME_ERRORS, match="not the one MPI was given"):
+    with pytest.raises(RUNTIME_ERRORS, match="not the one the start was given"):
         program(jnp.ones(8)).block_until_ready()
-    reported_again("not the one MPI was given")
+    reported_again("not the one the start was given")
 
 
 # One wait per request, in the function that started it ----------------------------
 
 
-@host_kernels
 @pytest.mark.mpi
 def test_request_rules_are_enforced_before_any_mpi_call(jc):
     x = jnp.ones(3)
@@ -348,7 +334,6 @@ def test_request_rules_are_enforced_before_any_mpi_call(jc):
     jaxcomm.sync()
 
 
-@host_kernels
 @pytest.mark.mpi
 def test_dropped_requests_are_reported_once(jc):
     req = jc.isend(jnp.ones(2), MPI.PROC_NULL)
@@ -360,7 +345,6 @@ def test_dropped_requests_are_reported_once(jc):
 
 
 @spawns_own_mpi
-@host_kernels
 def test_exit_reports_requests_never_waited(tmp_path):
     script = tmp_path / "unwaited.py"
     script.write_text(
@@ -385,7 +369,6 @@ def _work(a, steps=8):
     return jax.lax.fori_loop(0, steps, lambda i, m: jnp.tanh(m @ m) * 0.5, a)
 
 
-@host_kernels
 @pytest.mark.mpi
 def test_during_runs_the_computation_between_starts_and_waits(jc):
     right, left = _ring(jc)
@@ -414,7 +397,6 @@ def test_during_runs_the_computation_between_starts_and_waits(jc):
 # Transformations -------------------------------------------------------------------
 
 
-@host_kernels
 @pytest.mark.mpi
 def test_vmap(jc):
     right, left = _ring(jc)
@@ -483,7 +465,6 @@ def _pairs(jc):
 PAIRS = ["ring", "allreduce", "allreduce-max", "allreduce-prod", "bcast", "allgather", "alltoall"]
 
 
-@host_kernels
 @pytest.mark.mpi
 @pytest.mark.parametrize("mode", ["eager", "jit"])
 @pytest.mark.parametrize("name", PAIRS)
@@ -507,7 +488,6 @@ def test_derivatives_match_the_blocking_ops(jc, name, mode):
             np.testing.assert_allclose(g, e, rtol=1e-6)
 
 
-@host_kernels
 @pytest.mark.mpi
 def test_reverse_mode_of_a_symmetric_exchange_does_not_deadlock(jc):
     # Every rank sends a rendezvous-sized message before it receives: blocking
@@ -526,7 +506,6 @@ def test_reverse_mode_of_a_symmetric_exchange_does_not_deadlock(jc):
     np.testing.assert_allclose(grad, 2 * x * (1.0 + right), rtol=1e-6)
 
 
-@host_kernels
 @pytest.mark.mpi
 def test_derivatives_in_loops_under_vmap_and_during(jc):
     right, left = _ring(jc)
@@ -568,7 +547,6 @@ def test_derivatives_in_loops_under_vmap_and_during(jc):
     np.testing.assert_array_equal(back, data(right) * (1 + right))
 
 
-@host_kernels
 @pytest.mark.mpi
 def test_integers_ride_along_and_wildcards_are_refused(jc):
     right, left = _ring(jc)
@@ -594,21 +572,65 @@ def test_integers_ride_along_and_wildcards_are_refused(jc):
 
 
 @pytest.mark.mpi
-def test_refused_on_gpus_while_lowering(jc):
-    def program(x):
-        return jc.wait(jc.iallreduce(x))
+@pytest.mark.skipif(not EMULATED, reason="needs the CUDA kernels (JAXCOMM_EMULATE_CUDA=1)")
+def test_gpu_staging_is_held_from_the_start_to_the_wait(jc):
+    # On the staging path MPI works on pinned host copies of the device
+    # buffers; a request keeps its own until its wait, which copies what
+    # arrived to the device. The emulated runtime fills fresh pinned memory
+    # with a byte pattern, so a result read from anywhere else fails.
+    kernels = jaxcomm._runtime.cuda_kernels
+    right, left = _ring(jc)
+    x = jnp.asarray(rank_data(jc.rank, (LARGE,), np.float32))
+    expected = rank_data(left, (LARGE,), np.float32)
+    total = sum(rank_data(r, (LARGE,), np.float32) for r in range(jc.size))
+    saved = jaxcomm._gpu._override
+    try:
+        jaxcomm.set_cuda_aware(False)
+        for attempt in range(2):
+            held = kernels.staging_held()
+            allocations = kernels.host_allocations()
+            receiving = jc.irecv(x, source=left, tag=21)
+            sending = jc.isend(x, right, tag=21)
+            reducing = jc.iallreduce(x)
+            jax.block_until_ready([r._handle for r in (receiving, sending, reducing)])
+            # One block for the receive, one for the send, two for the reduction.
+            assert kernels.staging_held() == held + 4
+            y, none, reduced = jc.waitall([receiving, sending, reducing])
+            assert none is None
+            np.testing.assert_array_equal(y, expected)
+            np.testing.assert_array_equal(reduced, total)
+            assert kernels.staging_held() == held
+            if attempt == 1:
+                # The blocks given back are reused.
+                assert kernels.host_allocations() == allocations
+        # Inside a jitted loop, with a receive shorter than its buffer: the
+        # tail must come back as zeros, not as the staging block's bytes.
+        short = jnp.asarray(rank_data(jc.rank, (5,), np.float32))
 
-    with pytest.raises(NotImplementedError, match="on a GPU.*host memory only"):
-        jax.jit(program).trace(jnp.ones(3)).lower(lowering_platforms=("cuda",))
-    if EMULATED:
-        with pytest.raises(NotImplementedError, match="on a GPU"):
-            jax.jit(program)(jnp.ones(3))
+        def body(_, carry):
+            receiving = jc.irecv(carry, source=left, tag=22)
+            sending = jc.isend(short, right, tag=22)
+            y, _ = jc.waitall([receiving, sending])
+            return y
+
+        out = jax.jit(lambda c: jax.lax.fori_loop(0, 3, body, c))(jnp.full(8, 7.0, jnp.float32))
+        np.testing.assert_array_equal(
+            out, np.concatenate([rank_data(left, (5,), np.float32), np.zeros(3, np.float32)])
+        )
+        assert kernels.staging_held() == held
+        # The direct path (CUDA-aware MPI) holds nothing: MPI uses the buffers.
+        jaxcomm.set_cuda_aware(True)
+        requests = [jc.irecv(x, source=left, tag=23), jc.isend(x, right, tag=23)]
+        jax.block_until_ready([r._handle for r in requests])
+        assert kernels.staging_held() == held
+        np.testing.assert_array_equal(jc.waitall(requests)[0], expected)
+    finally:
+        jaxcomm._gpu._apply(*(saved or (None, "")))
 
 
 # The checker and the watchdog --------------------------------------------------------
 
 
-@host_kernels
 @pytest.mark.mpi(min_size=2)
 def test_checker_passes_good_programs_and_names_bad_messages(jc):
     was_checking = jaxcomm._runtime.checking()
@@ -638,7 +660,6 @@ def test_checker_passes_good_programs_and_names_bad_messages(jc):
 
 
 @spawns_own_mpi
-@host_kernels
 def test_watchdog_names_the_wait(tmp_path):
     script = tmp_path / "hang.py"
     script.write_text(

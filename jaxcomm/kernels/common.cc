@@ -487,6 +487,30 @@ ffi::Error HostMemory::ZeroFrom(ffi::AnyBuffer& y, size_t offset) {
   return ffi::Error::Success();
 }
 
+ffi::Error HostMemory::HoldInput(const ffi::AnyBuffer& x, const void** data,
+                                 Held* held) {
+  *held = Held{x.untyped_data(), x.size_bytes(), nullptr};
+  *data = x.untyped_data();
+  return ffi::Error::Success();
+}
+
+ffi::Error HostMemory::HoldOutput(ffi::AnyBuffer& y, void** data, Held* held) {
+  *held = Held{y.untyped_data(), y.size_bytes(), nullptr};
+  *data = y.untyped_data();
+  return ffi::Error::Success();
+}
+
+ffi::Error HostMemory::Unhold(Held& held, ffi::AnyBuffer* out, size_t filled) {
+  if (out != nullptr) {
+    char* data = static_cast<char*>(out->untyped_data());
+    if (filled > out->size_bytes()) filled = out->size_bytes();
+    if (data != held.buffer && filled > 0) std::memcpy(data, held.buffer, filled);
+    ZeroFrom(*out, filled);
+  }
+  held = Held{};
+  return ffi::Error::Success();
+}
+
 std::string Elements(size_t count, ffi::DataType dtype) {
   return "count " + std::to_string(count) + " " + DtypeName(dtype);
 }

@@ -60,6 +60,15 @@ const char* ReduceOpName(int64_t code);
 // the host: the buffers of such a reduction must be in host memory.
 bool IsOwnReduceOp(int64_t code, ffi::DataType dtype);
 
+// What a nonblocking request keeps of one of its buffers from its start to
+// its wait: the buffer XLA gave the start and, where MPI does not use that
+// buffer itself, the platform's staging memory that MPI uses instead.
+struct Held {
+  void* buffer = nullptr;
+  size_t bytes = 0;
+  void* staging = nullptr;  // null: MPI uses `buffer`
+};
+
 // The platform layer: where one handler call's buffers live and how MPI
 // reaches them, the only thing that differs between the CPU and the CUDA
 // handlers. A handler takes the pointer MPI uses for each buffer from it,
@@ -99,6 +108,18 @@ class Memory {
   // Moves the outputs to their buffers.
   virtual ffi::Error Finish() = 0;
 
+  // Nonblocking starts, whose buffers MPI uses after the handler returned:
+  // as Input and Output, but the pointer stays valid until Unhold (at the
+  // wait), and `held` records what to give back then.
+  virtual ffi::Error HoldInput(const ffi::AnyBuffer& x, const void** data,
+                               Held* held) = 0;
+  virtual ffi::Error HoldOutput(ffi::AnyBuffer& y, void** data, Held* held) = 0;
+  // At the wait, once MPI is done: `out` (null for an input) takes the first
+  // `filled` bytes MPI wrote through the held output, and zeros after them;
+  // then the held memory is given back and `held` emptied. Also for a start
+  // that failed (out null).
+  virtual ffi::Error Unhold(Held& held, ffi::AnyBuffer* out, size_t filled) = 0;
+
   // Input and Output typed for pointer arithmetic on elements.
   ffi::Error Read(const ffi::AnyBuffer& x, void** data) {
     const void* in;
@@ -122,6 +143,10 @@ class HostMemory final : public Memory {
   ffi::Error Ready() override { return ffi::Error::Success(); }
   ffi::Error ZeroFrom(ffi::AnyBuffer& y, size_t offset) override;
   ffi::Error Finish() override { return ffi::Error::Success(); }
+  ffi::Error HoldInput(const ffi::AnyBuffer& x, const void** data,
+                       Held* held) override;
+  ffi::Error HoldOutput(ffi::AnyBuffer& y, void** data, Held* held) override;
+  ffi::Error Unhold(Held& held, ffi::AnyBuffer* out, size_t filled) override;
 };
 
 // The buffer parts of the handlers' FFI bindings, named in ops.def, each

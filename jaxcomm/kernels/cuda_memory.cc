@@ -187,13 +187,88 @@ void ReleaseArena(StagingArena* arena) {
   free_arenas.push_back(arena);
 }
 
+// A pinned block that a nonblocking request holds from its start to its
+// wait. The wait queues the copy of what MPI received from it to the device
+// on XLA's stream and records `copied` after it; the pool hands the block out
+// again only once that event has been reached.
+struct HeldBlock {
+  char* data;
+  size_t size;
+  int device;
+  cudaEvent_t copied;
+  bool pending;  // `copied` recorded and perhaps not reached yet
+};
+
+std::mutex blocks_mutex;
+std::vector<HeldBlock*> idle_blocks;
+size_t blocks_in_use = 0;
+size_t block_bytes = 0;  // of every block, idle or in use
+
+// The smallest idle block on `device` of at least `bytes` whose last copy
+// has run, or a new one.
+ffi::Error TakeBlock(int device, size_t bytes, HeldBlock** out) {
+  {
+    std::lock_guard<std::mutex> lock(blocks_mutex);
+    size_t best = idle_blocks.size();
+    for (size_t i = 0; i < idle_blocks.size(); ++i) {
+      HeldBlock* block = idle_blocks[i];
+      if (block->device != device || block->size < bytes) continue;
+      if (best < idle_blocks.size() && idle_blocks[best]->size <= block->size) {
+        continue;
+      }
+      if (block->pending) {
+        const cudaError_t rc = cudaEventQuery(block->copied);
+        if (rc == cudaErrorNotReady) continue;
+        if (rc != cudaSuccess) return CudaFailure("cudaEventQuery", rc);
+        block->pending = false;
+      }
+      best = i;
+    }
+    if (best < idle_blocks.size()) {
+      *out = idle_blocks[best];
+      idle_blocks.erase(idle_blocks.begin() + best);
+      ++blocks_in_use;
+      return ffi::Error::Success();
+    }
+  }
+  const size_t size = RoundUp(bytes == 0 ? 1 : bytes, kAlignment);
+  void* data = nullptr;
+  JAXCOMM_CUDA_CHECK(cudaHostAlloc, &data, size, cudaHostAllocPortable);
+  cudaEvent_t copied;
+  const cudaError_t rc = cudaEventCreateWithFlags(&copied, cudaEventDisableTiming);
+  if (rc != cudaSuccess) {
+    cudaFreeHost(data);
+    return CudaFailure("cudaEventCreateWithFlags", rc);
+  }
+  std::lock_guard<std::mutex> lock(blocks_mutex);
+  *out = new HeldBlock{static_cast<char*>(data), size, device, copied, false};
+  ++blocks_in_use;
+  block_bytes += size;
+  return ffi::Error::Success();
+}
+
+void GiveBack(HeldBlock* block, bool pending) {
+  std::lock_guard<std::mutex> lock(blocks_mutex);
+  block->pending = pending;
+  idle_blocks.push_back(block);
+  --blocks_in_use;
+}
+
 }  // namespace
 
 size_t StagingBytes() {
-  std::lock_guard<std::mutex> lock(arenas_mutex);
   size_t total = 0;
-  for (const StagingArena* arena : all_arenas) total += arena->bytes();
-  return total;
+  {
+    std::lock_guard<std::mutex> lock(arenas_mutex);
+    for (const StagingArena* arena : all_arenas) total += arena->bytes();
+  }
+  std::lock_guard<std::mutex> lock(blocks_mutex);
+  return total + block_bytes;
+}
+
+size_t StagingHeld() {
+  std::lock_guard<std::mutex> lock(blocks_mutex);
+  return blocks_in_use;
 }
 
 void FreeStaging() {
@@ -215,6 +290,16 @@ void FreeStaging() {
     delete arena;
   }
   free_arenas.clear();
+  std::lock_guard<std::mutex> blocks_lock(blocks_mutex);
+  for (HeldBlock* block : idle_blocks) {
+    // At exit there is no one left to tell about a failure.
+    if (block->pending) (void)cudaEventSynchronize(block->copied);
+    (void)cudaEventDestroy(block->copied);
+    (void)cudaFreeHost(block->data);
+    block_bytes -= block->size;
+    delete block;
+  }
+  idle_blocks.clear();
 }
 
 CudaMemory::CudaMemory(cudaStream_t stream)
@@ -353,6 +438,92 @@ ffi::Error CudaMemory::Finish() {
     }
   }
   return ffi::Error::Success();
+}
+
+// Nonblocking starts and waits --------------------------------------------
+
+ffi::Error CudaMemory::HoldInput(const ffi::AnyBuffer& x, const void** data,
+                                 Held* held) {
+  JAXCOMM_RETURN_IF_ERROR(init_error_);
+  *held = Held{x.untyped_data(), x.size_bytes(), nullptr};
+  if (direct_) {
+    *data = x.untyped_data();
+    return ffi::Error::Success();
+  }
+  HeldBlock* block;
+  JAXCOMM_RETURN_IF_ERROR(TakeBlock(device_, x.size_bytes(), &block));
+  held->staging = block;
+  if (x.size_bytes() > 0) {
+    JAXCOMM_CUDA_CHECK(cudaMemcpyAsync, block->data, x.untyped_data(),
+                       x.size_bytes(), cudaMemcpyDeviceToHost, stream_);
+  }
+  *data = block->data;
+  return ffi::Error::Success();
+}
+
+ffi::Error CudaMemory::HoldOutput(ffi::AnyBuffer& y, void** data, Held* held) {
+  JAXCOMM_RETURN_IF_ERROR(init_error_);
+  *held = Held{y.untyped_data(), y.size_bytes(), nullptr};
+  if (direct_) {
+    *data = y.untyped_data();
+    return ffi::Error::Success();
+  }
+  if (num_staged_ == kMaxStaged) {
+    return ffi::Error::Internal("jaxcomm: too many staged buffers in one call");
+  }
+  HeldBlock* block;
+  JAXCOMM_RETURN_IF_ERROR(TakeBlock(device_, y.size_bytes(), &block));
+  held->staging = block;
+  // Listed with the call's staged buffers for Preload; nothing goes back to
+  // the device in Finish(): Unhold copies at the wait.
+  staged_[num_staged_++] = Staged{y.untyped_data(), block->data, 0};
+  *data = block->data;
+  return ffi::Error::Success();
+}
+
+ffi::Error CudaMemory::Unhold(Held& held, ffi::AnyBuffer* out, size_t filled) {
+  HeldBlock* block = static_cast<HeldBlock*>(held.staging);
+  const void* source = block != nullptr ? block->data : held.buffer;
+  held = Held{};
+  ffi::Error error = init_error_;
+  bool copied = false;
+  if (out != nullptr && error.success()) {
+    char* data = static_cast<char*>(out->untyped_data());
+    if (filled > out->size_bytes()) filled = out->size_bytes();
+    cudaError_t rc = cudaSuccess;
+    if (filled > 0 && data != source) {
+      rc = cudaMemcpyAsync(data, source, filled,
+                           block != nullptr ? cudaMemcpyHostToDevice
+                                            : cudaMemcpyDeviceToDevice,
+                           stream_);
+      copied = block != nullptr;
+      if (rc != cudaSuccess) error = CudaFailure("cudaMemcpyAsync", rc);
+    }
+    if (rc == cudaSuccess && filled < out->size_bytes()) {
+      rc = cudaMemsetAsync(data + filled, 0, out->size_bytes() - filled, stream_);
+      if (rc != cudaSuccess) error = CudaFailure("cudaMemsetAsync", rc);
+    }
+  }
+  if (block == nullptr) return error;
+  bool pending = false;
+  if (copied) {
+    // The copy runs after this call returned: the block is reused only once
+    // it has. Recording needs the stream on the block's device; otherwise
+    // wait for the copy here.
+    cudaError_t rc = block->device == device_
+                         ? cudaEventRecord(block->copied, stream_)
+                         : cudaStreamSynchronize(stream_);
+    if (rc != cudaSuccess) {
+      rc = cudaStreamSynchronize(stream_);
+      if (error.success() && rc != cudaSuccess) {
+        error = CudaFailure("cudaStreamSynchronize", rc);
+      }
+    } else {
+      pending = block->device == device_;
+    }
+  }
+  GiveBack(block, pending);
+  return error;
 }
 
 }  // namespace jaxcomm

@@ -22,9 +22,12 @@ void SetCudaAware(int mode);
 bool CudaAware();
 
 // Pinned host memory held for staging, and its release (of the buffers no call
-// is using; called at exit).
+// or request is using; called at exit).
 size_t StagingBytes();
 void FreeStaging();
+
+// Pinned blocks nonblocking requests hold now, from their start to their wait.
+size_t StagingHeld();
 
 class StagingArena;
 
@@ -32,7 +35,11 @@ class StagingArena;
 // an arena of pinned memory, allocated once and reused by later calls (grown
 // when a call needs more), and only the copies each buffer needs are made:
 // inputs device-to-host, outputs host-to-device (both for a buffer worked on
-// in place), zeros with cudaMemsetAsync.
+// in place), zeros with cudaMemsetAsync. A nonblocking request's staging
+// copies live longer than the call that starts it: each is a pinned block of
+// its own, taken from a pool at the start and given back at the wait, once
+// the copy of what MPI received to the device has been queued (the pool
+// reuses it only after that copy ran).
 class CudaMemory final : public Memory {
  public:
   explicit CudaMemory(cudaStream_t stream);
@@ -51,6 +58,10 @@ class CudaMemory final : public Memory {
   ffi::Error Ready() override;
   ffi::Error ZeroFrom(ffi::AnyBuffer& y, size_t offset) override;
   ffi::Error Finish() override;
+  ffi::Error HoldInput(const ffi::AnyBuffer& x, const void** data,
+                       Held* held) override;
+  ffi::Error HoldOutput(ffi::AnyBuffer& y, void** data, Held* held) override;
+  ffi::Error Unhold(Held& held, ffi::AnyBuffer* out, size_t filled) override;
 
  private:
   // A device buffer and its host copy; `copy_back` leading bytes go back to

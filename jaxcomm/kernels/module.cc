@@ -91,11 +91,6 @@ auto PlatformBinding() {
 
 }  // namespace
 
-// The CUDA modules bind no host-only ops (ops.def).
-#ifdef JAXCOMM_CUDA
-#define JAXCOMM_NO_HOST_OPS
-#endif
-
 #define JAXCOMM_OP(name, Name, buffers, attributes)                  \
   XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommHandler##Name,                \
                                 OnPlatform<&jaxcomm::Name##Impl>{},  \
@@ -161,7 +156,10 @@ PYBIND11_MODULE(JAXCOMM_MODULE, m) {
   m.def("staging_bytes", &jaxcomm::StagingBytes,
         "Pinned host memory held for staging, in bytes.");
   m.def("free_staging", &jaxcomm::FreeStaging,
-        "Release the pinned staging memory no call is using.");
+        "Release the pinned staging memory no call or request is using.");
+  m.def("staging_held", &jaxcomm::StagingHeld,
+        "Pinned staging blocks nonblocking requests hold now (from their "
+        "start to their wait).");
 #ifdef JAXCOMM_CUDA_EMULATION
   m.def("host_allocations", &EmulatedHostAllocations,
         "Pinned allocations made so far (emulated runtime).");

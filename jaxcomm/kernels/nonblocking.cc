@@ -3,13 +3,20 @@
 //
 // A start handler makes the MPI call and writes a request handle: the bits
 // of two int32 (slot, serial) in a float32[2] (a float type, so that a
-// request's tangent or cotangent can be another request's handle), naming a slot of the process-wide request table below. The
-// wait handler takes that handle together with every buffer the operation
-// uses: the send buffer, which XLA therefore keeps alive and unmodified
-// until then, and the receive buffer, which it returns aliased in place, so
-// that XLA reads it only after the wait. The wait also checks that XLA
-// handed it the very buffers MPI was given at the start: a copy made in
-// between would mean MPI works on memory XLA no longer owns.
+// request's tangent or cotangent can be another request's handle), naming a
+// slot of the process-wide request table below. The wait handler takes that
+// handle together with every buffer the operation uses: the send buffer,
+// which XLA therefore keeps alive and unmodified until then, and the receive
+// buffer, which it returns aliased in place, so that XLA reads it only after
+// the wait. The wait also checks that XLA handed it the very buffers the
+// start was given: a copy made in between would mean MPI works on memory XLA
+// no longer owns.
+//
+// MPI reaches the buffers through the platform layer's held memory
+// (Memory::HoldInput, HoldOutput): on the host and on the direct GPU path the
+// buffers themselves, on the staged GPU path pinned host copies that the
+// request keeps, alive and pinned, until its wait copies what MPI received to
+// the device and gives them back (Memory::Unhold).
 //
 // The table: slots in chunks allocated once and never moved, a free list of
 // slot indices with room for every slot, and one mutex. A start and a wait
@@ -56,9 +63,10 @@ struct Slot {
   int64_t count = 0;  // elements of the operation's input
   ffi::DataType dtype = ffi::DataType::INVALID;
   int64_t site = -1;
-  // The buffers MPI was given, which the wait must be handed again.
-  const void* send = nullptr;
-  void* recv = nullptr;
+  // The buffers the start was given, which the wait must be handed again,
+  // and the memory MPI uses for them until the wait.
+  Held send;
+  Held recv;
 };
 
 struct Table {
@@ -156,42 +164,61 @@ ffi::Error NotUnderWay(const char* op, int32_t index, uint32_t serial) {
           "run of a compiled function");
 }
 
-// The handle's (slot, serial): the bits of two int32 in a float32[2] in host
-// memory (only ever copied, never computed on).
-ffi::Error ReadHandle(const char* op, const ffi::AnyBuffer& handle,
-                      int32_t* index, uint32_t* serial) {
+// The handle's (slot, serial): the bits of two int32 in a float32[2] (only
+// ever copied, never computed on), in the platform's memory.
+ffi::Error ReadHandle(Memory& memory, const char* op,
+                      const ffi::AnyBuffer& handle, int32_t* index,
+                      uint32_t* serial) {
   if (handle.element_type() != ffi::DataType::F32 ||
       handle.element_count() != 2) {
     return ffi::Error::InvalidArgument(
         std::string("jaxcomm: ") + op + ": a request handle is 2 float32, got " +
         Elements(handle.element_count(), handle.element_type()));
   }
+  const void* data;
+  JAXCOMM_RETURN_IF_ERROR(memory.HostInput(handle, &data));
+  JAXCOMM_RETURN_IF_ERROR(memory.Ready());
   int32_t fields[2];
-  std::memcpy(fields, handle.untyped_data(), sizeof(fields));
+  std::memcpy(fields, data, sizeof(fields));
   *index = fields[0];
   *serial = static_cast<uint32_t>(fields[1]);
   return ffi::Error::Success();
 }
 
-void WriteHandle(ffi::AnyBuffer& handle, int32_t index, uint32_t serial) {
+// Reaches the handle's buffer when Memory::Finish() runs.
+ffi::Error WriteHandle(Memory& memory, ffi::AnyBuffer& handle, int32_t index,
+                       uint32_t serial) {
+  void* data;
+  JAXCOMM_RETURN_IF_ERROR(memory.HostOutput(handle, &data));
   const int32_t fields[2] = {index, static_cast<int32_t>(serial)};
-  std::memcpy(handle.untyped_data(), fields, sizeof(fields));
+  std::memcpy(data, fields, sizeof(fields));
+  return ffi::Error::Success();
 }
 
-// A start that took slot `index` and then failed gives it back.
+// A start that took slot `index` and then failed, or a wait, gives it back
+// with the memory it still holds.
 struct SlotGuard {
+  Memory& memory;
   int32_t index;
   bool keep = false;
   ~SlotGuard() {
-    if (!keep) Release(index);
+    if (keep) return;
+    Slot& slot = SlotAt(TheTable(), index);
+    // Nothing to report a failure to here: the call fails already, or
+    // completed its request.
+    (void)memory.Unhold(slot.send, nullptr, 0);
+    (void)memory.Unhold(slot.recv, nullptr, 0);
+    Release(index);
   }
 };
 
-// Takes a slot for a request of `kind` described by the other arguments;
-// the caller then makes the MPI call into slot->data.
-ffi::Error Begin(Kind kind, const char* op, int64_t comm_handle, MPI_Comm comm,
-                 int64_t peer, int64_t tag, const ffi::AnyBuffer& x,
-                 ffi::AnyBuffer& handle, int32_t* index, Slot** slot) {
+// Takes a slot for a request of `kind` described by the other arguments and
+// writes its handle; the caller then holds its buffers and makes the MPI
+// call into slot->data.
+ffi::Error Begin(Memory& memory, Kind kind, const char* op,
+                 int64_t comm_handle, MPI_Comm comm, int64_t peer, int64_t tag,
+                 const ffi::AnyBuffer& x, ffi::AnyBuffer& handle,
+                 int32_t* index, Slot** slot) {
   if (handle.element_type() != ffi::DataType::F32 ||
       handle.element_count() != 2) {
     return Invalid(op, comm, "the request handle output must be 2 float32");
@@ -208,9 +235,13 @@ ffi::Error Begin(Kind kind, const char* op, int64_t comm_handle, MPI_Comm comm,
   s.count = Count(x);
   s.dtype = x.element_type();
   s.site = CurrentSite();
-  s.send = nullptr;
-  s.recv = nullptr;
-  WriteHandle(handle, *index, serial);
+  s.send = Held{};
+  s.recv = Held{};
+  ffi::Error written = WriteHandle(memory, handle, *index, serial);
+  if (written.failure()) {
+    Release(*index);
+    return written;
+  }
   *slot = &s;
   return ffi::Error::Success();
 }
@@ -259,14 +290,14 @@ ffi::Error IsendImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x,
   LargeType type;
   JAXCOMM_RETURN_IF_ERROR(
       LargeType::Make(x.element_type(), x.element_count(), comm, &type));
-  const void* in;
-  JAXCOMM_RETURN_IF_ERROR(memory.Input(x, &in));
   int32_t index;
   Slot* slot;
-  JAXCOMM_RETURN_IF_ERROR(Begin(Kind::kSend, "isend", comm_handle, comm, dest,
-                                tag, x, *handle, &index, &slot));
-  SlotGuard guard{index};
-  slot->send = in;
+  JAXCOMM_RETURN_IF_ERROR(Begin(memory, Kind::kSend, "isend", comm_handle,
+                                comm, dest, tag, x, *handle, &index, &slot));
+  SlotGuard guard{memory, index};
+  const void* in;
+  JAXCOMM_RETURN_IF_ERROR(memory.HoldInput(x, &in, &slot->send));
+  JAXCOMM_RETURN_IF_ERROR(memory.Ready());
   if ((MonitorFlags() & kCheckCalls) && dest != MPI_PROC_NULL) {
     // Checking: the signature goes out ahead of the message, as for send,
     // but without waiting: the receive may be this rank's own, posted later.
@@ -286,7 +317,7 @@ ffi::Error IsendImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x,
                     static_cast<int>(dest), static_cast<int>(tag), comm,
                     &slot->data);
   guard.keep = true;
-  return ffi::Error::Success();
+  return memory.Finish();
 }
 
 ffi::Error IrecvImpl(Memory& memory, ffi::Token, ffi::AnyBuffer template_buffer,
@@ -302,15 +333,17 @@ ffi::Error IrecvImpl(Memory& memory, ffi::Token, ffi::AnyBuffer template_buffer,
   LargeType type;
   JAXCOMM_RETURN_IF_ERROR(
       LargeType::Make(y->element_type(), y->element_count(), comm, &type));
-  void* out;
-  JAXCOMM_RETURN_IF_ERROR(memory.Output(*y, &out));
   int32_t index;
   Slot* slot;
-  JAXCOMM_RETURN_IF_ERROR(Begin(Kind::kReceive, "irecv", comm_handle, comm,
-                                source, tag, template_buffer, *handle, &index,
-                                &slot));
-  SlotGuard guard{index};
-  slot->recv = out;
+  JAXCOMM_RETURN_IF_ERROR(Begin(memory, Kind::kReceive, "irecv", comm_handle,
+                                comm, source, tag, template_buffer, *handle,
+                                &index, &slot));
+  SlotGuard guard{memory, index};
+  void* out;
+  JAXCOMM_RETURN_IF_ERROR(memory.HoldOutput(*y, &out, &slot->recv));
+  // On the direct GPU path MPI writes y itself: work XLA queued before may
+  // still use that memory.
+  JAXCOMM_RETURN_IF_ERROR(memory.Ready());
   const bool checked = (MonitorFlags() & kCheckCalls) && source != MPI_PROC_NULL;
   if (checked && source != MPI_ANY_SOURCE && tag != MPI_ANY_TAG) {
     // Posted now, in the order receives are posted, so that it pairs with
@@ -332,7 +365,7 @@ ffi::Error IrecvImpl(Memory& memory, ffi::Token, ffi::AnyBuffer template_buffer,
                     static_cast<int>(source), static_cast<int>(tag), comm,
                     &slot->data);
   guard.keep = true;
-  return ffi::Error::Success();
+  return memory.Finish();
 }
 
 ffi::Error IallreduceImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x,
@@ -352,17 +385,19 @@ ffi::Error IallreduceImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x,
   MPI_Op mpi_op;
   JAXCOMM_RETURN_IF_ERROR(MpiDatatype(x.element_type(), &dtype));
   JAXCOMM_RETURN_IF_ERROR(MpiReduceOp(op, x.element_type(), comm, &mpi_op));
-  const void* in;
-  void* out;
-  JAXCOMM_RETURN_IF_ERROR(memory.Input(x, &in));
-  JAXCOMM_RETURN_IF_ERROR(memory.Output(*y, &out));
+  // jaxcomm's own ops run on the host, whatever the data path.
+  if (IsOwnReduceOp(op, x.element_type())) memory.RequireHost();
   int32_t index;
   Slot* slot;
-  JAXCOMM_RETURN_IF_ERROR(Begin(Kind::kCollective, "iallreduce", comm_handle,
-                                comm, kNoPeer, 0, x, *handle, &index, &slot));
-  SlotGuard guard{index};
-  slot->send = in;
-  slot->recv = out;
+  JAXCOMM_RETURN_IF_ERROR(Begin(memory, Kind::kCollective, "iallreduce",
+                                comm_handle, comm, kNoPeer, 0, x, *handle,
+                                &index, &slot));
+  SlotGuard guard{memory, index};
+  const void* in;
+  void* out;
+  JAXCOMM_RETURN_IF_ERROR(memory.HoldInput(x, &in, &slot->send));
+  JAXCOMM_RETURN_IF_ERROR(memory.HoldOutput(*y, &out, &slot->recv));
+  JAXCOMM_RETURN_IF_ERROR(memory.Ready());
   if (DebugEnabled()) {
     DebugLog(comm, std::string("MPI_Iallreduce op ") + ReduceOpName(op) + " " +
                        Elements(x.element_count(), x.element_type()));
@@ -370,7 +405,7 @@ ffi::Error IallreduceImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x,
   JAXCOMM_MPI_CHECK(MPI_Iallreduce, in, out, static_cast<int>(x.element_count()),
                     dtype, mpi_op, comm, &slot->data);
   guard.keep = true;
-  return ffi::Error::Success();
+  return memory.Finish();
 }
 
 ffi::Error IbcastImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x,
@@ -386,20 +421,20 @@ ffi::Error IbcastImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x,
   LargeType type;
   JAXCOMM_RETURN_IF_ERROR(
       LargeType::Make(x.element_type(), x.element_count(), comm, &type));
-  const void* in;
-  void* out;
-  JAXCOMM_RETURN_IF_ERROR(memory.Input(x, &in));
-  JAXCOMM_RETURN_IF_ERROR(memory.Output(*y, &out));
-  // MPI_Ibcast works in one buffer: the root sends from y, which starts as
-  // its x (x itself is not ours to write).
-  if (CommRank(comm) == root) JAXCOMM_RETURN_IF_ERROR(memory.Preload(*y, 0, x));
   int32_t index;
   Slot* slot;
-  JAXCOMM_RETURN_IF_ERROR(Begin(Kind::kCollective, "ibcast", comm_handle, comm,
-                                root, 0, x, *handle, &index, &slot));
-  SlotGuard guard{index};
-  slot->send = in;
-  slot->recv = out;
+  JAXCOMM_RETURN_IF_ERROR(Begin(memory, Kind::kCollective, "ibcast",
+                                comm_handle, comm, root, 0, x, *handle, &index,
+                                &slot));
+  SlotGuard guard{memory, index};
+  void* out;
+  JAXCOMM_RETURN_IF_ERROR(memory.HoldOutput(*y, &out, &slot->recv));
+  // MPI_Ibcast works in one buffer: the root sends from y, which starts as
+  // its x (x itself is not ours to write). MPI never reads x, which the wait
+  // takes only to check it is the buffer the start was given.
+  slot->send = Held{x.untyped_data(), x.size_bytes(), nullptr};
+  if (CommRank(comm) == root) JAXCOMM_RETURN_IF_ERROR(memory.Preload(*y, 0, x));
+  JAXCOMM_RETURN_IF_ERROR(memory.Ready());
   if (DebugEnabled()) {
     DebugLog(comm, "MPI_Ibcast root " + std::to_string(root) + " " +
                        Elements(x.element_count(), x.element_type()));
@@ -407,7 +442,7 @@ ffi::Error IbcastImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x,
   JAXCOMM_MPI_CHECK(MPI_Ibcast, out, type.count(), type.type(),
                     static_cast<int>(root), comm, &slot->data);
   guard.keep = true;
-  return ffi::Error::Success();
+  return memory.Finish();
 }
 
 namespace {
@@ -444,17 +479,16 @@ ffi::Error StartBlocks(Memory& memory, const char* op, const char* function,
   LargeType block;
   JAXCOMM_RETURN_IF_ERROR(
       LargeType::Make(x.element_type(), block_count, comm, &block));
-  const void* in;
-  void* out;
-  JAXCOMM_RETURN_IF_ERROR(memory.Input(x, &in));
-  JAXCOMM_RETURN_IF_ERROR(memory.Output(y, &out));
   int32_t index;
   Slot* slot;
-  JAXCOMM_RETURN_IF_ERROR(Begin(Kind::kCollective, op, comm_handle, comm,
-                                kNoPeer, 0, x, handle, &index, &slot));
-  SlotGuard guard{index};
-  slot->send = in;
-  slot->recv = out;
+  JAXCOMM_RETURN_IF_ERROR(Begin(memory, Kind::kCollective, op, comm_handle,
+                                comm, kNoPeer, 0, x, handle, &index, &slot));
+  SlotGuard guard{memory, index};
+  const void* in;
+  void* out;
+  JAXCOMM_RETURN_IF_ERROR(memory.HoldInput(x, &in, &slot->send));
+  JAXCOMM_RETURN_IF_ERROR(memory.HoldOutput(y, &out, &slot->recv));
+  JAXCOMM_RETURN_IF_ERROR(memory.Ready());
   if (DebugEnabled()) {
     DebugLog(comm, std::string(function) + " " +
                        Elements(x.element_count(), x.element_type()));
@@ -463,7 +497,7 @@ ffi::Error StartBlocks(Memory& memory, const char* op, const char* function,
                       block.type(), comm, &slot->data);
   if (rc != MPI_SUCCESS) return MpiFailure(function, rc, comm);
   guard.keep = true;
-  return ffi::Error::Success();
+  return memory.Finish();
 }
 
 }  // namespace
@@ -493,18 +527,20 @@ ffi::Error Moved(const Slot& slot, const char* which) {
       ffi::ErrorCode::kInternal,
       std::string("jaxcomm: wait on world rank ") + std::to_string(WorldRank()) +
           ": the " + which + " buffer of " + Describe(slot) +
-          " is not the one MPI was given at the start (XLA copied it in "
+          " is not the one the start was given (XLA copied it in "
           "between); please report this as a jaxcomm bug");
 }
 
 // Completes the request behind `handle`: waits for it, checks that `send`
-// and `recv` (null: none) are the buffers MPI was given, and for a receive
-// zeros what no message filled and checks the message's signature.
-ffi::Error Complete(const char* op, const ffi::AnyBuffer& handle,
-                    const ffi::AnyBuffer* send, ffi::AnyBuffer* recv) {
+// and `recv` (null: none) are the buffers the start was given, checks a
+// receive's message against its signature, and gives `out` (null: none) what
+// MPI received, zeros where no message filled it.
+ffi::Error Complete(Memory& memory, const char* op, const ffi::AnyBuffer& handle,
+                    const ffi::AnyBuffer* send, ffi::AnyBuffer* recv,
+                    ffi::AnyBuffer* out) {
   int32_t index = 0;
   uint32_t serial = 0;
-  JAXCOMM_RETURN_IF_ERROR(ReadHandle(op, handle, &index, &serial));
+  JAXCOMM_RETURN_IF_ERROR(ReadHandle(memory, op, handle, &index, &serial));
   Table& table = TheTable();
   {
     std::lock_guard<std::mutex> lock(table.mutex);
@@ -515,7 +551,7 @@ ffi::Error Complete(const char* op, const ffi::AnyBuffer& handle,
     }
   }
   Slot& slot = SlotAt(table, index);
-  SlotGuard guard{index};
+  SlotGuard guard{memory, index};
   if (Watching()) {
     Watch("wait for " + Describe(slot) + ", at " + SiteText(CurrentSite()) +
           " on world rank " + std::to_string(WorldRank()));
@@ -547,76 +583,70 @@ ffi::Error Complete(const char* op, const ffi::AnyBuffer& handle,
   }
   if (rc != MPI_SUCCESS) return MpiFailure("MPI_Wait", rc, comm);
   if (send != nullptr && send->size_bytes() > 0 &&
-      send->untyped_data() != slot.send) {
+      send->untyped_data() != slot.send.buffer) {
     return Moved(slot, "send");
   }
   if (recv != nullptr && recv->size_bytes() > 0 &&
-      recv->untyped_data() != slot.recv) {
+      recv->untyped_data() != slot.recv.buffer) {
     return Moved(slot, "receive");
   }
-  if (slot.kind != Kind::kReceive) return ffi::Error::Success();
-  MPI_Datatype base;
-  JAXCOMM_RETURN_IF_ERROR(MpiDatatype(slot.dtype, &base));
-  // The receive used `base` unless the message was too large for one count;
-  // then a derived type of `base` elements (freed by now), which MPI counts
-  // in `base` elements all the same.
-  MPI_Count received = 0;
-  JAXCOMM_MPI_CHECK(MPI_Get_elements_x, &status, base, &received);
-  if (received == MPI_UNDEFINED || received < 0 || received > slot.count) {
-    return Invalid("irecv", comm,
-                   "received a message that is not a whole number of " +
-                       std::string(DtypeName(slot.dtype)) + " elements");
+  size_t filled = slot.recv.bytes;
+  if (slot.kind == Kind::kReceive) {
+    MPI_Datatype base;
+    JAXCOMM_RETURN_IF_ERROR(MpiDatatype(slot.dtype, &base));
+    // The receive used `base` unless the message was too large for one
+    // count; then a derived type of `base` elements (freed by now), which MPI
+    // counts in `base` elements all the same.
+    MPI_Count received = 0;
+    JAXCOMM_MPI_CHECK(MPI_Get_elements_x, &status, base, &received);
+    if (received == MPI_UNDEFINED || received < 0 || received > slot.count) {
+      return Invalid("irecv", comm,
+                     "received a message that is not a whole number of " +
+                         std::string(DtypeName(slot.dtype)) + " elements");
+    }
+    filled = static_cast<size_t>(received) * ffi::ByteWidth(slot.dtype);
   }
-  if (received < slot.count) {
-    HostMemory host;
-    JAXCOMM_RETURN_IF_ERROR(host.ZeroFrom(
-        *recv, static_cast<size_t>(received) * ffi::ByteWidth(slot.dtype)));
-  }
-  return ffi::Error::Success();
+  JAXCOMM_RETURN_IF_ERROR(memory.Unhold(slot.recv, out, filled));
+  JAXCOMM_RETURN_IF_ERROR(memory.Unhold(slot.send, nullptr, 0));
+  return memory.Finish();
 }
 
 }  // namespace
 
-ffi::Error WaitSendImpl(Memory&, ffi::Token, ffi::AnyBuffer handle,
-                        ffi::AnyBuffer x, ffi::Result<ffi::Token>,
-                        int64_t) {
-  return Complete("wait", handle, &x, nullptr);
+ffi::Error WaitSendImpl(Memory& memory, ffi::Token, ffi::AnyBuffer handle,
+                        ffi::AnyBuffer x, ffi::Result<ffi::Token>, int64_t) {
+  return Complete(memory, "wait", handle, &x, nullptr, nullptr);
 }
 
-ffi::Error WaitRecvImpl(Memory&, ffi::Token, ffi::AnyBuffer handle,
+// The result is the receive buffer in place (the lowering aliases them);
+// without the alias, MPI's data is moved to the result.
+ffi::Error WaitRecvImpl(Memory& memory, ffi::Token, ffi::AnyBuffer handle,
                         ffi::AnyBuffer y, ffi::Result<ffi::Token>,
                         ffi::Result<ffi::AnyBuffer> y_out, int64_t) {
-  JAXCOMM_RETURN_IF_ERROR(Complete("wait", handle, nullptr, &y));
-  if (y_out->untyped_data() != y.untyped_data()) {
-    // Not aliased (a lowering without operand_output_aliases): XLA still
-    // reads the result only from here.
-    std::memcpy(y_out->untyped_data(), y.untyped_data(), y.size_bytes());
-  }
-  return ffi::Error::Success();
+  return Complete(memory, "wait", handle, nullptr, &y, &*y_out);
 }
 
-ffi::Error WaitExchangeImpl(Memory&, ffi::Token, ffi::AnyBuffer handle,
+ffi::Error WaitExchangeImpl(Memory& memory, ffi::Token, ffi::AnyBuffer handle,
                             ffi::AnyBuffer x, ffi::AnyBuffer y,
                             ffi::Result<ffi::Token>,
                             ffi::Result<ffi::AnyBuffer> y_out, int64_t) {
-  JAXCOMM_RETURN_IF_ERROR(Complete("wait", handle, &x, &y));
-  if (y_out->untyped_data() != y.untyped_data()) {
-    std::memcpy(y_out->untyped_data(), y.untyped_data(), y.size_bytes());
-  }
-  return ffi::Error::Success();
+  return Complete(memory, "wait", handle, &x, &y, &*y_out);
 }
 
 // JaxComm.during: no MPI call. The arrays are only operands, so XLA computes
 // them before this call; the int32 1 it writes is a value XLA cannot know
 // before it runs, so whatever is computed from it comes after.
-ffi::Error FenceImpl(Memory&, ffi::Token, ffi::RemainingArgs,
+ffi::Error FenceImpl(Memory& memory, ffi::Token, ffi::RemainingArgs,
                      ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> one,
                      int64_t) {
   if (one->element_type() != ffi::DataType::S32 || one->element_count() != 1) {
     return ffi::Error::InvalidArgument("jaxcomm: fence: the output must be one int32");
   }
-  *static_cast<int32_t*>(one->untyped_data()) = 1;
-  return ffi::Error::Success();
+  void* data;
+  JAXCOMM_RETURN_IF_ERROR(memory.HostOutput(*one, &data));
+  const int32_t value = 1;
+  std::memcpy(data, &value, sizeof(value));
+  return memory.Finish();
 }
 
 }  // namespace jaxcomm

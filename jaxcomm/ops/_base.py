@@ -64,12 +64,7 @@ ALLOWED_DTYPES = {
 PRIMITIVES = {}
 
 
-# FFI targets the CUDA kernels leave out (ops.def's JAXCOMM_HOST_OP rows).
-HOST_ONLY = set()
-
-
-def comm_primitive(name, abstract_eval, target, attrs, *, in_place=False, aliases=None,
-                   host_only=False):
+def comm_primitive(name, abstract_eval, target, attrs, *, in_place=False, aliases=None):
     """Create the primitive ``<name>_p`` lowered to the FFI target ``target``.
 
     Args:
@@ -87,8 +82,6 @@ def comm_primitive(name, abstract_eval, target, attrs, *, in_place=False, aliase
         aliases: ``{operand: result}``, the operands (counted without the
             token) whose buffers results (likewise) take, where ``in_place``
             does not describe them.
-        host_only: the kernels work only on host memory and exist only in
-            the CPU kernels module; a lowering for a GPU refuses the op.
     """
     PRIMITIVES[name] = (target, tuple(attrs))
     prim = Primitive(name)
@@ -99,17 +92,12 @@ def comm_primitive(name, abstract_eval, target, attrs, *, in_place=False, aliase
         # The token comes first on both sides of the FFI call.
         aliases = {operand + 1: result + 1 for operand, result in aliases.items()}
     lowering = partial(_ordered_ffi_lowering, target, attrs, in_place, aliases)
-    if host_only:
-        HOST_ONLY.add(target)
-        cpu_lowering = partial(_host_lowering, lowering)
-        cuda_lowering = _refused_on_gpu
-    else:
-        cpu_lowering = lowering
-        cuda_lowering = partial(_cuda_lowering, lowering)
     # Not cacheable: JAX would lower equal calls from different lines once,
     # and all would then report the first one's call site.
-    mlir.register_lowering(prim, cpu_lowering, platform="cpu", cacheable=False)
-    mlir.register_lowering(prim, cuda_lowering, platform="cuda", cacheable=False)
+    mlir.register_lowering(prim, lowering, platform="cpu", cacheable=False)
+    mlir.register_lowering(
+        prim, partial(_cuda_lowering, lowering), platform="cuda", cacheable=False
+    )
     _compat.communicating_primitives.add(prim)
     return prim
 
@@ -158,28 +146,6 @@ def _cuda_lowering(lowering, ctx, *args, **params):
             "Or keep the arrays it communicates on the CPU (jax.device_put(x, "
             "jax.devices('cpu')[0])) and jaxcomm's CPU kernels move them."
         )
-    return lowering(ctx, *args, **params)
-
-
-def _gpu_refusal(name):
-    return NotImplementedError(
-        f"jaxcomm op {name!r} on a GPU: jaxcomm's nonblocking operations work on "
-        "host memory only (MPI uses their buffers after the call that started them "
-        "returned, which GPU staging does not allow yet). Use the blocking form "
-        "(send, recv, allreduce, ...) on the GPU, or keep the arrays on the CPU "
-        "(jax.device_put(x, jax.devices('cpu')[0]))."
-    )
-
-
-def _refused_on_gpu(ctx, *args, **params):
-    raise _gpu_refusal(ctx.primitive.name)
-
-
-def _host_lowering(lowering, ctx, *args, **params):
-    # The emulated CUDA kernels (tests/cuda_emulation) stand in for the CPU
-    # ones and, like the CUDA kernels, have no host-only ops.
-    if not _runtime.has_target(PRIMITIVES[ctx.primitive.name][0]):
-        raise _gpu_refusal(ctx.primitive.name)
     return lowering(ctx, *args, **params)
 
 

@@ -11,7 +11,7 @@ waits run in program order with every other jaxcomm call. Because the wait
 takes the send buffer, XLA keeps it alive and unmodified until then; because
 the result comes out of the wait, aliased to the buffer MPI fills, nothing
 reads it earlier and no data moves. The wait checks that it was handed the
-very buffers MPI was given.
+very buffers the start was given.
 
 A :class:`Request` must be waited exactly once, in the traced function that
 started it. :func:`check_requests` enforces that on every jaxpr lowered; the
@@ -60,23 +60,22 @@ def _received(handle, *buffers, **_):
     return [jax.core.ShapedArray(y.shape, y.dtype)]
 
 
-_start = partial(comm_primitive, host_only=True)
-isend_p = _start("isend", _send_start, "jaxcomm_isend", ("comm", "dest", "tag"))
-irecv_p = _start("irecv", _receive_start, "jaxcomm_irecv", ("comm", "source", "tag"))
-iallreduce_p = _start("iallreduce", _receive_start, "jaxcomm_iallreduce", ("comm", "op"))
-ibcast_p = _start("ibcast", _receive_start, "jaxcomm_ibcast", ("comm", "root"))
-iallgather_p = _start("iallgather", _gather_start, "jaxcomm_iallgather", ("comm",))
-ialltoall_p = _start("ialltoall", _receive_start, "jaxcomm_ialltoall", ("comm",))
+isend_p = comm_primitive("isend", _send_start, "jaxcomm_isend", ("comm", "dest", "tag"))
+irecv_p = comm_primitive("irecv", _receive_start, "jaxcomm_irecv", ("comm", "source", "tag"))
+iallreduce_p = comm_primitive("iallreduce", _receive_start, "jaxcomm_iallreduce", ("comm", "op"))
+ibcast_p = comm_primitive("ibcast", _receive_start, "jaxcomm_ibcast", ("comm", "root"))
+iallgather_p = comm_primitive("iallgather", _gather_start, "jaxcomm_iallgather", ("comm",))
+ialltoall_p = comm_primitive("ialltoall", _receive_start, "jaxcomm_ialltoall", ("comm",))
 
 # Operands (handle, send) / (handle, receive) / (handle, send, receive); the
 # result takes the receive buffer's place.
-wait_send_p = _start("wait_send", no_output, "jaxcomm_wait_send", ("comm",))
-wait_recv_p = _start("wait_recv", _received, "jaxcomm_wait_recv", ("comm",), aliases={1: 0})
-wait_exchange_p = _start(
+wait_send_p = comm_primitive("wait_send", no_output, "jaxcomm_wait_send", ("comm",))
+wait_recv_p = comm_primitive("wait_recv", _received, "jaxcomm_wait_recv", ("comm",), aliases={1: 0})
+wait_exchange_p = comm_primitive(
     "wait_exchange", _received, "jaxcomm_wait_exchange", ("comm",), aliases={2: 0}
 )
 # JaxComm.during: operands waited for, an int32 1 out (no MPI call).
-fence_p = _start(
+fence_p = comm_primitive(
     "fence", lambda *avals, **_: [jax.core.ShapedArray((), np.dtype(np.int32))],
     "jaxcomm_fence", ("comm",),
 )
