@@ -1378,8 +1378,7 @@ class JaxComm:
         Wraps ``MPI_Isend``. ``x`` stays alive and unmodified until the wait
         (jaxcomm keeps it). Works eagerly and under ``jit``, in loop bodies
         and under ``vmap``; the request must be waited in the same traced
-        function (see ``docs/nonblocking.md``). Differentiable; not on GPUs
-        (use :meth:`send` there).
+        function (see ``docs/nonblocking.md``). Differentiable.
 
         Args:
             x: array or scalar to send.
@@ -1415,7 +1414,7 @@ class JaxComm:
         ``MPI.PROC_NULL`` gives zeros. Works eagerly, under ``jit`` and
         ``vmap`` (a batched message needs a batched template, as for
         :meth:`recv`). Differentiable with an explicit ``source`` and
-        ``tag``; not on GPUs.
+        ``tag``.
 
         Args:
             x: template for the received array's shape and dtype.
@@ -1442,7 +1441,7 @@ class JaxComm:
         Wraps ``MPI_Iallreduce``. Every rank starts the same nonblocking
         collectives in the same order (jaxcomm's program order does that).
         Arguments as for :meth:`allreduce`, but a single array, not a pytree.
-        Differentiable; not on GPUs.
+        Differentiable.
 
         Args:
             x: array or scalar, the same shape and dtype on every rank.
@@ -1469,7 +1468,7 @@ class JaxComm:
         """Start broadcasting root's ``x`` to every rank; :meth:`wait` returns it.
 
         Wraps ``MPI_Ibcast``. Every rank passes an array of the same shape and
-        dtype; only root's values are read. Differentiable; not on GPUs.
+        dtype; only root's values are read. Differentiable.
 
         Args:
             x: array or scalar.
@@ -1490,7 +1489,7 @@ class JaxComm:
         """Start collecting ``x`` from every rank on every rank; :meth:`wait` returns it.
 
         Wraps ``MPI_Iallgather``; the result is laid out as :meth:`allgather`'s.
-        Differentiable; not on GPUs.
+        Differentiable.
 
         Args:
             x: array or scalar, the same shape and dtype on every rank.
@@ -1516,8 +1515,7 @@ class JaxComm:
     def ialltoall(self, x: ArrayLike, *, tiled: bool = False) -> Request:
         """Start sending block ``r`` of ``x``'s leading axis to rank ``r``; see :meth:`wait`.
 
-        Wraps ``MPI_Ialltoall``; blocks as in :meth:`alltoall`. Differentiable;
-        not on GPUs.
+        Wraps ``MPI_Ialltoall``; blocks as in :meth:`alltoall`. Differentiable.
 
         Args:
             x: array with a leading axis of length ``size`` (``tiled=False``)
