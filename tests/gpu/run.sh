@@ -185,6 +185,13 @@ benchmark() {
     mpiexec -n 2 python benchmarks/gpu.py --out "$out_dir/benchmark" "${bench_args[@]}")
 }
 
+# benchmarks/overlap.py on the default device, the GPU: 16 MiB only, which
+# every GPU holds twice per rank.
+overlap() {
+  (cd "$repo" && XLA_PYTHON_CLIENT_PREALLOCATE=false timeout "$bench_timeout" \
+    mpiexec -n 2 python benchmarks/overlap.py --mib 16 --repeats 5)
+}
+
 step "virtual environment" venv.log make_venv
 export PATH="$venv/bin:$PATH"
 step "wheels" wheels.log install_wheels
@@ -197,6 +204,7 @@ step "JAX sees a GPU" jax_gpu.log jax_gpu
 step "GPU tests, 1 rank" pytest-n1.log gpu_tests 1
 step "GPU tests, 2 ranks" pytest-n2.log gpu_tests 2
 step "GPU benchmark, 2 ranks" benchmark.log benchmark
+step "nonblocking overlap on GPU arrays, 2 ranks" overlap.log overlap
 
 python - "$out_dir" "$failures" "${steps[@]}" <<'EOF' >"$out_dir/summary.md"
 import glob, os, re, sys
@@ -237,6 +245,8 @@ table = read("benchmark/table.md")
 print("\n## Benchmark (2 ranks)\n")
 print(table if table else "No benchmark table; the end of benchmark.log:\n\n```\n"
       + "\n".join(read("benchmark.log").splitlines()[-15:]) + "\n```")
+print("\n## Nonblocking overlap (2 ranks, benchmarks/overlap.py)\n")
+print("```\n" + "\n".join(read("overlap.log").splitlines()[-6:]) + "\n```")
 EOF
 cat "$out_dir/summary.md"
 echo
