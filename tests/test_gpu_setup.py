@@ -218,7 +218,10 @@ def _check_staging_reuse(jc, loop):
     assert kernels.host_allocations() == allocations
     assert kernels.staging_bytes() == held
 
-    # A larger call grows the memory once; the next calls reuse it as one block.
+    # A larger call grows the memory once; the next calls reuse it as one
+    # block. (Blocks that nonblocking requests gave back to their pool, from
+    # earlier tests, are live allocations too: count from here.)
+    live = kernels.live_host_allocations()
     big = jnp.ones(4 << 20, jnp.float32)
     np.testing.assert_array_equal(jc.allreduce(big), np.full(4 << 20, jc.size, np.float32))
     grown = kernels.staging_bytes()
@@ -227,4 +230,4 @@ def _check_staging_reuse(jc, loop):
         jc.allreduce(big)
         jc.allreduce(x)
     assert kernels.staging_bytes() == grown
-    assert kernels.live_host_allocations() == 1
+    assert kernels.live_host_allocations() == live

@@ -603,6 +603,21 @@ def test_gpu_staging_is_held_from_the_start_to_the_wait(jc):
             if attempt == 1:
                 # The blocks given back are reused.
                 assert kernels.host_allocations() == allocations
+        # A block whose copy to the device a wait queued is reused only once
+        # that copy ran: while the runtime says it has not, the two blocks
+        # that received (irecv's, iallreduce's result) are passed over and
+        # the two that only sent are reused.
+        kernels.hold_events(True)
+        try:
+            allocations = kernels.host_allocations()
+            requests = [jc.irecv(x, source=left, tag=24), jc.isend(x, right, tag=24),
+                        jc.iallreduce(x)]
+            y, _, reduced = jc.waitall(requests)
+            assert kernels.host_allocations() == allocations + 2
+        finally:
+            kernels.hold_events(False)
+        np.testing.assert_array_equal(y, expected)
+        np.testing.assert_array_equal(reduced, total)
         # Inside a jitted loop, with a receive shorter than its buffer: the
         # tail must come back as zeros, not as the staging block's bytes.
         short = jnp.asarray(rank_data(jc.rank, (5,), np.float32))

@@ -102,6 +102,7 @@ auto PlatformBinding() {
 #define JAXCOMM_MODULE _kernels_cuda_emulated
 long EmulatedHostAllocations();
 long EmulatedLiveHostAllocations();
+void EmulatedHoldEvents(bool pending);
 #elif defined(JAXCOMM_CUDA)
 #define JAXCOMM_MODULE _kernels_cuda
 #else
@@ -165,6 +166,9 @@ PYBIND11_MODULE(JAXCOMM_MODULE, m) {
         "Pinned allocations made so far (emulated runtime).");
   m.def("live_host_allocations", &EmulatedLiveHostAllocations,
         "Pinned allocations not yet freed (emulated runtime).");
+  m.def("hold_events", &EmulatedHoldEvents, py::arg("pending"),
+        "While true, cudaEventQuery reports every event as not reached "
+        "(emulated runtime: work still queued on the stream).");
 #endif
 #else
   m.def(

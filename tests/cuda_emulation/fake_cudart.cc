@@ -14,10 +14,14 @@ namespace {
 // The emulation's own bookkeeping, read by the tests through the module.
 std::atomic<long> host_allocations{0};
 std::atomic<long> live_host_allocations{0};
+// While set, cudaEventQuery reports every event as not reached yet, as a
+// real GPU does for work still queued.
+std::atomic<bool> events_pending{false};
 }  // namespace
 
 long EmulatedHostAllocations() { return host_allocations.load(); }
 long EmulatedLiveHostAllocations() { return live_host_allocations.load(); }
+void EmulatedHoldEvents(bool pending) { events_pending.store(pending); }
 
 extern "C" {
 
@@ -74,7 +78,9 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int) {
 }
 
 cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventQuery(cudaEvent_t) {
+  return events_pending.load() ? cudaErrorNotReady : cudaSuccess;
+}
 cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
 cudaError_t cudaEventDestroy(cudaEvent_t) { return cudaSuccess; }
 
