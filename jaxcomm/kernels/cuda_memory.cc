@@ -442,42 +442,45 @@ ffi::Error CudaMemory::Finish() {
 
 // Nonblocking starts and waits --------------------------------------------
 
-ffi::Error CudaMemory::HoldInput(const ffi::AnyBuffer& x, const void** data,
-                                 Held* held) {
+ffi::Error CudaMemory::Hold(void* buffer, size_t bytes, bool copy_in,
+                            Held* held, void** data) {
   JAXCOMM_RETURN_IF_ERROR(init_error_);
-  *held = Held{x.untyped_data(), x.size_bytes(), nullptr};
+  *held = Held{buffer, bytes, nullptr};
   if (direct_) {
-    *data = x.untyped_data();
+    *data = buffer;
     return ffi::Error::Success();
   }
   HeldBlock* block;
-  JAXCOMM_RETURN_IF_ERROR(TakeBlock(device_, x.size_bytes(), &block));
+  JAXCOMM_RETURN_IF_ERROR(TakeBlock(device_, bytes, &block));
   held->staging = block;
-  if (x.size_bytes() > 0) {
-    JAXCOMM_CUDA_CHECK(cudaMemcpyAsync, block->data, x.untyped_data(),
-                       x.size_bytes(), cudaMemcpyDeviceToHost, stream_);
+  if (copy_in && bytes > 0) {
+    JAXCOMM_CUDA_CHECK(cudaMemcpyAsync, block->data, buffer, bytes,
+                       cudaMemcpyDeviceToHost, stream_);
   }
   *data = block->data;
   return ffi::Error::Success();
 }
 
+ffi::Error CudaMemory::HoldInput(const ffi::AnyBuffer& x, const void** data,
+                                 Held* held) {
+  void* reached;
+  JAXCOMM_RETURN_IF_ERROR(
+      Hold(x.untyped_data(), x.size_bytes(), true, held, &reached));
+  *data = reached;
+  return ffi::Error::Success();
+}
+
 ffi::Error CudaMemory::HoldOutput(ffi::AnyBuffer& y, void** data, Held* held) {
-  JAXCOMM_RETURN_IF_ERROR(init_error_);
-  *held = Held{y.untyped_data(), y.size_bytes(), nullptr};
-  if (direct_) {
-    *data = y.untyped_data();
-    return ffi::Error::Success();
-  }
   if (num_staged_ == kMaxStaged) {
     return ffi::Error::Internal("jaxcomm: too many staged buffers in one call");
   }
-  HeldBlock* block;
-  JAXCOMM_RETURN_IF_ERROR(TakeBlock(device_, y.size_bytes(), &block));
-  held->staging = block;
-  // Listed with the call's staged buffers for Preload; nothing goes back to
-  // the device in Finish(): Unhold copies at the wait.
-  staged_[num_staged_++] = Staged{y.untyped_data(), block->data, 0};
-  *data = block->data;
+  JAXCOMM_RETURN_IF_ERROR(
+      Hold(y.untyped_data(), y.size_bytes(), false, held, data));
+  if (held->staging != nullptr) {
+    // Listed with the call's staged buffers for Preload; nothing goes back
+    // to the device in Finish(): Unhold copies at the wait.
+    staged_[num_staged_++] = Staged{y.untyped_data(), static_cast<char*>(*data), 0};
+  }
   return ffi::Error::Success();
 }
 
@@ -488,38 +491,32 @@ ffi::Error CudaMemory::Unhold(Held& held, ffi::AnyBuffer* out, size_t filled) {
   ffi::Error error = init_error_;
   bool copied = false;
   if (out != nullptr && error.success()) {
-    char* data = static_cast<char*>(out->untyped_data());
     if (filled > out->size_bytes()) filled = out->size_bytes();
-    cudaError_t rc = cudaSuccess;
-    if (filled > 0 && data != source) {
-      rc = cudaMemcpyAsync(data, source, filled,
-                           block != nullptr ? cudaMemcpyHostToDevice
-                                            : cudaMemcpyDeviceToDevice,
-                           stream_);
-      copied = block != nullptr;
+    if (filled > 0 && out->untyped_data() != source) {
+      const cudaError_t rc = cudaMemcpyAsync(
+          out->untyped_data(), source, filled,
+          block != nullptr ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToDevice,
+          stream_);
       if (rc != cudaSuccess) error = CudaFailure("cudaMemcpyAsync", rc);
+      copied = block != nullptr && rc == cudaSuccess;
     }
-    if (rc == cudaSuccess && filled < out->size_bytes()) {
-      rc = cudaMemsetAsync(data + filled, 0, out->size_bytes() - filled, stream_);
-      if (rc != cudaSuccess) error = CudaFailure("cudaMemsetAsync", rc);
-    }
+    if (error.success()) error = ZeroFrom(*out, filled);
   }
   if (block == nullptr) return error;
+  // A copy from the block runs after this call returned: the pool reuses the
+  // block only once the event recorded after it is reached. Recording needs
+  // the stream on the block's device; otherwise, or if it fails, wait for
+  // the copy here.
   bool pending = false;
   if (copied) {
-    // The copy runs after this call returned: the block is reused only once
-    // it has. Recording needs the stream on the block's device; otherwise
-    // wait for the copy here.
-    cudaError_t rc = block->device == device_
-                         ? cudaEventRecord(block->copied, stream_)
-                         : cudaStreamSynchronize(stream_);
-    if (rc != cudaSuccess) {
-      rc = cudaStreamSynchronize(stream_);
+    if (block->device == device_ &&
+        cudaEventRecord(block->copied, stream_) == cudaSuccess) {
+      pending = true;
+    } else {
+      const cudaError_t rc = cudaStreamSynchronize(stream_);
       if (error.success() && rc != cudaSuccess) {
         error = CudaFailure("cudaStreamSynchronize", rc);
       }
-    } else {
-      pending = block->device == device_;
     }
   }
   GiveBack(block, pending);

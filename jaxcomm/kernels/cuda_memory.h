@@ -80,6 +80,11 @@ class CudaMemory final : public Memory {
   ffi::Error Reach(void* device, size_t bytes, bool copy_in, bool copy_out,
                    void** data);
   Staged* Find(const void* device);
+  // The pointer MPI uses for a nonblocking request's buffer until Unhold:
+  // the buffer itself on the direct path, else a pinned block of its own
+  // (holding a copy of the buffer if `copy_in`).
+  ffi::Error Hold(void* buffer, size_t bytes, bool copy_in, Held* held,
+                  void** data);
 
   cudaStream_t stream_;
   int device_ = 0;
