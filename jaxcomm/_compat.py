@@ -74,6 +74,11 @@ def call_site(ctx) -> str:
     return _site(getattr(ctx, "traceback", None))
 
 
+def current_site() -> str:
+    """Where the user's code is calling into jaxcomm now (outside a trace too)."""
+    return _site(_source_info.current().traceback)
+
+
 def eqn_site(eqn) -> str:
     """Where the user's code called the jaxcomm method behind a jaxpr equation."""
     return _site(getattr(eqn.source_info, "traceback", None))

@@ -141,6 +141,16 @@ def register_comm(comm: MPI.Comm) -> int:
     return _kernels_cpu.register_comm(comm.py2f())
 
 
+def clone(comm: MPI.Intracomm) -> MPI.Intracomm:
+    """``comm.Clone()`` (collective), seen by the watchdog and interrupts as a call of its own.
+
+    A rank that never joins the clone is reported as for any jaxcomm call,
+    naming the user's call site.
+    """
+    site = site_id(_compat.current_site())
+    return type(comm).f2py(_kernels_cpu.dup_watched(comm.py2f(), site))
+
+
 def unregister_comm(handle: int) -> None:
     """Make the kernels refuse ``handle`` (from :func:`register_comm`) from now on."""
     _kernels_cpu.unregister_comm(handle)

@@ -21,6 +21,7 @@ from mpi4py import MPI
 from . import _compat, ops
 from ._runtime import (
     check_thread_level,
+    clone,
     monitoring,
     register_comm,
     set_check_comm,
@@ -233,25 +234,22 @@ def _received(
     envelope: jax.Array,
     status: MPI.Status | None,
     return_status: bool,
-    op: str,
+    handle: int,
 ) -> Any:
-    """What ``recv``/``sendrecv`` return, after filling ``status`` from the envelope."""
+    """What ``recv``/``sendrecv`` return, after filling ``status`` from the envelope.
+
+    In a traced call the compiled code fills ``status`` when it runs, in
+    program order with the receive (``ops.write_status``).
+    """
     if status is not None:
         if isinstance(result, jax.core.Tracer):
-            # Compiled code cannot write into a Python object; keeping the
-            # object for it to write later would cost a compilation per
-            # object and keep every object alive.
-            raise TypeError(
-                f"{op}(status=...) works only in eager, untransformed calls; inside "
-                f"jax.jit, vmap or grad pass return_status=True: {op} then returns "
-                "(array, status), where status is the integer array [source, tag, "
-                "count] of the received message"
-            )
-        source, tag, count = np.asarray(envelope).tolist()
-        status.Set_source(source)
-        status.Set_tag(tag)
-        status.Set_error(MPI.SUCCESS)
-        status.Set_elements(MPI.BYTE, count * result.dtype.itemsize)
+            ops.write_status(envelope, status, itemsize=result.dtype.itemsize, comm=handle)
+        else:
+            source, tag, count = np.asarray(envelope).tolist()
+            status.Set_source(source)
+            status.Set_tag(tag)
+            status.Set_error(MPI.SUCCESS)
+            status.Set_elements(MPI.BYTE, count * result.dtype.itemsize)
     return (result, envelope) if return_status else result
 
 
@@ -396,7 +394,7 @@ class JaxComm:
     def __init__(self, comm: MPI.Intracomm | None = None) -> None:
         comm = _intracomm(comm)
         check_thread_level()
-        self._own(comm.Clone())
+        self._own(clone(comm))
 
     @classmethod
     def _adopt(cls, comm: MPI.Intracomm) -> JaxComm:
@@ -409,7 +407,7 @@ class JaxComm:
         self._comm: MPI.Intracomm | None = comm
         self._eager = collections.OrderedDict()  # see _jitted_when_eager
         # Derivative messages travel apart from the program's own (ops/_base.py).
-        self._derivative = comm.Clone()
+        self._derivative = clone(comm)
         for owned in (self._comm, self._derivative):
             # Failures come back to jaxcomm's kernels, which raise them in Python.
             owned.Set_errhandler(MPI.ERRORS_RETURN)
@@ -427,7 +425,7 @@ class JaxComm:
     def _make_check_comm(self) -> None:
         """Create the mismatch checker's private communicator (collective), once."""
         if self._check is None:
-            self._check = self._comm.Clone()
+            self._check = clone(self._comm)
             self._check.Set_errhandler(MPI.ERRORS_RETURN)
             # Derivative traffic runs in program order with the program's own,
             # so both are checked on the same communicator.
@@ -1269,8 +1267,15 @@ class JaxComm:
                 (nothing is received and the result is zeros).
             tag: message tag or ``MPI.ANY_TAG``.
             status: an ``MPI.Status`` to fill with the message's source, tag
-                and size (eager, untransformed calls only: the call waits for
-                the message, then fills it).
+                and size (``Get_count`` in bytes, ``Get_count(datatype)`` in
+                elements). Works eagerly and in traced code (``jit``,
+                ``vmap``, ``grad``, loop bodies): there the compiled code
+                fills it when the receive runs, so read it once the result
+                is ready (``block_until_ready`` or :func:`jaxcomm.sync`).
+                Under ``vmap`` it describes the one message that carried the
+                whole batch. Tracing with the same object again does not
+                recompile; jaxcomm keeps a ``Status`` used in traced code
+                alive.
             return_status: also return the message's status as an integer
                 array ``[source, tag, count]`` (``count`` in elements of
                 ``x``'s dtype; under ``vmap``, of the whole batch), which
@@ -1285,8 +1290,7 @@ class JaxComm:
 
         Raises:
             TypeError: for a bad template, a non-int or traced ``source``/``tag``,
-                a ``status`` that is not an ``MPI.Status``, ``status`` in a
-                traced call (use ``return_status=True`` there), or a non-bool
+                a ``status`` that is not an ``MPI.Status``, or a non-bool
                 ``return_status``.
             ValueError: for a ``source`` or ``tag`` out of range.
 
@@ -1303,7 +1307,7 @@ class JaxComm:
             tag=self._tag(tag, "tag", any_tag=True),
             comm=handle,
         )
-        return _received(result, envelope, status, return_status, "recv")
+        return _received(result, envelope, status, return_status, handle)
 
     @_jitted_when_eager
     def sendrecv(
@@ -1364,7 +1368,7 @@ class JaxComm:
             recvtag=self._tag(recvtag, "recvtag", any_tag=True),
             comm=handle,
         )
-        return _received(result, envelope, status, return_status, "sendrecv")
+        return _received(result, envelope, status, return_status, handle)
 
     # Nonblocking operations --------------------------------------------------
     #

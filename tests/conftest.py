@@ -148,10 +148,8 @@ spawns_own_mpi = pytest.mark.skipif(
 RUNTIME_ERRORS = (jax.errors.JaxRuntimeError, ValueError)
 
 
-def reported_again(match):
-    """Check that jaxcomm reports a kernel failure once more, then goes on working."""
-    with pytest.raises(RuntimeError, match=match):
-        jaxcomm.sync()
+def not_reported_again():
+    """Check that a kernel failure JAX raised to the caller is not raised again by ``sync()``."""
     jaxcomm.sync()
 
 

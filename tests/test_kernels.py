@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import RUNTIME_ERRORS, reported_again
+from conftest import RUNTIME_ERRORS, not_reported_again
 from jax.interpreters.mlir import ir
 from mpi4py import MPI
 
@@ -58,7 +58,7 @@ def test_compiled_function_refuses_a_freed_communicator(family):
     def check(step, x, second):
         with pytest.raises(RUNTIME_ERRORS, match="communicator was freed"):
             step(x).block_until_ready()
-        reported_again("communicator was freed")
+        not_reported_again()
         # The refusal is contained: the new communicator works.
         np.testing.assert_array_equal(second.allreduce(x), second.size * x)
 
@@ -70,7 +70,7 @@ def test_point_to_point_refuses_a_freed_communicator():
     def check(step, x, second):
         with pytest.raises(RUNTIME_ERRORS, match="jaxcomm: sendrecv: communicator was freed"):
             step(x).block_until_ready()
-        reported_again("jaxcomm: sendrecv: communicator was freed")
+        not_reported_again()
         np.testing.assert_array_equal(_ring_sendrecv(second, x), x)
 
     _freed_then_replaced(_ring_sendrecv, check)
@@ -84,7 +84,7 @@ def test_freed_communicator_error_names_the_op():
     first.free()
     with pytest.raises(RUNTIME_ERRORS, match=r"jaxcomm: allgather: communicator"):
         step(jnp.ones(2)).block_until_ready()
-    reported_again(r"jaxcomm: allgather: communicator")
+    not_reported_again()
 
 
 def test_handles_are_not_reused_after_free():
@@ -145,7 +145,7 @@ def test_kernels_refuse_buffers_that_do_not_match_their_attributes(jc, case):
     step = jax.jit(lambda x: prim.bind(x, comm=jc._handle, **params))
     with pytest.raises(RUNTIME_ERRORS, match=rf"jaxcomm: {op} on rank {jc.rank}: .* expected"):
         jax.block_until_ready(step(jnp.asarray(x)))
-    reported_again(rf"jaxcomm: {op} on rank {jc.rank}: .* expected")
+    not_reported_again()
     # Nothing was sent: the next collective still matches on every rank.
     np.testing.assert_array_equal(jc.allreduce(jnp.ones(2)), np.full(2, jc.size))
 
@@ -155,7 +155,7 @@ def test_alltoall_refuses_blocks_that_do_not_split(jc):
     step = jax.jit(lambda x: jaxcomm.ops.alltoall_p.bind(x, comm=jc._handle))
     with pytest.raises(RUNTIME_ERRORS, match=rf"jaxcomm: alltoall on rank {jc.rank}: .* expected"):
         jax.block_until_ready(step(jnp.arange(jc.size + 1.0)))
-    reported_again(rf"jaxcomm: alltoall on rank {jc.rank}: .* expected")
+    not_reported_again()
     np.testing.assert_array_equal(jc.allreduce(jnp.ones(2)), np.full(2, jc.size))
 
 
@@ -223,7 +223,7 @@ def _every_method(jc, platform="cpu"):
         ]
         jc.barrier()
         jc.send(x, ring["dest"])
-        out.append(jc.recv(x, source=ring["source"]))
+        out.append(jc.recv(x, source=ring["source"], status=MPI.Status()))
         # The tangent of a wildcard receive is addressed by its envelope.
         wildcard = lambda x: jc.sendrecv(x, x, source=MPI.ANY_SOURCE, dest=ring["dest"])
         out.append(jax.jvp(wildcard, (x,), (x,))[1])

@@ -39,6 +39,18 @@ void ExitWithStatus() {
 }
 #endif
 
+// A handler's result. When XLA runs a computation on the Python thread that
+// dispatched it (inline), a failure fails that very call and JAX raises it
+// to the caller, who has it then. A failure on one of XLA's own threads may
+// reach nobody (a computation without outputs, outputs never read), so it is
+// kept for jaxcomm.sync() and the exit hook.
+xla::ffi::Error Outcome(xla::ffi::Error error) {
+  if (error.failure() && PyGILState_GetThisThreadState() == nullptr) {
+    return jaxcomm::Recorded(std::move(error));
+  }
+  return error;
+}
+
 // The body `Impl` of an op, run with this platform's Memory: the handler
 // XLA calls gets the stream first on a GPU, then the call site (the "site"
 // attribute every target takes, for the checker and the watchdog), then the
@@ -52,7 +64,7 @@ struct OnPlatform {
   xla::ffi::Error operator()(int64_t site, Args... args) const {
     jaxcomm::CallScope scope(site);
     jaxcomm::CudaMemory memory(nullptr);
-    return jaxcomm::Recorded(Impl(memory, args...));
+    return Outcome(Impl(memory, args...));
   }
 };
 auto PlatformBinding() {
@@ -66,7 +78,7 @@ struct OnPlatform {
                              Args... args) const {
     jaxcomm::CallScope scope(site);
     jaxcomm::CudaMemory memory(stream);
-    return jaxcomm::Recorded(Impl(memory, args...));
+    return Outcome(Impl(memory, args...));
   }
 };
 auto PlatformBinding() {
@@ -81,7 +93,7 @@ struct OnPlatform {
   xla::ffi::Error operator()(int64_t site, Args... args) const {
     jaxcomm::CallScope scope(site);
     jaxcomm::HostMemory memory;
-    return jaxcomm::Recorded(Impl(memory, args...));
+    return Outcome(Impl(memory, args...));
   }
 };
 auto PlatformBinding() {
@@ -210,6 +222,32 @@ PYBIND11_MODULE(JAXCOMM_MODULE, m) {
       py::arg("code"), py::arg("dtype"),
       "The Fortran handle of the MPI_Op the kernels reduce a dtype (NumPy's "
       "name) with for a reduction code: MPI's own or one of jaxcomm's.");
+  m.def(
+      "dup_watched",
+      [](int64_t fortran_handle, int64_t site) {
+        MPI_Comm comm = MPI_Comm_f2c(static_cast<MPI_Fint>(fortran_handle));
+        MPI_Comm dup = MPI_COMM_NULL;
+        int rc;
+        {
+          py::gil_scoped_release release;
+          jaxcomm::CallScope scope(site);
+          if (jaxcomm::Watching()) {
+            jaxcomm::Watch("JaxComm creation (MPI_Comm_dup, collective) at " +
+                           jaxcomm::SiteText(site) + " on a communicator of " +
+                           std::to_string(jaxcomm::CommSize(comm)) +
+                           " ranks (rank " +
+                           std::to_string(jaxcomm::CommRank(comm)) + " there)");
+          }
+          rc = MPI_Comm_dup(comm, &dup);
+        }
+        if (rc != MPI_SUCCESS) {
+          ThrowIfError(jaxcomm::MpiFailure("MPI_Comm_dup", rc, comm));
+        }
+        return static_cast<int64_t>(MPI_Comm_c2f(dup));
+      },
+      py::arg("fortran_handle"), py::arg("site"),
+      "MPI_Comm_dup of a communicator (Fortran handles), as a call of its "
+      "own that the watchdog and interrupts see, made at a call site's id.");
   m.def("set_debug", &jaxcomm::SetDebug, py::arg("enabled"),
         "Turn the one-line-per-MPI-call log on stderr on or off.");
   m.def("debug_enabled", &jaxcomm::DebugEnabled);

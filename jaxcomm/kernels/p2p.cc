@@ -2,8 +2,9 @@
 //
 // Every receive also returns its envelope, a 3-element integer array
 // (source, tag, count in elements): the Python side fills an MPI.Status
-// from it, returns it to jitted code, and addresses derivative messages of
-// wildcard receives with it (jaxcomm_sendrecv_addressed).
+// from it (eagerly itself, in compiled code through jaxcomm_write_status),
+// returns it to jitted code, and addresses derivative messages of wildcard
+// receives with it (jaxcomm_sendrecv_addressed).
 #include <cstring>
 #include <string>
 #include <vector>
@@ -295,6 +296,32 @@ ffi::Error SendrecvAddressedImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x,
   }
   return Exchange(memory, comm_handle, comm, x, *y, *envelope, source, dest,
                   sendtag, recvtag);
+}
+
+// status= inside compiled code: the MPI_Status of an mpi4py MPI.Status
+// (at `address`; jaxcomm/ops/p2p.py keeps the object alive for good) takes
+// the envelope of the receive before it in program order, when the compiled
+// code runs. The fields are those an eager call sets from Python: source,
+// tag, no error, and the count in bytes (`itemsize` bytes an element).
+ffi::Error WriteStatusImpl(Memory& memory, ffi::Token, ffi::AnyBuffer envelope,
+                           ffi::Result<ffi::Token>, int64_t comm_handle,
+                           int64_t address, int64_t itemsize) {
+  MPI_Comm comm;
+  JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "status", &comm));
+  JAXCOMM_RETURN_IF_ERROR(
+      CheckEnvelope("status", comm, envelope, "the envelope operand"));
+  const void* fields;
+  JAXCOMM_RETURN_IF_ERROR(memory.HostInput(envelope, &fields));
+  JAXCOMM_RETURN_IF_ERROR(memory.Ready());
+  const ffi::DataType type = envelope.element_type();
+  MPI_Status* status = reinterpret_cast<MPI_Status*>(address);
+  status->MPI_SOURCE = static_cast<int>(EnvelopeAt(type, fields, 0));
+  status->MPI_TAG = static_cast<int>(EnvelopeAt(type, fields, 1));
+  status->MPI_ERROR = MPI_SUCCESS;
+  JAXCOMM_MPI_CHECK(MPI_Status_set_elements_x, status, MPI_BYTE,
+                    static_cast<MPI_Count>(EnvelopeAt(type, fields, 2) * itemsize));
+  JAXCOMM_MPI_CHECK(MPI_Status_set_cancelled, status, 0);
+  return memory.Finish();
 }
 
 }  // namespace jaxcomm

@@ -24,7 +24,16 @@ from .gather import (
     scatterv,
     scatterv_p,
 )
-from .p2p import recv, recv_p, send, send_p, sendrecv, sendrecv_p
+from .p2p import (
+    recv,
+    recv_p,
+    send,
+    send_p,
+    sendrecv,
+    sendrecv_p,
+    write_status,
+    write_status_p,
+)
 from .reduction import (
     allreduce,
     allreduce_p,
@@ -75,4 +84,6 @@ __all__ = [
     "send_p",
     "sendrecv",
     "sendrecv_p",
+    "write_status",
+    "write_status_p",
 ]

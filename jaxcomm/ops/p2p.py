@@ -61,6 +61,31 @@ sendrecv_addressed_p = comm_primitive(
 )
 
 
+# status= in compiled code (JaxComm.recv, JaxComm.sendrecv): the kernel
+# writes the envelope into the MPI_Status inside an mpi4py MPI.Status, by
+# address, when the compiled code runs. That may be long after the trace that
+# saw the object, which may be gone by then, so every Status traced into a
+# program stays alive for good here (a few dozen bytes each). The address is
+# a static param: the same Status traced again lowers to the same program.
+write_status_p = comm_primitive(
+    "write_status", no_output, "jaxcomm_write_status", ("comm", "address", "itemsize")
+)
+_kept_statuses = {}
+
+
+def write_status(envelope, status, *, itemsize, comm):
+    """Bind ``write_status_p``: fill ``status`` (an ``MPI.Status``) from a receive's envelope."""
+    address = MPI._addressof(status)
+    _kept_statuses[address] = status
+    write_status_p.bind(envelope, address=address, itemsize=itemsize, comm=comm)
+
+
+def _write_status_jvp(primals, tangents, **params):
+    # The envelope is an integer array: there is no tangent to write.
+    write_status_p.bind(*primals, **params)
+    return [], []
+
+
 def send(x, *, dest, tag, comm):
     """Bind ``send_p``: ``MPI_Send`` of ``x``."""
     send_p.bind(x, dest=dest, tag=tag, comm=comm)
@@ -270,6 +295,7 @@ def _sendrecv_addressed_transpose(
 
 
 ad.primitive_jvps[send_p] = _send_jvp
+ad.primitive_jvps[write_status_p] = _write_status_jvp
 ad.primitive_jvps[recv_p] = partial(_receive_jvp, recv_p, _recv_wildcard)
 ad.primitive_jvps[sendrecv_p] = partial(_receive_jvp, sendrecv_p, _sendrecv_wildcard)
 ad.primitive_jvps[sendrecv_addressed_p] = partial(_receive_jvp, sendrecv_addressed_p, None)
