@@ -322,6 +322,46 @@ def test_failure_pending_at_exit_is_reported(tmp_path):
     assert "Exception ignored" not in done.stderr, done.stderr
 
 
+@spawns_own_mpi
+def test_a_failure_the_program_caught_leaves_the_exit_status_alone(tmp_path):
+    # Rank 1 receives a message too long for its buffer, jitted and through
+    # the compat module eagerly, catches the error and goes on: an error the
+    # program was given is not reported again at exit, and the job succeeds.
+    done, _ = run_job(
+        tmp_path,
+        """
+        import numpy as np
+        import jax, jax.numpy as jnp
+        from jaxcomm import JaxComm
+        import jaxcomm.compat.mpi4jax as mpi4jax
+
+        jc = JaxComm()
+        recv = jax.jit(lambda t: jc.recv(t, source=0, tag=7))
+        for n in (5, 10, 10):
+            if jc.rank == 0:
+                jc.send(jnp.ones(n, jnp.float32), 1, tag=7)
+            else:
+                try:
+                    recv(jnp.zeros(5, jnp.float32)).block_until_ready()
+                except Exception as e:
+                    print(f"rank 1 caught {type(e).__name__}", flush=True)
+        if jc.rank == 0:
+            mpi4jax.send(jnp.ones(10, jnp.float32), 1, tag=8)
+        else:
+            try:
+                np.asarray(mpi4jax.recv(jnp.zeros(5, jnp.float32), 0, tag=8))
+            except Exception as e:
+                print(f"rank 1 caught {type(e).__name__}", flush=True)
+        jc.barrier()
+        print(f"rank {jc.rank} done", flush=True)
+        """,
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr)
+    assert done.stdout.count("rank 1 caught") == 3, done.stdout
+    assert "rank 0 done" in done.stdout and "rank 1 done" in done.stdout, done.stdout
+    assert "at exit" not in done.stderr, done.stderr
+
+
 ABORTING_JOB = """
     import sys
     import jax.numpy as jnp

@@ -87,6 +87,35 @@ def test_planted_hang_ends_the_job_with_a_diagnosis(tmp_path, jit):
 
 
 @spawns_own_mpi
+@pytest.mark.parametrize("how", ["JaxComm", "compat"])
+def test_a_rank_that_never_joins_a_jaxcomm_s_creation_is_diagnosed(tmp_path, how):
+    # Creating a JaxComm clones its communicator, a collective; rank 1,
+    # asleep in Python, never joins it. Through the compat module the
+    # creation is the first call on a communicator.
+    create = {
+        "JaxComm": "jaxcomm.JaxComm(sub)",
+        "compat": "mpi4jax.send(x, 1, comm=sub)",
+    }[how]
+    body = f"""
+    import jaxcomm.compat.mpi4jax as mpi4jax
+    sub = MPI.COMM_WORLD.Dup()
+    if jc.rank == 0:
+        {create}  # the creation that hangs
+    else:
+        time.sleep(60)
+    """
+    done, seconds, script = _run_job(tmp_path, body, JAXCOMM_TIMEOUT="2")
+    assert done.returncode != 0, (done.stdout, done.stderr)
+    line = _line_of(script, "the creation that hangs")
+    assert "jaxcomm watchdog: rank 0 has waited" in done.stderr, done.stderr
+    assert (
+        f"in JaxComm creation (MPI_Comm_dup, collective) at {script}:{line} (<module>) "
+        "on a communicator of 2 ranks (rank 0 there)"
+    ) in done.stderr, done.stderr
+    assert seconds < 45, seconds
+
+
+@spawns_own_mpi
 def test_collective_hang_inside_a_loop(tmp_path):
     # Rank 1 leaves the loop early: rank 0 waits in the loop's last allreduce.
     body = """
