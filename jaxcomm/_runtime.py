@@ -354,11 +354,13 @@ def sync() -> None:
 
     Raises:
         RuntimeError: if an MPI call that jaxcomm dispatched failed since the
-            last ``sync()``. JAX raises such a failure from the call or from
-            its outputs, but a computation with no outputs that ran after its
-            call returned has nowhere to report it; jaxcomm keeps the first
-            one for ``sync()`` (and the exit hook), so no failure goes
-            unnoticed. It is raised once, and jaxcomm goes on working. Also
+            last ``sync()`` in a computation XLA ran after its call returned.
+            JAX raises such a failure from its outputs, if they are read, but
+            a computation with no outputs has nowhere to report it; jaxcomm
+            keeps the first one for ``sync()`` (and the exit hook), so no
+            failure goes unnoticed. A failure JAX raised in the call that ran
+            it is the caller's and is not kept. It is raised once, and
+            jaxcomm goes on working. Also
             for nonblocking requests started and never waited (an eager
             request dropped without ``JaxComm.wait``), each reported once.
     """

@@ -13,6 +13,7 @@ from conftest import mpi_debug, spawns_own_mpi, unmonitored
 from mpi4py import MPI
 
 import jaxcomm
+import jaxcomm.compat.mpi4jax as mpi4jax
 from jaxcomm import JaxComm
 
 
@@ -29,6 +30,8 @@ def _public_callables():
     for name, member in inspect.getmembers(JaxComm):
         if not name.startswith("_"):
             yield f"JaxComm.{name}", member
+    for name in mpi4jax.__all__:
+        yield f"compat.mpi4jax.{name}", getattr(mpi4jax, name)
 
 
 @pytest.mark.parametrize("name,obj", list(_public_callables()), ids=lambda v: str(v)[:40])

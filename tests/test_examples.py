@@ -73,6 +73,17 @@ def test_halo_exchange_matches_serial(capsys):
 
 
 @pytest.mark.mpi
+def test_mpi4jax_style_heat_runs_alike_through_compat_and_jaxcomm(monkeypatch, capsys):
+    # 48 cells split evenly over the grids of 1 to 4 ranks.
+    out = run_example(monkeypatch, capsys, "heat_mpi4jax_style.py", "--cells", "48", "48", "--steps", "30")
+    if MPI.COMM_WORLD.rank == 0:
+        assert "compat and JaxComm runs identical: True," in out, out
+        assert numbers_after("max difference from serial", out) == [0.0], out
+    else:
+        assert out == ""
+
+
+@pytest.mark.mpi
 def test_data_parallel_training_matches_single_process(monkeypatch, capsys):
     out = run_example(monkeypatch, capsys, "data_parallel.py",
                       "--epochs", 3, "--batches", 4, "--batch-size", 24)
