@@ -1,16 +1,19 @@
 """jaxcomm.compat.mpi4jax: mpi4jax 0.9's functions, eager and jitted, and where they differ from JaxComm."""
 
 import inspect
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import rank_data
+from conftest import environment_without_launcher, mpiexec, rank_data, spawns_own_mpi
 from mpi4py import MPI
 
 import jaxcomm
 import jaxcomm.compat.mpi4jax as mpi4jax
+from jaxcomm import _runtime
 from jaxcomm.compat.mpi4jax import NOTSET
 
 WORLD = MPI.COMM_WORLD
@@ -323,6 +326,15 @@ def test_alltoall_and_scatter_check_the_leading_axis():
 # Communicators passed per call ----------------------------------------------------
 
 
+@pytest.fixture
+def watchdog():
+    """A short watchdog (JAXCOMM_TIMEOUT's), so a regression that hangs ends the job with a diagnosis."""
+    jaxcomm.set_timeout(60)
+    yield
+    jaxcomm.set_timeout(_runtime._env_seconds("JAXCOMM_TIMEOUT"))
+
+
+
 @pytest.mark.mpi
 def test_comm_world_and_none_share_the_jaxcomm_made_at_import():
     jc = mpi4jax._jaxcomm(None)
@@ -332,7 +344,7 @@ def test_comm_world_and_none_share_the_jaxcomm_made_at_import():
 
 
 @pytest.mark.mpi
-def test_a_split_communicator_s_first_call_is_a_collective_of_its_ranks():
+def test_a_split_communicator_s_first_call_is_a_collective_of_its_ranks(watchdog):
     color = RANK % 2
     sub = WORLD.Split(color, RANK)
     try:
@@ -349,7 +361,7 @@ def test_a_split_communicator_s_first_call_is_a_collective_of_its_ranks():
 
 
 @pytest.mark.mpi(min_size=2)
-def test_first_call_on_world_may_be_a_message_between_some_ranks():
+def test_first_call_on_world_may_be_a_message_between_some_ranks(watchdog):
     # Ranks 0 and 1 exchange first; the others wait, through plain mpi4py,
     # for a message rank 1 sends only after its exchange. A JaxComm created
     # at this first call would wait for ranks that never come (the watchdog,
@@ -367,7 +379,7 @@ def test_first_call_on_world_may_be_a_message_between_some_ranks():
 
 
 @pytest.mark.mpi(min_size=2)
-def test_first_call_on_a_new_communicator_may_be_a_message_between_some_ranks():
+def test_first_call_on_a_new_communicator_may_be_a_message_between_some_ranks(watchdog):
     # Creating a communicator's JaxComm is collective: it completes once every
     # rank of the communicator makes its first call on it, in any order.
     comm = WORLD.Dup()
@@ -406,7 +418,7 @@ def test_a_communicator_reusing_a_freed_handle_gets_its_own_jaxcomm():
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("which", ["world", "new"])
-def test_messages_never_match_mpi4py_receives_on_the_same_communicator(which):
+def test_messages_never_match_mpi4py_receives_on_the_same_communicator(which, watchdog):
     comm = WORLD if which == "world" else WORLD.Dup()
     try:
         if which == "new":
@@ -427,3 +439,50 @@ def test_messages_never_match_mpi4py_receives_on_the_same_communicator(which):
         jaxcomm.sync()
         if which == "new":
             comm.Free()
+
+
+# The same patterns as a program's very first calls, in jobs of their own:
+# in the suite above, earlier tests have long made the JaxComms.
+
+FIRST_CALLS = """
+import sys
+import jax.numpy as jnp
+from mpi4py import MPI
+import jaxcomm.compat.mpi4jax as mpi4jax
+
+world = MPI.COMM_WORLD
+rank = world.Get_rank()
+# A collective on a Split sub-communicator, first: only its ranks call it.
+sub = world.Split(rank % 2, rank)
+total = mpi4jax.allreduce(jnp.full(1, rank), MPI.SUM, comm=sub)
+# A message between ranks 0 and 1, first on COMM_WORLD; rank 2 waits for
+# rank 1 through mpi4py meanwhile.
+if rank < 2:
+    got = mpi4jax.sendrecv(jnp.full(1, rank), jnp.zeros(1, jnp.int32), 1 - rank, 1 - rank)
+    if rank == 1:
+        world.send("exchanged", dest=2)
+else:
+    got = jnp.full(1, -1)
+    world.recv(source=1)
+sys.stdout.write(f"rank {rank}: sub total {int(total[0])}, got {int(got[0])}\\n")
+"""
+
+
+@spawns_own_mpi
+def test_first_calls_of_a_job_need_not_involve_every_rank(tmp_path):
+    script = tmp_path / "first_calls.py"
+    script.write_text(FIRST_CALLS)
+    done = subprocess.run(
+        ["timeout", "-k", "10", "180", *mpiexec(3), sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        env=environment_without_launcher(JAXCOMM_TIMEOUT="20"),
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr)
+    lines = sorted(done.stdout.splitlines())
+    assert lines == [
+        "rank 0: sub total 2, got 1",
+        "rank 1: sub total 1, got 0",
+        "rank 2: sub total 2, got -1",
+    ], done.stdout
