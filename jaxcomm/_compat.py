@@ -325,8 +325,12 @@ fast_dispatch_any_device = False
 _token_inside = contextvars.ContextVar("jaxcomm_token_inside", default=None)
 
 
-# jax 0.12 lowers a ``Jaxpr`` that holds its constants; earlier versions a ``ClosedJaxpr``.
+# jax 0.12 lowers a ``Jaxpr`` that holds its constants; earlier versions a
+# ``ClosedJaxpr``. In jax 0.11 ``ClosedJaxpr`` is already another name for
+# ``Jaxpr`` (whose ``.jaxpr`` is itself): one kind of jaxpr, as in 0.12.
 _ClosedJaxpr = getattr(_core, "ClosedJaxpr", ())
+if _ClosedJaxpr is _core.Jaxpr:
+    _ClosedJaxpr = ()
 
 
 def _without_mpi_effect(jaxpr):
