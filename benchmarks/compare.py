@@ -83,7 +83,9 @@ class Mpi4jaxImpl(bench.JaxImpl):
             "scan": lambda x: mpi4jax.scan(x, MPI.SUM, comm=comm),
             "sendrecv": lambda x: mpi4jax.sendrecv(x, x, source, dest, comm=comm),
             "send_recv": lambda x: bench.pingpong(
-                rank, size, x,
+                rank,
+                size,
+                x,
                 lambda v, peer: mpi4jax.send(v, peer, comm=comm),
                 lambda v, peer: mpi4jax.recv(v, peer, comm=comm),
             ),
@@ -132,11 +134,12 @@ class JaxCollectivesImpl(bench.Impl):
     def _shard_map(self, body, in_specs):
         # check_vma off: a loop carry goes from varying to psum's invariant type.
         return jax.jit(
-            jax.shard_map(body, mesh=self.mesh, in_specs=in_specs, out_specs=self.spec,
-                          check_vma=False)
+            jax.shard_map(
+                body, mesh=self.mesh, in_specs=in_specs, out_specs=self.spec, check_vma=False
+            )
         )
 
-    @functools.cache
+    @functools.cache  # noqa: B019 (one instance per benchmark run, kept to the end anyway)
     def _compiled(self, op, mode):
         fn = self.functions[op.name]
         if mode == "jit":
@@ -177,8 +180,9 @@ class JaxCollectivesImpl(bench.Impl):
 def main(argv=None):
     """Measure every library's ops; rank 0 prints the table."""
     p = bench.parser("jaxcomm beside mpi4jax and JAX's own collectives.")
-    p.add_argument("--no-jax", action="store_true",
-                   help="leave out JAX's collectives (jax.distributed)")
+    p.add_argument(
+        "--no-jax", action="store_true", help="leave out JAX's collectives (jax.distributed)"
+    )
     p.set_defaults(modes=["jit", "loop"])
     args = p.parse_args(argv)
     bench.settings(args)  # a bad option fails before anything is measured
@@ -201,7 +205,9 @@ def main(argv=None):
     names = [impl.name for impl in impls]
     try:
         bench.run_and_report(
-            comm, impls, args,
+            comm,
+            impls,
+            args,
             ratios=[(name, bench.REFERENCE) for name in names[1:]]
             + [("jaxcomm", name) for name in names[2:]],
             bandwidth=(),

@@ -55,11 +55,18 @@ def parse_args(argv=None):
     parser.add_argument("--out", default="gpu_benchmark", help="directory for the results")
     parser.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS))
     parser.add_argument("--max-bytes", type=int, default=256 * MIB, help="largest size per rank")
-    parser.add_argument("--build-dir", default=os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "jaxcomm"),
-        help="where gpu_reference.cc is built (once per source and compiler)")
-    parser.add_argument("--cpu", action="store_true",
-                        help="measure CPU arrays (no C++ reference), e.g. to check the script")
+    parser.add_argument(
+        "--build-dir",
+        default=os.path.join(
+            os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "jaxcomm"
+        ),
+        help="where gpu_reference.cc is built (once per source and compiler)",
+    )
+    parser.add_argument(
+        "--cpu",
+        action="store_true",
+        help="measure CPU arrays (no C++ reference), e.g. to check the script",
+    )
     args = parser.parse_args(argv)
     if args.max_bytes < 8:
         parser.error("--max-bytes must be at least 8")
@@ -109,15 +116,21 @@ def table_rows(results):
         key = (r["op"], r["bytes"])
         hand, cpp = refs.get((*key, "by hand")), refs.get((*key, "C++ ref"))
         bw = bandwidth(r["bytes"], r["seconds"])
-        rows.append({
-            "op": r["op"], "bytes": r["bytes"], "path": r["method"].split(": ", 1)[-1],
-            "jaxcomm_us": _us(r["seconds"]), "by_hand_us": _us(hand), "cpp_us": _us(cpp),
-            "jaxcomm_gbs": bw,
-            "by_hand_gbs": bandwidth(r["bytes"], hand),
-            "cpp_gbs": bandwidth(r["bytes"], cpp),
-            "vs_by_hand": ratio(bw, bandwidth(r["bytes"], hand)),
-            "vs_cpp": ratio(bw, bandwidth(r["bytes"], cpp)),
-        })
+        rows.append(
+            {
+                "op": r["op"],
+                "bytes": r["bytes"],
+                "path": r["method"].split(": ", 1)[-1],
+                "jaxcomm_us": _us(r["seconds"]),
+                "by_hand_us": _us(hand),
+                "cpp_us": _us(cpp),
+                "jaxcomm_gbs": bw,
+                "by_hand_gbs": bandwidth(r["bytes"], hand),
+                "cpp_gbs": bandwidth(r["bytes"], cpp),
+                "vs_by_hand": ratio(bw, bandwidth(r["bytes"], hand)),
+                "vs_cpp": ratio(bw, bandwidth(r["bytes"], cpp)),
+            }
+        )
     return rows
 
 
@@ -159,16 +172,22 @@ def check_targets(rows, loop):
                 continue
             worst = min(values)
             verdict = "pass" if worst >= goal else "miss"
-            checks.append((verdict, f"{op}: host staging >= {goal}x {name} bandwidth at "
-                                    f">= 16 MiB: worst {worst:.2f}x"))
+            checks.append(
+                (
+                    verdict,
+                    f"{op}: host staging >= {goal}x {name} bandwidth at "
+                    f">= 16 MiB: worst {worst:.2f}x",
+                )
+            )
     hand = loop.get("mpi4py Allreduce on NumPy") if loop else None
     for name, seconds in (loop or {}).items():
         if not name.startswith("jaxcomm") or hand is None or seconds is None:
             continue
         times = seconds / hand
         verdict = "pass" if times <= TARGETS["fori_loop"] else "miss"
-        checks.append((verdict, f"8 B {name}: within {TARGETS['fori_loop']}x of mpi4py "
-                                f"latency: {times:.2f}x"))
+        checks.append(
+            (verdict, f"8 B {name}: within {TARGETS['fori_loop']}x of mpi4py latency: {times:.2f}x")
+        )
     return checks
 
 
@@ -179,9 +198,18 @@ def write_results(out, results, rows, loop, checks, meta):
         writer.writeheader()
         for r in results:
             writer.writerow({k: r.get(k) for k in writer.fieldnames})
-    (out / "results.json").write_text(json.dumps(
-        {"meta": meta, "results": results, "rows": rows, "loop": loop,
-         "targets": [{"verdict": v, "text": t} for v, t in checks]}, indent=1))
+    (out / "results.json").write_text(
+        json.dumps(
+            {
+                "meta": meta,
+                "results": results,
+                "rows": rows,
+                "loop": loop,
+                "targets": [{"verdict": v, "text": t} for v, t in checks],
+            },
+            indent=1,
+        )
+    )
     text = format_table(rows, loop)
     if checks:
         text += "\n\nTargets (reported, not asserted):\n\n"
@@ -198,8 +226,11 @@ def write_results(out, results, rows, loop, checks, meta):
     fig, axes = plt.subplots(1, len(ops), figsize=(4.5 * len(ops), 4), squeeze=False)
     for ax, op in zip(axes[0], ops, strict=True):
         for method in dict.fromkeys(r["method"] for r in results if r["op"] == op):
-            points = [(r["bytes"], bandwidth(r["bytes"], r["seconds"])) for r in results
-                      if r["op"] == op and r["method"] == method]
+            points = [
+                (r["bytes"], bandwidth(r["bytes"], r["seconds"]))
+                for r in results
+                if r["op"] == op and r["method"] == method
+            ]
             points = [(b, g) for b, g in points if g is not None]
             if points:
                 ax.plot(*zip(*points, strict=True), marker="o", label=method)
@@ -265,8 +296,11 @@ def by_hand_call(op, comm, x, device):
 def _cuda_home():
     nvcc = shutil.which("nvcc")
     candidates = [pathlib.Path(nvcc).resolve().parent.parent] if nvcc else []
-    candidates += [pathlib.Path(p) for p in (os.environ.get("CUDA_HOME"),
-                                             os.environ.get("CUDA_PATH"), "/usr/local/cuda") if p]
+    candidates += [
+        pathlib.Path(p)
+        for p in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda")
+        if p
+    ]
     for home in candidates:
         if (home / "include" / "cuda_runtime.h").exists():
             return home
@@ -284,9 +318,21 @@ def compile_reference(build_dir):
         compiler, extra = [shutil.which("mpicc"), "-x", "c++"], ["-lstdc++"]
     else:
         raise RuntimeError("no mpicxx or mpicc on PATH: use the MPI mpi4py runs")
-    command = [*compiler, "-O2", "-std=c++17", "-shared", "-fPIC", str(source),
-               f"-I{cuda}/include", f"-L{cuda}/lib64", "-lcudart_static", "-ldl", "-lrt",
-               "-lpthread", *extra]
+    command = [
+        *compiler,
+        "-O2",
+        "-std=c++17",
+        "-shared",
+        "-fPIC",
+        str(source),
+        f"-I{cuda}/include",
+        f"-L{cuda}/lib64",
+        "-lcudart_static",
+        "-ldl",
+        "-lrt",
+        "-lpthread",
+        *extra,
+    ]
     key = hashlib.sha256(source.read_bytes() + " ".join(command).encode()).hexdigest()[:12]
     library = pathlib.Path(build_dir) / f"libgpu_reference-{key}.so"
     if not library.exists():
@@ -318,8 +364,15 @@ def load_reference(comm, build_dir):
     if comm.allreduce(error is not None, op=MPI.LOR):
         return None, error or "failed on another rank"
     lib.jaxcomm_reference.restype = ctypes.c_double
-    lib.jaxcomm_reference.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_void_p,
-                                      ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int]
+    lib.jaxcomm_reference.argtypes = [
+        ctypes.c_int,
+        ctypes.c_int64,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_int64,
+        ctypes.c_int,
+        ctypes.c_int,
+    ]
     lib.jaxcomm_reference_error.restype = ctypes.c_char_p
     return lib, None
 
@@ -328,8 +381,15 @@ def reference_seconds(lib, op, comm, x, out, iterations):
     x.block_until_ready()
     out.block_until_ready()
     comm.Barrier()
-    seconds = lib.jaxcomm_reference(KIND[op], comm.py2f(), x.unsafe_buffer_pointer(),
-                                    out.unsafe_buffer_pointer(), x.nbytes, iterations, 2)
+    seconds = lib.jaxcomm_reference(
+        KIND[op],
+        comm.py2f(),
+        x.unsafe_buffer_pointer(),
+        out.unsafe_buffer_pointer(),
+        x.nbytes,
+        iterations,
+        2,
+    )
     if seconds < 0:
         raise RuntimeError(lib.jaxcomm_reference_error().decode())
     return seconds
@@ -387,16 +447,17 @@ def measure_size(op, nbytes, quick, comm, device, paths, use_path, lib, log):
 
     def record(method, fn):
         seconds, error = measure(f"{op} {format_bytes(nbytes)} {method}", fn, comm, log)
-        results.append({"op": op, "bytes": nbytes, "method": method, "seconds": seconds,
-                        "error": error})
+        results.append(
+            {"op": op, "bytes": nbytes, "method": method, "seconds": seconds, "error": error}
+        )
 
     for label, cuda_aware in paths:
         call = use_path(label, cuda_aware)[op]
-        record(f"jaxcomm: {label}",
-               lambda call=call: median_seconds(lambda: call(x).block_until_ready(), iterations,
-                                                comm))
-    record("by hand",
-           lambda: median_seconds(by_hand_call(op, comm, x, device), iterations, comm))
+        record(
+            f"jaxcomm: {label}",
+            lambda call=call: median_seconds(lambda: call(x).block_until_ready(), iterations, comm),
+        )
+    record("by hand", lambda: median_seconds(by_hand_call(op, comm, x, device), iterations, comm))
     if lib is not None:
         out_rows = n * comm.Get_size() if op == "allgather" else n
         target = jax.device_put(np.zeros(out_rows, np.float32), device)
@@ -421,9 +482,11 @@ def main(argv=None):
     except RuntimeError:
         gpus = 0
     if not args.cpu and not comm.allreduce(gpus, op=MPI.MIN):
-        message = (f"gpu.py: JAX sees no GPU (on at least one rank; platforms here: "
-                   f"{sorted({d.platform for d in jax.devices()})}): nothing measured. Run it "
-                   "where jax has CUDA and a GPU, or pass --cpu to check the script on CPU.")
+        message = (
+            f"gpu.py: JAX sees no GPU (on at least one rank; platforms here: "
+            f"{sorted({d.platform for d in jax.devices()})}): nothing measured. Run it "
+            "where jax has CUDA and a GPU, or pass --cpu to check the script on CPU."
+        )
         log(message)
         if rank == 0:
             out.mkdir(parents=True, exist_ok=True)
@@ -433,14 +496,19 @@ def main(argv=None):
     device = jax.devices("cpu" if args.cpu else "gpu")[0]
     jc = JaxComm(comm)
     paths = [("cpu", None)] if args.cpu else data_paths()
-    lib, ref_error = (None, "not with --cpu") if args.cpu else load_reference(
-        comm, args.build_dir)
+    lib, ref_error = (None, "not with --cpu") if args.cpu else load_reference(comm, args.build_dir)
     if ref_error:
         log(f"C++ reference unavailable: {ref_error}")
     info = None if args.cpu else jaxcomm.cuda_info()
-    meta = {"ranks": comm.Get_size(), "device": str(device), "jax": jax.__version__,
-            "jaxcomm": jaxcomm.__version__, "mpi": MPI.Get_library_version().splitlines()[0],
-            "cuda_info": info, "quick": args.quick}
+    meta = {
+        "ranks": comm.Get_size(),
+        "device": str(device),
+        "jax": jax.__version__,
+        "jaxcomm": jaxcomm.__version__,
+        "mpi": MPI.Get_library_version().splitlines()[0],
+        "cuda_info": info,
+        "quick": args.quick,
+    }
     log(f"{comm.Get_size()} ranks on {device}; jax {jax.__version__}, {meta['mpi'].strip()}")
     log(f"cuda_info: {info}")
 
@@ -460,15 +528,18 @@ def main(argv=None):
         for nbytes in sizes_for(args):
             done = measure_size(op, nbytes, args.quick, comm, device, paths, use_path, lib, log)
             results += done
-            log(f"{op:>9} {format_bytes(nbytes):>8}: " + ", ".join(
-                f"{r['method']} {_cell(_us(r['seconds']), '.1f')} us" for r in done))
+            log(
+                f"{op:>9} {format_bytes(nbytes):>8}: "
+                + ", ".join(f"{r['method']} {_cell(_us(r['seconds']), '.1f')} us" for r in done)
+            )
 
     loop = {}
     steps = 200 if args.quick else 1000
     for label, cuda_aware in paths:
         use_path(label, cuda_aware)
-        timing = measure(f"fori_loop {label}", lambda: loop_latency(jc, comm, device, steps),
-                         comm, log)[0]
+        timing = measure(
+            f"fori_loop {label}", lambda: loop_latency(jc, comm, device, steps), comm, log
+        )[0]
         loop[f"jaxcomm fori_loop: {label}"] = timing[0] if timing else None
         loop["mpi4py Allreduce on NumPy"] = timing[1] if timing else None
     if not args.cpu:

@@ -62,16 +62,14 @@ bool Reserve(void** buffer, size_t* have, size_t bytes) {
 }
 
 // One call: device -> pinned host, MPI on the host buffers, host -> device.
-bool Once(int kind, MPI_Comm comm, const void* send, void* recv, size_t bytes, int rank,
-          int size) {
+bool Once(int kind, MPI_Comm comm, const void* send, void* recv, size_t bytes, int rank, int size) {
   const int count = static_cast<int>(bytes);
   const bool copies_in = kind != kBcast || rank == 0;
   const size_t out_bytes = kind == kAllgather ? bytes * size : bytes;
   // Broadcast works in place, in the buffer root filled.
   const void* result = kind == kBcast ? staging.send : staging.recv;
   if (copies_in) {
-    if (!Cuda(cudaMemcpyAsync(staging.send, send, bytes, cudaMemcpyDeviceToHost,
-                              staging.stream),
+    if (!Cuda(cudaMemcpyAsync(staging.send, send, bytes, cudaMemcpyDeviceToHost, staging.stream),
               "cudaMemcpyAsync D2H") ||
         !Cuda(cudaStreamSynchronize(staging.stream), "cudaStreamSynchronize")) {
       return false;
@@ -88,16 +86,14 @@ bool Once(int kind, MPI_Comm comm, const void* send, void* recv, size_t bytes, i
       if (!Mpi(MPI_Bcast(staging.send, count, MPI_BYTE, 0, comm), "MPI_Bcast")) return false;
       break;
     case kAllgather:
-      if (!Mpi(MPI_Allgather(staging.send, count, MPI_BYTE, staging.recv, count, MPI_BYTE,
-                             comm),
+      if (!Mpi(MPI_Allgather(staging.send, count, MPI_BYTE, staging.recv, count, MPI_BYTE, comm),
                "MPI_Allgather")) {
         return false;
       }
       break;
     case kSendrecv:
       if (!Mpi(MPI_Sendrecv(staging.send, count, MPI_BYTE, (rank + 1) % size, 0, staging.recv,
-                            count, MPI_BYTE, (rank + size - 1) % size, 0, comm,
-                            MPI_STATUS_IGNORE),
+                            count, MPI_BYTE, (rank + size - 1) % size, 0, comm, MPI_STATUS_IGNORE),
                "MPI_Sendrecv")) {
         return false;
       }
@@ -105,8 +101,7 @@ bool Once(int kind, MPI_Comm comm, const void* send, void* recv, size_t bytes, i
     default:
       return Fail("unknown kind " + std::to_string(kind));
   }
-  return Cuda(cudaMemcpyAsync(recv, result, out_bytes, cudaMemcpyHostToDevice,
-                              staging.stream),
+  return Cuda(cudaMemcpyAsync(recv, result, out_bytes, cudaMemcpyHostToDevice, staging.stream),
               "cudaMemcpyAsync H2D") &&
          Cuda(cudaStreamSynchronize(staging.stream), "cudaStreamSynchronize");
 }

@@ -89,9 +89,16 @@ def programs(op, steps):
         c = jc.during(requests, work, a)
         return jc.waitall(requests)[0], c
 
-    return {name: jax.jit(f) for name, f in
-            (("message", alone), ("compute", computing), ("blocking", blocking),
-             ("nonblocking", nonblocking), ("during", during))}
+    return {
+        name: jax.jit(f)
+        for name, f in (
+            ("message", alone),
+            ("compute", computing),
+            ("blocking", blocking),
+            ("nonblocking", nonblocking),
+            ("during", during),
+        )
+    }
 
 
 def timed(f, args, repeats):
@@ -117,16 +124,19 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--mib", type=int, nargs="+", default=[16, 64])
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--ops", nargs="+", default=["ring", "allreduce"],
-                        choices=["ring", "allreduce"])
+    parser.add_argument(
+        "--ops", nargs="+", default=["ring", "allreduce"], choices=["ring", "allreduce"]
+    )
     args = parser.parse_args()
     a = jnp.asarray(np.random.default_rng(jc.rank).standard_normal((192, 192)), jnp.float32)
     if jc.rank == 0:
         mpi = MPI.Get_library_version().splitlines()[0]
         print(f"# {jc.size} ranks, jax {jax.__version__}, {mpi}")
-        print(f"# {'op':9} {'MiB':>4} {'message':>9} {'compute':>9} {'blocking':>9} "
-              f"{'nonblock':>9} {'during':>9} {'max(c,m)':>9} {'ratio':>6} {'ratio':>6}"
-              "   (ms, medians, slowest rank; ratios: nonblock/max, during/max)")
+        print(
+            f"# {'op':9} {'MiB':>4} {'message':>9} {'compute':>9} {'blocking':>9} "
+            f"{'nonblock':>9} {'during':>9} {'max(c,m)':>9} {'ratio':>6} {'ratio':>6}"
+            "   (ms, medians, slowest rank; ratios: nonblock/max, during/max)"
+        )
     for mib in args.mib:
         x = jnp.full(mib * (1 << 20) // 4, float(jc.rank), jnp.float32)
         for op in args.ops:
@@ -135,10 +145,13 @@ def main():
             t = {name: timed(f, (x, a), args.repeats) for name, f in programs(op, steps).items()}
             best = max(t["compute"], t["message"])
             if jc.rank == 0:
-                print(f"  {op:9} {mib:>4} {1e3 * t['message']:9.1f} {1e3 * t['compute']:9.1f} "
-                      f"{1e3 * t['blocking']:9.1f} {1e3 * t['nonblocking']:9.1f} "
-                      f"{1e3 * t['during']:9.1f} {1e3 * best:9.1f} "
-                      f"{t['nonblocking'] / best:6.2f} {t['during'] / best:6.2f}", flush=True)
+                print(
+                    f"  {op:9} {mib:>4} {1e3 * t['message']:9.1f} {1e3 * t['compute']:9.1f} "
+                    f"{1e3 * t['blocking']:9.1f} {1e3 * t['nonblocking']:9.1f} "
+                    f"{1e3 * t['during']:9.1f} {1e3 * best:9.1f} "
+                    f"{t['nonblocking'] / best:6.2f} {t['during'] / best:6.2f}",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

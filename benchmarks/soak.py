@@ -72,21 +72,27 @@ def build_steps(jc):
 
     def step(name):
         """Register the ``(run, expected)`` pair that the decorated function returns."""
+
         def register(make):
             steps.append((name, *make()))
+
         return register
 
     @step("allreduce eager")
     def _():
-        return (lambda i: jc.allreduce(jnp.asarray(data(i, rank, (8,)))),
-                lambda i: sum(every(i, (8,))))
+        return (
+            lambda i: jc.allreduce(jnp.asarray(data(i, rank, (8,)))),
+            lambda i: sum(every(i, (8,))),
+        )
 
     allreduce_max = jax.jit(lambda x: jc.allreduce(x, op=MPI.MAX))
 
     @step("allreduce jit MAX int32")
     def _():
-        return (lambda i: allreduce_max(data(i, rank, (3, 2), np.int32)),
-                lambda i: np.maximum.reduce(every(i, (3, 2), np.int32)))
+        return (
+            lambda i: allreduce_max(data(i, rank, (3, 2), np.int32)),
+            lambda i: np.maximum.reduce(every(i, (3, 2), np.int32)),
+        )
 
     @step("allreduce pytree eager")
     def _():
@@ -125,13 +131,17 @@ def build_steps(jc):
 
     @step("reduce jit")
     def _():
-        return (lambda i: reduce_jit(data(i, rank, (4,)), i % size),
-                lambda i: zeros_unless(rank == i % size, sum(every(i, (4,)))))
+        return (
+            lambda i: reduce_jit(data(i, rank, (4,)), i % size),
+            lambda i: zeros_unless(rank == i % size, sum(every(i, (4,)))),
+        )
 
     @step("scan eager")
     def _():
-        return (lambda i: jc.scan(data(i, rank, (3,), np.int32)),
-                lambda i: sum(every(i, (3,), np.int32)[: rank + 1]))
+        return (
+            lambda i: jc.scan(data(i, rank, (3,), np.int32)),
+            lambda i: sum(every(i, (3,), np.int32)[: rank + 1]),
+        )
 
     exscan_jit = jax.jit(lambda x: jc.exscan(x, op=MPI.PROD))
 
@@ -147,25 +157,33 @@ def build_steps(jc):
 
     @step("reduce_scatter tiled jit")
     def _():
-        return (lambda i: reduce_scatter_jit(data(i, rank, (2 * size, 2))),
-                lambda i: sum(every(i, (2 * size, 2)))[2 * rank: 2 * rank + 2])
+        return (
+            lambda i: reduce_scatter_jit(data(i, rank, (2 * size, 2))),
+            lambda i: sum(every(i, (2 * size, 2)))[2 * rank : 2 * rank + 2],
+        )
 
     @step("gather eager")
     def _():
-        return (lambda i: jc.gather(data(i, rank, (2,)), root=i % size),
-                lambda i: zeros_unless(rank == i % size, np.stack(every(i, (2,)))))
+        return (
+            lambda i: jc.gather(data(i, rank, (2,)), root=i % size),
+            lambda i: zeros_unless(rank == i % size, np.stack(every(i, (2,)))),
+        )
 
     scatter_jit = jax.jit(jc.scatter, static_argnums=1)
 
     @step("scatter jit")
     def _():
-        return (lambda i: scatter_jit(data(i, rank, (size, 3)), i % size),
-                lambda i: data(i, i % size, (size, 3))[rank])
+        return (
+            lambda i: scatter_jit(data(i, rank, (size, 3)), i % size),
+            lambda i: data(i, i % size, (size, 3))[rank],
+        )
 
     @step("alltoall eager")
     def _():
-        return (lambda i: jc.alltoall(data(i, rank, (size, 2), np.int32)),
-                lambda i: np.stack([x[rank] for x in every(i, (size, 2), np.int32)]))
+        return (
+            lambda i: jc.alltoall(data(i, rank, (size, 2), np.int32)),
+            lambda i: np.stack([x[rank] for x in every(i, (size, 2), np.int32)]),
+        )
 
     allgatherv_jit = jax.jit(lambda x: jc.allgatherv(x, counts))
 
@@ -186,19 +204,28 @@ def build_steps(jc):
     def _():
         def run(i):
             status = MPI.Status()
-            y = jc.sendrecv(data(i, rank, (4,)), data(i, rank, (4,)), source=left, dest=right,
-                            sendtag=i % tags, status=status)
+            y = jc.sendrecv(
+                data(i, rank, (4,)),
+                data(i, rank, (4,)),
+                source=left,
+                dest=right,
+                sendtag=i % tags,
+                status=status,
+            )
             return y, [status.Get_source(), status.Get_tag(), status.Get_count(MPI.FLOAT)]
 
         return run, lambda i: (data(i, left, (4,)), [left, i % tags, 4])
 
-    sendrecv_jit = jax.jit(lambda x: jc.sendrecv(x, x, source=left, dest=right, sendtag=3,
-                                                 return_status=True))
+    sendrecv_jit = jax.jit(
+        lambda x: jc.sendrecv(x, x, source=left, dest=right, sendtag=3, return_status=True)
+    )
 
     @step("sendrecv jit return_status")
     def _():
-        return (lambda i: sendrecv_jit(data(i, rank, (2, 2), np.int32)),
-                lambda i: (data(i, left, (2, 2), np.int32), np.array([left, 3, 4])))
+        return (
+            lambda i: sendrecv_jit(data(i, rank, (2, 2), np.int32)),
+            lambda i: (data(i, left, (2, 2), np.int32), np.array([left, 3, 4])),
+        )
 
     @step("send/recv pair eager with status")
     def _():
@@ -223,15 +250,13 @@ def build_steps(jc):
 
     @step("vmap allreduce jit")
     def _():
-        return (lambda i: vmap_allreduce(data(i, rank, (3, 4))),
-                lambda i: sum(every(i, (3, 4))))
+        return (lambda i: vmap_allreduce(data(i, rank, (3, 4))), lambda i: sum(every(i, (3, 4))))
 
     ring = jax.vmap(lambda x: jc.sendrecv(x, x, source=left, dest=right))
 
     @step("vmap sendrecv eager")
     def _():
-        return (lambda i: ring(jnp.asarray(data(i, rank, (2, 3)))),
-                lambda i: data(i, left, (2, 3)))
+        return (lambda i: ring(jnp.asarray(data(i, rank, (2, 3)))), lambda i: data(i, left, (2, 3)))
 
     @jax.jit
     def running_sum(xs):
@@ -239,18 +264,23 @@ def build_steps(jc):
 
     @step("lax.scan of allreduce jit")
     def _():
-        return (lambda i: running_sum(data(i, rank, (4, 2))),
-                lambda i: sum(every(i, (4, 2))).sum(axis=0))
+        return (
+            lambda i: running_sum(data(i, rank, (4, 2))),
+            lambda i: sum(every(i, (4, 2))).sum(axis=0),
+        )
 
     # The cotangent of sendrecv's output goes back to the rank that sent it.
     weights = jnp.full(5, rank + 1.0)
-    ring_grad = jax.jit(jax.grad(
-        lambda x: jnp.sum(weights * jc.sendrecv(x, x, source=left, dest=right))))
+    ring_grad = jax.jit(
+        jax.grad(lambda x: jnp.sum(weights * jc.sendrecv(x, x, source=left, dest=right)))
+    )
 
     @step("grad of sendrecv jit")
     def _():
-        return (lambda i: ring_grad(data(i, rank, (5,))),
-                lambda i: np.full(5, right + 1.0, np.float32))
+        return (
+            lambda i: ring_grad(data(i, rank, (5,))),
+            lambda i: np.full(5, right + 1.0, np.float32),
+        )
 
     @step("barrier eager")
     def _():
@@ -302,15 +332,31 @@ def run_rounds(steps, first, last, check_every, ref):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--ops", type=int, default=100_000,
-                        help="jaxcomm operations to run after the warm-up (default 100000)")
-    parser.add_argument("--max-growth-mib", type=float, default=5.0,
-                        help="exit with status 1 if resident memory grows more (default 5)")
-    parser.add_argument("--warmup-rounds", type=int, default=20,
-                        help="rounds run before the first measurement (default 20)")
-    parser.add_argument("--check-every", type=int, default=7,
-                        help="check every result of every N-th round (default 7: a prime, so "
-                             "checked rounds cycle through every root and tag)")
+    parser.add_argument(
+        "--ops",
+        type=int,
+        default=100_000,
+        help="jaxcomm operations to run after the warm-up (default 100000)",
+    )
+    parser.add_argument(
+        "--max-growth-mib",
+        type=float,
+        default=5.0,
+        help="exit with status 1 if resident memory grows more (default 5)",
+    )
+    parser.add_argument(
+        "--warmup-rounds",
+        type=int,
+        default=20,
+        help="rounds run before the first measurement (default 20)",
+    )
+    parser.add_argument(
+        "--check-every",
+        type=int,
+        default=7,
+        help="check every result of every N-th round (default 7: a prime, so "
+        "checked rounds cycle through every root and tag)",
+    )
     args = parser.parse_args()
 
     ref = MPI.COMM_WORLD.Dup()
@@ -336,12 +382,16 @@ def main():
     figures = ref.allgather((start, end, elapsed))
     growth = max(e - s for s, e, _ in figures)
     if ref.rank == 0:
-        print(f"{ref.size} rank(s), jax {jax.__version__}, {len(steps)} operations per round, "
-              f"{args.warmup_rounds} warm-up rounds")
+        print(
+            f"{ref.size} rank(s), jax {jax.__version__}, {len(steps)} operations per round, "
+            f"{args.warmup_rounds} warm-up rounds"
+        )
         print(f"{calls} operations in {rounds} rounds, checked every {args.check_every}th round")
         for r, (s, e, t) in enumerate(figures):
-            print(f"rank {r}: {t:7.1f} s ({t / calls * 1e6:6.1f} us/op), "
-                  f"RSS {s:8.1f} -> {e:8.1f} MiB, growth {e - s:+6.2f} MiB")
+            print(
+                f"rank {r}: {t:7.1f} s ({t / calls * 1e6:6.1f} us/op), "
+                f"RSS {s:8.1f} -> {e:8.1f} MiB, growth {e - s:+6.2f} MiB"
+            )
         verdict = "OK" if growth <= args.max_growth_mib else "TOO MUCH"
         print(f"largest growth {growth:+.2f} MiB (limit {args.max_growth_mib} MiB): {verdict}")
     jc.free()

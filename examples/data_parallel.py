@@ -34,10 +34,13 @@ def parse_args():
         description="Data-parallel training with an allreduce of gradients (see the docstring)."
     )
     parser.add_argument("--epochs", type=int, default=10, help="passes over the data (default 10)")
-    parser.add_argument("--batches", type=int, default=10,
-                        help="batches per epoch (default 10)")
-    parser.add_argument("--batch-size", type=int, default=96,
-                        help="samples per batch, split over the ranks (default 96)")
+    parser.add_argument("--batches", type=int, default=10, help="batches per epoch (default 10)")
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=96,
+        help="samples per batch, split over the ranks (default 96)",
+    )
     parser.add_argument("--learning-rate", type=float, default=0.1, help="(default 0.1)")
     args = parser.parse_args()
     if min(args.epochs, args.batches, args.batch_size) < 1 or args.learning_rate <= 0:
@@ -97,24 +100,28 @@ def main():
     for epoch in range(args.epochs):
         order = np.random.default_rng(100 + epoch).permutation(samples)
         for b in range(args.batches):
-            chosen = order[b * batch:(b + 1) * batch]
+            chosen = order[b * batch : (b + 1) * batch]
             mine = chosen[share(batch)]
             parallel = parallel_step(parallel, x[mine], y[mine])
             serial = serial_step(serial, x[chosen], y[chosen])
         loss = float(parallel_loss(parallel, x[share(samples)], y[share(samples)]))
         serial_loss = float(summed_loss(serial, x, y)) / samples
         if jc.rank == 0:
-            print(f"epoch {epoch + 1}/{args.epochs}: loss {loss:.4f}, "
-                  f"single process {serial_loss:.4f}")
+            print(
+                f"epoch {epoch + 1}/{args.epochs}: loss {loss:.4f}, "
+                f"single process {serial_loss:.4f}"
+            )
 
     difference = max(
         float(jnp.max(jnp.abs(a - b)))
         for a, b in zip(jax.tree_util.tree_leaves(parallel), jax.tree_util.tree_leaves(serial))
     )
     if jc.rank == 0:
-        print(f"{jc.size} ranks, {args.epochs * args.batches} steps: loss {loss:.4f} "
-              f"(single process {serial_loss:.4f}), "
-              f"max difference from single-process training {difference:.1e}")
+        print(
+            f"{jc.size} ranks, {args.epochs * args.batches} steps: loss {loss:.4f} "
+            f"(single process {serial_loss:.4f}), "
+            f"max difference from single-process training {difference:.1e}"
+        )
     jc.free()
 
 

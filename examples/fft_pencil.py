@@ -38,12 +38,19 @@ def parse_args():
     parser = argparse.ArgumentParser(
         description="Distributed pencil FFT with alltoall transposes (see the docstring)."
     )
-    parser.add_argument("--shape", type=int, nargs="+", default=[64, 64, 64],
-                        help="global array shape, 2 or 3 axes (default 64 64 64)")
-    parser.add_argument("--benchmark", action="store_true",
-                        help="time the forward and inverse transforms")
-    parser.add_argument("--repeat", type=int, default=10,
-                        help="timed runs with --benchmark (default 10)")
+    parser.add_argument(
+        "--shape",
+        type=int,
+        nargs="+",
+        default=[64, 64, 64],
+        help="global array shape, 2 or 3 axes (default 64 64 64)",
+    )
+    parser.add_argument(
+        "--benchmark", action="store_true", help="time the forward and inverse transforms"
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=10, help="timed runs with --benchmark (default 10)"
+    )
     args = parser.parse_args()
     if len(args.shape) not in (2, 3) or min(args.shape) < 1 or args.repeat < 1:
         parser.error("--shape takes 2 or 3 positive sizes and --repeat must be >= 1")
@@ -106,9 +113,11 @@ def main():
     # Axis k starts split over grid axis k and axis k + 1 ends split over it.
     for k, p in enumerate(dims):
         if shape[k] % p or shape[k + 1] % p:
-            raise SystemExit(f"--shape {' '.join(map(str, shape))}: axes {k} and {k + 1} must "
-                             f"divide by {p}, the processes along axis {k} of the "
-                             f"{'x'.join(map(str, dims))} process grid")
+            raise SystemExit(
+                f"--shape {' '.join(map(str, shape))}: axes {k} and {k + 1} must "
+                f"divide by {p}, the processes along axis {k} of the "
+                f"{'x'.join(map(str, dims))} process grid"
+            )
     grid = JaxComm.from_cart(dims)
     coords = grid.coords
 
@@ -146,14 +155,21 @@ def main():
             serial = timed(jax.jit(jnp.fft.fftn), jnp.asarray(whole), args.repeat)
         grid.barrier()
     if grid.rank == 0:
-        layout = (f"slabs over {grid.size} ranks" if len(dims) == 1
-                  else f"pencils over a {dims[0]}x{dims[1]} process grid")
-        print(f"{'x'.join(map(str, shape))} complex64, {layout}: max difference from "
-              f"jnp.fft.fftn {float(error) / scale:.1e} (relative), "
-              f"inverse round trip {float(roundtrip):.1e}")
+        layout = (
+            f"slabs over {grid.size} ranks"
+            if len(dims) == 1
+            else f"pencils over a {dims[0]}x{dims[1]} process grid"
+        )
+        print(
+            f"{'x'.join(map(str, shape))} complex64, {layout}: max difference from "
+            f"jnp.fft.fftn {float(error) / scale:.1e} (relative), "
+            f"inverse round trip {float(roundtrip):.1e}"
+        )
         if args.benchmark:
-            print(f"benchmark: forward {times[0] * 1e3:.3f} ms, inverse {times[1] * 1e3:.3f} ms, "
-                  f"jnp.fft.fftn on one process {serial * 1e3:.3f} ms")
+            print(
+                f"benchmark: forward {times[0] * 1e3:.3f} ms, inverse {times[1] * 1e3:.3f} ms, "
+                f"jnp.fft.fftn on one process {serial * 1e3:.3f} ms"
+            )
     for line in lines:
         line.free()
     grid.free()

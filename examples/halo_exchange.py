@@ -30,9 +30,7 @@ def initial(shape):
 
 def laplacian(padded):
     centre = padded[1:-1, 1:-1]
-    return (
-        padded[:-2, 1:-1] + padded[2:, 1:-1] + padded[1:-1, :-2] + padded[1:-1, 2:] - 4 * centre
-    )
+    return padded[:-2, 1:-1] + padded[2:, 1:-1] + padded[1:-1, :-2] + padded[1:-1, 2:] - 4 * centre
 
 
 def with_halos(u):
@@ -56,7 +54,9 @@ mine = evolve(jnp.asarray(full[cy * ny : (cy + 1) * ny, cx * nx : (cx + 1) * nx]
 serial = full
 for _ in range(STEPS):
     serial = serial + ALPHA * laplacian(np.pad(serial, 1, mode="wrap"))
-error = float(np.abs(np.asarray(mine) - serial[cy * ny : (cy + 1) * ny, cx * nx : (cx + 1) * nx]).max())
+error = float(
+    np.abs(np.asarray(mine) - serial[cy * ny : (cy + 1) * ny, cx * nx : (cx + 1) * nx]).max()
+)
 worst = grid.allreduce(error, op=MPI.MAX)
 if grid.rank == 0:
     print(f"{py}x{px} process grid, {STEPS} steps: max difference from serial {float(worst):.1e}")

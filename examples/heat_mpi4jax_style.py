@@ -33,7 +33,9 @@ world = MPI.COMM_WORLD
 dims = MPI.Compute_dims(world.Get_size(), 2)
 cells = tuple(args.cells)
 if any(n % d for n, d in zip(cells, dims)):
-    raise SystemExit(f"--cells {cells[0]} {cells[1]} must split evenly over a {dims[0]}x{dims[1]} grid")
+    raise SystemExit(
+        f"--cells {cells[0]} {cells[1]} must split evenly over a {dims[0]}x{dims[1]} grid"
+    )
 cart = world.Create_cart(dims, periods=(False, False))
 coords = cart.Get_coords(cart.Get_rank())
 block = (cells[0] // dims[0], cells[1] // dims[1])
@@ -44,7 +46,9 @@ neighbours = [(cart.Shift(axis, 1), cart.Shift(axis, -1)) for axis in (0, 1)]
 def initial(shape):
     """A hot spot off the centre of the global grid."""
     y, x = np.meshgrid(np.arange(shape[0]), np.arange(shape[1]), indexing="ij")
-    return np.exp(-((y - 0.4 * shape[0]) ** 2 + (x - 0.6 * shape[1]) ** 2) / (0.02 * shape[0] * shape[1]))
+    return np.exp(
+        -((y - 0.4 * shape[0]) ** 2 + (x - 0.6 * shape[1]) ** 2) / (0.02 * shape[0] * shape[1])
+    )
 
 
 def with_halos(u, sendrecv):
@@ -75,35 +79,51 @@ def solve(u, exchange):
 
 def serial(u):
     zero_halo = lambda v: jnp.pad(v, 1)
-    return jax.jit(lambda u: jax.lax.fori_loop(0, args.steps, lambda i, v: step(v, zero_halo), u))(u)
+    return jax.jit(lambda u: jax.lax.fori_loop(0, args.steps, lambda i, v: step(v, zero_halo), u))(
+        u
+    )
 
 
 whole = initial(cells).astype(np.float32)
 mine = jnp.asarray(
-    whole[coords[0] * block[0] : (coords[0] + 1) * block[0], coords[1] * block[1] : (coords[1] + 1) * block[1]]
+    whole[
+        coords[0] * block[0] : (coords[0] + 1) * block[0],
+        coords[1] * block[1] : (coords[1] + 1) * block[1],
+    ]
 )
 
 # The mpi4jax program, through the compat module.
 by_compat = solve(
     mine,
-    lambda u: with_halos(u, lambda x, source, dest: mpi4jax.sendrecv(x, x, source, dest, comm=cart)),
+    lambda u: with_halos(
+        u, lambda x, source, dest: mpi4jax.sendrecv(x, x, source, dest, comm=cart)
+    ),
 )
 heat = float(mpi4jax.allreduce(by_compat.sum(), MPI.SUM, comm=cart))
 blocks_compat = mpi4jax.gather(by_compat, 0, comm=cart)
 
 # The same solver with JaxComm methods.
 jc = JaxComm(cart)
-by_methods = solve(mine, lambda u: with_halos(u, lambda x, source, dest: jc.sendrecv(x, x, source, dest)))
+by_methods = solve(
+    mine, lambda u: with_halos(u, lambda x, source, dest: jc.sendrecv(x, x, source, dest))
+)
 heat_methods = float(jc.allreduce(by_methods.sum()))
 blocks_methods = jc.gather(by_methods, root=0)
 
 if cart.Get_rank() == 0:
+
     def assemble(blocks):
-        rows = [np.concatenate(list(blocks[r * dims[1] : (r + 1) * dims[1]]), axis=1) for r in range(dims[0])]
+        rows = [
+            np.concatenate(list(blocks[r * dims[1] : (r + 1) * dims[1]]), axis=1)
+            for r in range(dims[0])
+        ]
         return np.concatenate(rows, axis=0)
 
     # Cartesian ranks are row-major over the process grid.
-    field_compat, field_methods = assemble(np.asarray(blocks_compat)), assemble(np.asarray(blocks_methods))
+    field_compat, field_methods = (
+        assemble(np.asarray(blocks_compat)),
+        assemble(np.asarray(blocks_methods)),
+    )
     reference = np.asarray(serial(jnp.asarray(whole)))
     identical = np.array_equal(field_compat, field_methods) and heat == heat_methods
     print(

@@ -51,16 +51,30 @@ def parse_args():
     parser = argparse.ArgumentParser(
         description="Distributed CG for a 2-D Poisson problem and its gradient (see the docstring)"
     )
-    parser.add_argument("--size", type=int, default=64,
-                        help="unknowns per axis of the global grid (default 64)")
-    parser.add_argument("--sigma", type=float, default=10.0,
-                        help="the coefficient sigma >= 0 of -laplace(u) + sigma*u (default 10)")
-    parser.add_argument("--tol", type=float, default=1e-12,
-                        help="relative residual at which CG stops (default 1e-12)")
-    parser.add_argument("--epsilon", type=float, default=1e-5,
-                        help="relative step of the finite differences (default 1e-5)")
-    parser.add_argument("--plot", metavar="FILE.png",
-                        help="save the solution and the gradient with respect to f")
+    parser.add_argument(
+        "--size", type=int, default=64, help="unknowns per axis of the global grid (default 64)"
+    )
+    parser.add_argument(
+        "--sigma",
+        type=float,
+        default=10.0,
+        help="the coefficient sigma >= 0 of -laplace(u) + sigma*u (default 10)",
+    )
+    parser.add_argument(
+        "--tol",
+        type=float,
+        default=1e-12,
+        help="relative residual at which CG stops (default 1e-12)",
+    )
+    parser.add_argument(
+        "--epsilon",
+        type=float,
+        default=1e-5,
+        help="relative step of the finite differences (default 1e-5)",
+    )
+    parser.add_argument(
+        "--plot", metavar="FILE.png", help="save the solution and the gradient with respect to f"
+    )
     args = parser.parse_args()
     if args.size < 1 or args.sigma < 0 or not 0 < args.tol < 1 or args.epsilon <= 0:
         parser.error("need --size >= 1, --sigma >= 0, 0 < --tol < 1 and --epsilon > 0")
@@ -101,8 +115,9 @@ def main():
     args = parse_args()
     dims = MPI.Compute_dims(MPI.COMM_WORLD.size, 2)
     if args.size % dims[0] or args.size % dims[1]:
-        raise SystemExit(f"--size {args.size} must divide into the "
-                         f"{dims[0]}x{dims[1]} process grid")
+        raise SystemExit(
+            f"--size {args.size} must divide into the {dims[0]}x{dims[1]} process grid"
+        )
     grid = JaxComm.from_cart(dims, periods=[False, False])
     coords = grid.coords
     block = (args.size // dims[0], args.size // dims[1])
@@ -173,22 +188,30 @@ def main():
     step_sigma = args.epsilon * max(args.sigma, 1.0)
     step_f = args.epsilon * float(np.abs(source).max())
     checks = {
-        "sigma": (float(grid.allreduce(grad_sigma)),
-                  finite_difference(f * 0, step_sigma) / step_sigma),
+        "sigma": (
+            float(grid.allreduce(grad_sigma)),
+            finite_difference(f * 0, step_sigma) / step_sigma,
+        ),
         "f along a random direction": (
             float(grid.allreduce(jnp.vdot(grad_f, direction[mine]))),
             finite_difference(step_f * jnp.asarray(direction[mine]), 0.0) / step_f,
         ),
     }
     if grid.rank == 0:
-        print(f"{dims[0]}x{dims[1]} process grid, {args.size}x{args.size} unknowns: "
-              f"CG took {int(iterations)} iterations, relative residual |f - A u| / |f| "
-              f"{float(residual):.1e}")
-        print(f"max difference from single-process jax.scipy.sparse.linalg.cg "
-              f"{float(difference):.1e} (max |u| {float(largest):.3f})")
+        print(
+            f"{dims[0]}x{dims[1]} process grid, {args.size}x{args.size} unknowns: "
+            f"CG took {int(iterations)} iterations, relative residual |f - A u| / |f| "
+            f"{float(residual):.1e}"
+        )
+        print(
+            f"max difference from single-process jax.scipy.sparse.linalg.cg "
+            f"{float(difference):.1e} (max |u| {float(largest):.3f})"
+        )
         for name, (exact, estimate) in checks.items():
-            print(f"d loss / d {name}: jax.grad {exact:.10e}, finite difference {estimate:.10e}, "
-                  f"relative difference {abs(exact - estimate) / abs(exact):.1e}")
+            print(
+                f"d loss / d {name}: jax.grad {exact:.10e}, finite difference {estimate:.10e}, "
+                f"relative difference {abs(exact - estimate) / abs(exact):.1e}"
+            )
     if args.plot:
         fields = [whole(grid, piece, block) for piece in (u, grad_f)]
         if grid.rank == 0:
@@ -201,8 +224,9 @@ def whole(grid, piece, block):
     pieces = np.asarray(grid.gather(piece, root=0))
     result = np.zeros((block[0] * grid.dims[0], block[1] * grid.dims[1]), pieces.dtype)
     for rank, piece in enumerate(pieces):
-        rows, columns = (slice(c * b, (c + 1) * b)
-                         for c, b in zip(grid.comm.Get_coords(rank), block))
+        rows, columns = (
+            slice(c * b, (c + 1) * b) for c, b in zip(grid.comm.Get_coords(rank), block)
+        )
         result[rows, columns] = piece
     return result
 

@@ -41,5 +41,8 @@ gradient = jax.grad(scatter_double_sum)(x)
 jitted_gradient = jax.jit(jax.grad(scatter_double_sum))(x)
 if not np.array_equal(gradient, jitted_gradient):
     raise SystemExit(f"Rank {jc.rank}: grad {gradient} != jit(grad) {jitted_gradient}")
-print(f"Rank {jc.rank} has result {float(result)} and gradient {np.asarray(gradient)}\n",
-      end="", flush=True)
+print(
+    f"Rank {jc.rank} has result {float(result)} and gradient {np.asarray(gradient)}\n",
+    end="",
+    flush=True,
+)

@@ -55,16 +55,32 @@ def parse_args():
     parser = argparse.ArgumentParser(
         description="2-D shallow-water equations on a Cartesian process grid (see the docstring)."
     )
-    parser.add_argument("--cells", type=int, nargs=2, default=[128, 128], metavar=("NY", "NX"),
-                        help="global grid size (default 128 128)")
+    parser.add_argument(
+        "--cells",
+        type=int,
+        nargs=2,
+        default=[128, 128],
+        metavar=("NY", "NX"),
+        help="global grid size (default 128 128)",
+    )
     parser.add_argument("--steps", type=int, default=400, help="time steps (default 400)")
-    parser.add_argument("--boundary", choices=["periodic", "walls"], default="periodic",
-                        help="periodic domain or solid walls around the basin (default periodic)")
-    parser.add_argument("--benchmark", action="store_true",
-                        help="print time per step, steps per second and cells per second")
+    parser.add_argument(
+        "--boundary",
+        choices=["periodic", "walls"],
+        default="periodic",
+        help="periodic domain or solid walls around the basin (default periodic)",
+    )
+    parser.add_argument(
+        "--benchmark",
+        action="store_true",
+        help="print time per step, steps per second and cells per second",
+    )
     parser.add_argument("--plot", metavar="FILE.png", help="save the final height field")
-    parser.add_argument("--overlap", action="store_true",
-                        help="nonblocking halo exchange overlapped with the interior update")
+    parser.add_argument(
+        "--overlap",
+        action="store_true",
+        help="nonblocking halo exchange overlapped with the interior update",
+    )
     args = parser.parse_args()
     if min(args.cells) < 2 or args.steps < 0:
         parser.error("--cells needs at least 2 cells per axis and --steps must be >= 0")
@@ -154,10 +170,14 @@ def make_stepper(grid, spacing, dt, overlap=False):
             first = jnp.take(state, 0, axis=1 + axis)
             last = jnp.take(state, -1, axis=1 + axis)
             source, dest = grid.cart_shift(axis)  # behind, ahead; PROC_NULL at a wall
-            receives += [grid.irecv(last, source=source, tag=2 * axis),
-                         grid.irecv(first, source=dest, tag=2 * axis + 1)]
-            sends += [grid.isend(last, dest=dest, tag=2 * axis),
-                      grid.isend(first, dest=source, tag=2 * axis + 1)]
+            receives += [
+                grid.irecv(last, source=source, tag=2 * axis),
+                grid.irecv(first, source=dest, tag=2 * axis + 1),
+            ]
+            sends += [
+                grid.isend(last, dest=dest, tag=2 * axis),
+                grid.isend(first, dest=source, tag=2 * axis + 1),
+            ]
         return receives, sends
 
     def finish_halo_exchange(state, receives, sends):
@@ -218,8 +238,10 @@ def main():
     args = parse_args()
     dims = MPI.Compute_dims(MPI.COMM_WORLD.size, 2)
     if any(n % p for n, p in zip(args.cells, dims)):
-        raise SystemExit(f"--cells {args.cells[0]} {args.cells[1]} must divide into the "
-                         f"{dims[0]}x{dims[1]} process grid")
+        raise SystemExit(
+            f"--cells {args.cells[0]} {args.cells[1]} must divide into the "
+            f"{dims[0]}x{dims[1]} process grid"
+        )
     block = [n // p for n, p in zip(args.cells, dims)]
     if min(block) < 2:
         raise SystemExit(f"each rank needs at least 2x2 cells, got {block[0]}x{block[1]}")
@@ -234,7 +256,9 @@ def main():
 
     def evolver(overlap):
         step = make_stepper(grid, spacing, dt, overlap)
-        return jax.jit(lambda state, steps: jax.lax.fori_loop(0, steps, lambda _, s: step(s), state))
+        return jax.jit(
+            lambda state, steps: jax.lax.fori_loop(0, steps, lambda _, s: step(s), state)
+        )
 
     def timed(evolve):
         """The final state and the slowest rank's seconds, compilation excluded."""
@@ -258,27 +282,33 @@ def main():
     if grid.rank == 0:
         field = np.empty_like(full)
         for rank, piece in enumerate(blocks):
-            rows, columns = (slice(c * b, (c + 1) * b)
-                             for c, b in zip(grid.comm.Get_coords(rank), block))
+            rows, columns = (
+                slice(c * b, (c + 1) * b) for c, b in zip(grid.comm.Get_coords(rank), block)
+            )
             field[:, rows, columns] = piece
-        serial = jax.jit(lambda s, n: jax.lax.fori_loop(
-            0, n, lambda _, s: serial_step(s, spacing, dt, walls), s))(full, args.steps)
+        serial = jax.jit(
+            lambda s, n: jax.lax.fori_loop(0, n, lambda _, s: serial_step(s, spacing, dt, walls), s)
+        )(full, args.steps)
         difference = float(np.abs(field - np.asarray(serial)).max())
         # Summed in float64, so that the sum's own rounding does not hide the scheme's.
         mass_before, mass_after = (float(np.sum(h, dtype=np.float64)) for h in (full[0], field[0]))
-        print(f"{dims[0]}x{dims[1]} process grid, {args.cells[0]}x{args.cells[1]} cells, "
-              f"{args.boundary}{', overlapped' if args.overlap else ''}, {args.steps} steps: "
-              f"max difference from serial {difference:.1e}, "
-              f"mass change {abs(mass_after - mass_before) / mass_before:.1e}, "
-              f"final height {field[0].min():.3f} to {field[0].max():.3f}")
+        print(
+            f"{dims[0]}x{dims[1]} process grid, {args.cells[0]}x{args.cells[1]} cells, "
+            f"{args.boundary}{', overlapped' if args.overlap else ''}, {args.steps} steps: "
+            f"max difference from serial {difference:.1e}, "
+            f"mass change {abs(mass_after - mass_before) / mass_before:.1e}, "
+            f"final height {field[0].min():.3f} to {field[0].max():.3f}"
+        )
         if args.benchmark:
             runs = [("overlapped" if args.overlap else "benchmark", elapsed)]
             if args.overlap:
                 runs.append(("blocking", blocking_elapsed))
             for name, seconds in runs:
                 per_step = seconds / max(args.steps, 1)
-                print(f"{name}: {per_step * 1e3:.3f} ms per step, {1 / per_step:.0f} steps/s, "
-                      f"{args.cells[0] * args.cells[1] / per_step:.3e} cells/s")
+                print(
+                    f"{name}: {per_step * 1e3:.3f} ms per step, {1 / per_step:.0f} steps/s, "
+                    f"{args.cells[0] * args.cells[1] / per_step:.3e} cells/s"
+                )
         if args.plot:
             plot(field[0], dt * args.steps, args.boundary, args.plot)
     grid.free()

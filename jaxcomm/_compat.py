@@ -267,8 +267,12 @@ def def_linearization(primitive, rule):
     def linearization(is_vjp, nonzeros, *primals, **params):
         outs, out_nonzeros, residuals, linear = rule(nonzeros, *primals, **params)
         if _STRUCTURED_RESIDUALS:
-            return outs, out_nonzeros, residuals, None, (
-                lambda residuals, _, *tangents: linear(residuals, *tangents)
+            return (
+                outs,
+                out_nonzeros,
+                residuals,
+                None,
+                (lambda residuals, _, *tangents: linear(residuals, *tangents)),
             )
         return outs, out_nonzeros, residuals, linear
 

@@ -87,8 +87,7 @@ def cuda_info() -> dict:
         reason = f"set by {_override[1]}"
     elif support is None:
         reason = (
-            "the MPI library cannot say whether it is CUDA-aware; "
-            "set JAXCOMM_CUDA_AWARE=1 if it is"
+            "the MPI library cannot say whether it is CUDA-aware; set JAXCOMM_CUDA_AWARE=1 if it is"
         )
     else:
         reason = f"the MPI library reports that it is {'' if support else 'not '}CUDA-aware"

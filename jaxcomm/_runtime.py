@@ -98,6 +98,7 @@ def build_info() -> dict:
         "cuda": bool(_build_info.CUDA),
     }
 
+
 from . import _kernels_cpu  # noqa: E402  (only once the MPI is known to match)
 
 # The CUDA kernels, when this build has them. Loading the module initialises

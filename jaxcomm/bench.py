@@ -196,27 +196,65 @@ def _mpi4py_call(method, **kwargs):
 OPS: dict[str, Op] = {
     op.name: op
     for op in (
-        Op("allreduce", False, _same, lambda jc, x: jc.allreduce(x),
-           _mpi4py_call("Allreduce", op=MPI.SUM)),
-        Op("reduce", False, _same, lambda jc, x: jc.reduce(x, root=0),
-           _mpi4py_call("Reduce", op=MPI.SUM, root=0), defined=_on_root),
+        Op(
+            "allreduce",
+            False,
+            _same,
+            lambda jc, x: jc.allreduce(x),
+            _mpi4py_call("Allreduce", op=MPI.SUM),
+        ),
+        Op(
+            "reduce",
+            False,
+            _same,
+            lambda jc, x: jc.reduce(x, root=0),
+            _mpi4py_call("Reduce", op=MPI.SUM, root=0),
+            defined=_on_root,
+        ),
         Op("bcast", False, _same, lambda jc, x: jc.bcast(x, root=0), _bcast_mpi4py),
-        Op("allgather", False, _stacked, lambda jc, x: jc.allgather(x),
-           _mpi4py_call("Allgather")),
-        Op("gather", False, _stacked, lambda jc, x: jc.gather(x, root=0),
-           _mpi4py_call("Gather", root=0), defined=_on_root),
-        Op("scatter", True, _unstacked, lambda jc, x: jc.scatter(x, root=0),
-           _mpi4py_call("Scatter", root=0)),
+        Op("allgather", False, _stacked, lambda jc, x: jc.allgather(x), _mpi4py_call("Allgather")),
+        Op(
+            "gather",
+            False,
+            _stacked,
+            lambda jc, x: jc.gather(x, root=0),
+            _mpi4py_call("Gather", root=0),
+            defined=_on_root,
+        ),
+        Op(
+            "scatter",
+            True,
+            _unstacked,
+            lambda jc, x: jc.scatter(x, root=0),
+            _mpi4py_call("Scatter", root=0),
+        ),
         Op("alltoall", True, _same, lambda jc, x: jc.alltoall(x), _mpi4py_call("Alltoall")),
-        Op("reduce_scatter", True, _unstacked, lambda jc, x: jc.reduce_scatter(x),
-           _mpi4py_call("Reduce_scatter_block", op=MPI.SUM)),
+        Op(
+            "reduce_scatter",
+            True,
+            _unstacked,
+            lambda jc, x: jc.reduce_scatter(x),
+            _mpi4py_call("Reduce_scatter_block", op=MPI.SUM),
+        ),
         Op("scan", False, _same, lambda jc, x: jc.scan(x), _mpi4py_call("Scan", op=MPI.SUM)),
-        Op("exscan", False, _same, lambda jc, x: jc.exscan(x),
-           _mpi4py_call("Exscan", op=MPI.SUM), defined=_after_first),
+        Op(
+            "exscan",
+            False,
+            _same,
+            lambda jc, x: jc.exscan(x),
+            _mpi4py_call("Exscan", op=MPI.SUM),
+            defined=_after_first,
+        ),
         Op("sendrecv", False, _same, _sendrecv_jaxcomm, _sendrecv_mpi4py),
         Op("send_recv", False, _same, _pingpong_jaxcomm, _pingpong_mpi4py, min_size=2),
-        Op("barrier", False, _same, lambda jc, x: jc.barrier(),
-           lambda comm, s, r: comm.Barrier(), sized=False),
+        Op(
+            "barrier",
+            False,
+            _same,
+            lambda jc, x: jc.barrier(),
+            lambda comm, s, r: comm.Barrier(),
+            sized=False,
+        ),
     )
 }
 
@@ -344,7 +382,7 @@ class JaxImpl(Impl):
         """Block until a call's work is complete."""
         jax.block_until_ready(out)
 
-    @functools.cache
+    @functools.cache  # noqa: B019 (one instance per benchmark run, kept to the end anyway)
     def _callable(self, op: Op, mode: str) -> Callable[..., Any]:
         # One jitted function per op and mode, so that the check's call and
         # the timed calls share its compilations.
@@ -596,9 +634,7 @@ def measure(
         record.bandwidth = size_bytes / record.time_s if op.sized else None
     for record, _ in runners:
         record.ratios = {
-            other.impl: record.time_s / other.time_s
-            for other, _ in runners
-            if other is not record
+            other.impl: record.time_s / other.time_s for other, _ in runners if other is not record
         }
     return records
 
@@ -621,7 +657,7 @@ def _stderr_is_terminal() -> bool:
         for _ in range(4):
             with open(f"/proc/{pid}/stat") as f:
                 stat = f.read()
-            name, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:]
+            name, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :]
             if not name.startswith(_LAUNCHERS):
                 return False
             if os.readlink(f"/proc/{pid}/fd/2").startswith(("/dev/pts/", "/dev/tty")):
@@ -700,8 +736,14 @@ def run(
     try:
         for op, nbytes, mode in plan:
             records += measure(
-                comm, op, nbytes, mode, impls,
-                repeats=repeats, target_s=target_s, max_iters=max_iters,
+                comm,
+                op,
+                nbytes,
+                mode,
+                impls,
+                repeats=repeats,
+                target_s=target_s,
+                max_iters=max_iters,
             )
             bar.step(f"{op.name} {format_size(nbytes) if op.sized else ''} {mode}")
     finally:
@@ -804,8 +846,10 @@ def table(
         return "\n".join(out)
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     return "\n".join(
-        "  ".join(cell.ljust(w) if i < 3 else cell.rjust(w) for i, (cell, w) in
-                  enumerate(zip(line, widths)))
+        "  ".join(
+            cell.ljust(w) if i < 3 else cell.rjust(w)
+            for i, (cell, w) in enumerate(zip(line, widths))
+        )
         for line in lines
     )
 
@@ -816,8 +860,7 @@ def summary(records: Sequence[Record], ratios: Sequence[tuple[str, str]]) -> str
     for a, b in ratios:
         for mode in MODES:
             values = [
-                r.ratios[b] for r in records
-                if r.impl == a and r.mode == mode and b in r.ratios
+                r.ratios[b] for r in records if r.impl == a and r.mode == mode and b in r.ratios
             ]
             if values:
                 lines.append(
@@ -868,7 +911,7 @@ def metadata(comm: MPI.Intracomm, **extra: Any) -> dict[str, Any]:
         "platform": platform.platform(),
         # Other work on the machine shows in the figures: say how busy it was.
         "load_average": list(os.getloadavg()),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "versions": versions,
         **extra,
     }
@@ -877,8 +920,7 @@ def metadata(comm: MPI.Intracomm, **extra: Any) -> dict[str, Any]:
 def write_json(path: str, records: Sequence[Record], meta: dict[str, Any]) -> None:
     """``{"meta": ..., "records": [...]}`` to ``path``."""
     with open(path, "w") as f:
-        json.dump({"meta": meta, "records": [dataclasses.asdict(r) for r in records]}, f,
-                  indent=1)
+        json.dump({"meta": meta, "records": [dataclasses.asdict(r) for r in records]}, f, indent=1)
         f.write("\n")
 
 
@@ -916,21 +958,31 @@ def plot(path: str, records: Sequence[Record], title: str) -> None:
                 )
                 if points:
                     xs, ys = zip(*points)
-                    ax.plot(xs, ys, style, marker=".", color=colors[i % len(colors)],
-                            label=f"{impl} {mode}")
+                    ax.plot(
+                        xs,
+                        ys,
+                        style,
+                        marker=".",
+                        color=colors[i % len(colors)],
+                        label=f"{impl} {mode}",
+                    )
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_title(op)
         ax.set_xlabel("bytes per rank")
         ax.set_ylabel("us per op")
         ax.grid(True, which="both", alpha=0.3)
-    for ax in list(axes.flat)[len(ops):]:
+    for ax in list(axes.flat)[len(ops) :]:
         ax.axis("off")
     fig.suptitle(title)
     fig.tight_layout()
     # Right of the panels, so it hides none of them; "tight" widens the image.
-    fig.legend(*axes.flat[0].get_legend_handles_labels(), loc="center left",
-               bbox_to_anchor=(1.0, 0.5), fontsize="small")
+    fig.legend(
+        *axes.flat[0].get_legend_handles_labels(),
+        loc="center left",
+        bbox_to_anchor=(1.0, 0.5),
+        fontsize="small",
+    )
     fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)
 
@@ -954,20 +1006,35 @@ def _names(choices: Sequence[str]) -> Callable[[str], list[str]]:
 def parser(description: str) -> argparse.ArgumentParser:
     """The options shared by ``jaxcomm.bench`` and ``benchmarks/compare.py``."""
     p = argparse.ArgumentParser(description=description)
-    p.add_argument("--ops", type=_names(tuple(OPS)), default=list(OPS),
-                   help="comma-separated ops (default: all): " + ",".join(OPS))
-    p.add_argument("--modes", type=_names(MODES), default=list(MODES),
-                   help="comma-separated modes (default: jit,loop,eager)")
-    p.add_argument("--sizes", type=lambda t: [parse_size(s) for s in t.split(",")],
-                   help="comma-separated message sizes, e.g. 8,4K,1MiB (default: 8 B to 64 MiB)")
+    p.add_argument(
+        "--ops",
+        type=_names(tuple(OPS)),
+        default=list(OPS),
+        help="comma-separated ops (default: all): " + ",".join(OPS),
+    )
+    p.add_argument(
+        "--modes",
+        type=_names(MODES),
+        default=list(MODES),
+        help="comma-separated modes (default: jit,loop,eager)",
+    )
+    p.add_argument(
+        "--sizes",
+        type=lambda t: [parse_size(s) for s in t.split(",")],
+        help="comma-separated message sizes, e.g. 8,4K,1MiB (default: 8 B to 64 MiB)",
+    )
     p.add_argument("--min-size", type=parse_size, help="smallest size (with --max-size)")
     p.add_argument("--max-size", type=parse_size, help="largest size (with --min-size)")
     p.add_argument("--repeats", type=int, help="timed repeats per measurement (default 5)")
-    p.add_argument("--time", type=float, dest="target_s",
-                   help="seconds one repeat should take (default 0.02)")
+    p.add_argument(
+        "--time", type=float, dest="target_s", help="seconds one repeat should take (default 0.02)"
+    )
     p.add_argument("--max-iters", type=int, default=100_000, help="most ops in one repeat")
-    p.add_argument("--quick", action="store_true",
-                   help="two sizes (8 B, 1 MiB), 3 short repeats: a smoke test for CI")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="two sizes (8 B, 1 MiB), 3 short repeats: a smoke test for CI",
+    )
     p.add_argument("--json", metavar="FILE", help="write records and versions as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="plot time per op (needs matplotlib)")
     p.add_argument("--markdown", action="store_true", help="print a Markdown table")
@@ -1052,7 +1119,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     jc = JaxComm(comm)
     try:
         run_and_report(
-            comm, [Mpi4pyImpl(comm), JaxcommImpl(jc), PlainJitImpl()], args,
+            comm,
+            [Mpi4pyImpl(comm), JaxcommImpl(jc), PlainJitImpl()],
+            args,
             ratios=(("jaxcomm", REFERENCE), ("jaxcomm", PLAIN)),
             bandwidth=("jaxcomm", REFERENCE),
             title="jaxcomm.bench",

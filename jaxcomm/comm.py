@@ -30,6 +30,7 @@ from ._runtime import (
     unregister_comm,
     wait_for_dispatched,
 )
+from .ops import nonblocking
 from .ops._base import (
     ALLOWED_DTYPES,
     REDUCTION_OPS,
@@ -38,13 +39,13 @@ from .ops._base import (
     register_derivative_comm,
     unregister_derivative_comm,
 )
-from .ops import nonblocking
 from .ops._tree import tree_call
 from .ops.nonblocking import Request
 
 ArrayLike = Any  # a JAX or NumPy array, or a Python scalar
 
 _LOGICAL = ("LAND", "LOR", "LXOR")
+
 
 def _as_array(x: ArrayLike, name: str) -> jax.Array:
     if isinstance(x, (MPI.Status, str, bytes)) or x is None:
@@ -360,9 +361,24 @@ def _split_arrays(method, args):
 
 # How many leading positional arguments of each eagerly jitted method are arrays.
 _ARRAY_ARGUMENTS = {
-    "allreduce": 1, "reduce": 1, "scan": 1, "exscan": 1, "reduce_scatter": 1, "bcast": 1,
-    "barrier": 0, "allgather": 1, "gather": 1, "scatter": 1, "alltoall": 1, "allgatherv": 1,
-    "gatherv": 1, "scatterv": 1, "alltoallv": 1, "send": 1, "recv": 1, "sendrecv": 2,
+    "allreduce": 1,
+    "reduce": 1,
+    "scan": 1,
+    "exscan": 1,
+    "reduce_scatter": 1,
+    "bcast": 1,
+    "barrier": 0,
+    "allgather": 1,
+    "gather": 1,
+    "scatter": 1,
+    "alltoall": 1,
+    "allgatherv": 1,
+    "gatherv": 1,
+    "scatterv": 1,
+    "alltoallv": 1,
+    "send": 1,
+    "recv": 1,
+    "sendrecv": 2,
     "shift": 1,
 }
 
@@ -671,7 +687,9 @@ class JaxComm:
         if rank == MPI.PROC_NULL or (any_source and rank == MPI.ANY_SOURCE):
             return rank
         if not 0 <= rank < self._size:
-            raise ValueError(f"{name}={rank} is not a rank of this {self._size}-process communicator")
+            raise ValueError(
+                f"{name}={rank} is not a rank of this {self._size}-process communicator"
+            )
         return rank
 
     def _root(self, value: Any) -> int:
@@ -715,8 +733,7 @@ class JaxComm:
             )
         if tiled and rows % self._size:
             raise ValueError(
-                f"x has leading axis {rows}, which does not split into {self._size} "
-                "equal chunks"
+                f"x has leading axis {rows}, which does not split into {self._size} equal chunks"
             )
 
     def _tag(self, value: Any, name: str, *, any_tag: bool = False) -> int:
@@ -950,8 +967,9 @@ class JaxComm:
         """
         handle = self._live()
         leaves, treedef = _stackable_leaves(x, tiled)
-        return _tree_call(leaves, treedef, "allgather", _static_bool(tiled, "tiled"),
-                          size=self._size, comm=handle)
+        return _tree_call(
+            leaves, treedef, "allgather", _static_bool(tiled, "tiled"), size=self._size, comm=handle
+        )
 
     @_jitted_when_eager
     def gather(self, x: Any, root: int = 0, *, tiled: bool = False) -> Any:
@@ -986,8 +1004,15 @@ class JaxComm:
         """
         handle = self._live()
         leaves, treedef = _stackable_leaves(x, tiled)
-        return _tree_call(leaves, treedef, "gather", _static_bool(tiled, "tiled"),
-                          root=self._root(root), size=self._size, comm=handle)
+        return _tree_call(
+            leaves,
+            treedef,
+            "gather",
+            _static_bool(tiled, "tiled"),
+            root=self._root(root),
+            size=self._size,
+            comm=handle,
+        )
 
     @_jitted_when_eager
     def scatter(self, x: ArrayLike, root: int = 0, *, tiled: bool = False) -> jax.Array:
@@ -1166,9 +1191,7 @@ class JaxComm:
         rows = _leading_axis(x, "to split among the ranks")
         if rows != sum(counts):
             raise ValueError(f"x has {rows} rows, but counts add up to {sum(counts)}")
-        return ops.scatterv(
-            x, counts=counts, root=self._root(root), rank=self._rank, comm=handle
-        )
+        return ops.scatterv(x, counts=counts, root=self._root(root), rank=self._rank, comm=handle)
 
     @_jitted_when_eager
     def alltoallv(self, x: ArrayLike, counts: Any) -> jax.Array:
@@ -1217,12 +1240,8 @@ class JaxComm:
             )
         # Counts and displacements, in rows, of every rank's sends and receives.
         columns = [[row[j] for row in matrix] for j in range(self._size)]
-        max_rows = max(
-            max(max(block), sum(block) - block[-1]) for block in (*matrix, *columns)
-        )
-        return ops.alltoallv(
-            x, sendcounts=send, recvcounts=recv, max_rows=max_rows, comm=handle
-        )
+        max_rows = max(max(max(block), sum(block) - block[-1]) for block in (*matrix, *columns))
+        return ops.alltoallv(x, sendcounts=send, recvcounts=recv, max_rows=max_rows, comm=handle)
 
     # Point to point ----------------------------------------------------------
 
@@ -1404,8 +1423,11 @@ class JaxComm:
         handle = self._live()
         x = _held(x, "x")
         return nonblocking.start(
-            nonblocking.isend_p, x, dest=self._peer(dest, "dest"),
-            tag=self._tag(tag, "tag"), comm=handle,
+            nonblocking.isend_p,
+            x,
+            dest=self._peer(dest, "dest"),
+            tag=self._tag(tag, "tag"),
+            comm=handle,
         )
 
     def irecv(self, x: Any, source: int = MPI.ANY_SOURCE, tag: int = MPI.ANY_TAG) -> Request:
@@ -1434,9 +1456,11 @@ class JaxComm:
         """
         handle = self._live()
         return nonblocking.start(
-            nonblocking.irecv_p, _template(x, "x"),
+            nonblocking.irecv_p,
+            _template(x, "x"),
             source=self._peer(source, "source", any_source=True),
-            tag=self._tag(tag, "tag", any_tag=True), comm=handle,
+            tag=self._tag(tag, "tag", any_tag=True),
+            comm=handle,
         )
 
     def iallreduce(self, x: ArrayLike, op: MPI.Op = MPI.SUM) -> Request:

@@ -60,7 +60,9 @@ def test_build_info_names_the_mpi_it_was_built_against_and_the_one_running():
     if vendor is not None:
         # The import check passed, so the build's vendor and major.minor version match.
         assert info["mpi_runtime"].startswith(vendor) and info["mpi_built"].startswith(vendor)
-        built, running = (info[k].rsplit(" ", 1)[1].split(".")[:2] for k in ("mpi_built", "mpi_runtime"))
+        built, running = (
+            info[k].rsplit(" ", 1)[1].split(".")[:2] for k in ("mpi_built", "mpi_runtime")
+        )
         assert built == running
     assert info["cuda"] == (jaxcomm.cuda_info()["built"])
 
@@ -141,7 +143,7 @@ def test_clone_properties_and_free():
     with pytest.raises(RuntimeError, match="freed"):
         jc.allreduce(jnp.ones(2))
     with pytest.raises(RuntimeError, match="freed"):
-        jc.comm
+        _ = jc.comm
 
 
 @pytest.mark.mpi

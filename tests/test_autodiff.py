@@ -173,7 +173,9 @@ _TRANSPOSABLE = {
     "gather": lambda jc, x: jc.gather(x, root=0, tiled=True),
     "scatter": lambda jc, x: jc.scatter(x, root=0, tiled=True),
     "alltoall": lambda jc, x: jc.alltoall(x, tiled=True),
-    "allgatherv": lambda jc, x: jc.allgatherv(x[: jc.rank % 2 + 1], [r % 2 + 1 for r in range(jc.size)]),
+    "allgatherv": lambda jc, x: jc.allgatherv(
+        x[: jc.rank % 2 + 1], [r % 2 + 1 for r in range(jc.size)]
+    ),
     "gatherv": lambda jc, x: jc.gatherv(x[: jc.rank % 2 + 1], [r % 2 + 1 for r in range(jc.size)]),
     "scatterv": lambda jc, x: jc.scatterv(x[: jc.size], [1] * jc.size),
     "sendrecv": lambda jc, x: jc.sendrecv(

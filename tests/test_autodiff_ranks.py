@@ -68,7 +68,9 @@ _OPS = {
     "gather": lambda jc, y: jc.gather(y, root=jc.size - 1),
     "scatter": lambda jc, y: jc.scatter(y, root=jc.size - 1, tiled=True),
     "alltoall": lambda jc, y: jc.alltoall(y, tiled=True),
-    "allgatherv": lambda jc, y: jc.allgatherv(y[: jc.rank % 2 + 1], [r % 2 + 1 for r in range(jc.size)]),
+    "allgatherv": lambda jc, y: jc.allgatherv(
+        y[: jc.rank % 2 + 1], [r % 2 + 1 for r in range(jc.size)]
+    ),
     "gatherv": lambda jc, y: jc.gatherv(y[: jc.rank % 2 + 1], [r % 2 + 1 for r in range(jc.size)]),
     "scatterv": lambda jc, y: jc.scatterv(y[: jc.size], [1] * jc.size, root=jc.size - 1),
     "alltoallv": lambda jc, y: jc.alltoallv(y[: jc.size], [[1] * jc.size] * jc.size),

@@ -83,30 +83,66 @@ def x_cases(call) -> list[tuple]:
     """Bad ``x`` for a method ``call(c, x)`` that takes any array or pytree."""
     return [
         ("x-str", lambda c: call(c, "abc"), TypeError, NOT_AN_ARRAY),
-        ("x-None", lambda c: call(c, None), TypeError,
-         r"^x must be an array or a scalar, got NoneType"),
-        ("x-str-dtype", lambda c: call(c, np.array(["a", "b"])), TypeError,
-         r"^x has dtype <U1, which jaxcomm cannot send"),
-        ("x-float8", lambda c: call(c, ones(2, dtype=jnp.float8_e4m3fn)), TypeError,
-         r"^x has dtype float8_e4m3fn, which jaxcomm cannot send"),
+        (
+            "x-None",
+            lambda c: call(c, None),
+            TypeError,
+            r"^x must be an array or a scalar, got NoneType",
+        ),
+        (
+            "x-str-dtype",
+            lambda c: call(c, np.array(["a", "b"])),
+            TypeError,
+            r"^x has dtype <U1, which jaxcomm cannot send",
+        ),
+        (
+            "x-float8",
+            lambda c: call(c, ones(2, dtype=jnp.float8_e4m3fn)),
+            TypeError,
+            r"^x has dtype float8_e4m3fn, which jaxcomm cannot send",
+        ),
     ]
 
 
 def op_cases(call) -> list[tuple]:
     """Bad ``op`` for a reduction ``call(c, x, op)``."""
     return [
-        ("op-str", lambda c: call(c, ones(2), "sum"), TypeError,
-         r"^op must be a predefined mpi4py MPI.Op"),
-        ("op-BAND-float", lambda c: call(c, ones(2), MPI.BAND), TypeError,
-         r"^op MPI.BAND is not defined for dtype float32"),
-        ("op-SUM-bool", lambda c: call(c, ones(2, dtype=bool), MPI.SUM), TypeError,
-         r"^op MPI.SUM is not defined for dtype bool"),
-        ("op-MAX-complex", lambda c: call(c, ones(2, dtype=jnp.complex64), MPI.MAX), TypeError,
-         r"^op MPI.MAX is not defined for dtype complex64"),
-        ("op-user-defined", lambda c: call(c, ones(2), c.user_op), ValueError,
-         r"^op must be one of the predefined reductions .*user-defined"),
-        ("op-MAXLOC", lambda c: call(c, ones(2), MPI.MAXLOC), ValueError,
-         r"^op must be one of the predefined reductions"),
+        (
+            "op-str",
+            lambda c: call(c, ones(2), "sum"),
+            TypeError,
+            r"^op must be a predefined mpi4py MPI.Op",
+        ),
+        (
+            "op-BAND-float",
+            lambda c: call(c, ones(2), MPI.BAND),
+            TypeError,
+            r"^op MPI.BAND is not defined for dtype float32",
+        ),
+        (
+            "op-SUM-bool",
+            lambda c: call(c, ones(2, dtype=bool), MPI.SUM),
+            TypeError,
+            r"^op MPI.SUM is not defined for dtype bool",
+        ),
+        (
+            "op-MAX-complex",
+            lambda c: call(c, ones(2, dtype=jnp.complex64), MPI.MAX),
+            TypeError,
+            r"^op MPI.MAX is not defined for dtype complex64",
+        ),
+        (
+            "op-user-defined",
+            lambda c: call(c, ones(2), c.user_op),
+            ValueError,
+            r"^op must be one of the predefined reductions .*user-defined",
+        ),
+        (
+            "op-MAXLOC",
+            lambda c: call(c, ones(2), MPI.MAXLOC),
+            ValueError,
+            r"^op must be one of the predefined reductions",
+        ),
     ]
 
 
@@ -116,19 +152,43 @@ def rank_cases(name: str, call, *, special: tuple = ()) -> list[tuple]:
         (f"{name}-str", lambda c: call(c, "0"), TypeError, rf"^{name} must be an int, got str"),
         (f"{name}-float", lambda c: call(c, 0.0), TypeError, rf"^{name} must be an int, got float"),
         (f"{name}-bool", lambda c: call(c, True), TypeError, rf"^{name} must be an int, got bool"),
-        (f"{name}-traced", lambda c: traced(lambda t: call(c, t)), TypeError,
-         rf"^{name} must be a static Python int, but got a traced value"),
-        (f"{name}-size", lambda c: call(c, c.size), ValueError,
-         rf"^{name}=\d+ is not a rank of this \d+-process communicator"),
-        (f"{name}-negative", lambda c: call(c, NEGATIVE), ValueError,
-         rf"^{name}={NEGATIVE} is not a rank"),
+        (
+            f"{name}-traced",
+            lambda c: traced(lambda t: call(c, t)),
+            TypeError,
+            rf"^{name} must be a static Python int, but got a traced value",
+        ),
+        (
+            f"{name}-size",
+            lambda c: call(c, c.size),
+            ValueError,
+            rf"^{name}=\d+ is not a rank of this \d+-process communicator",
+        ),
+        (
+            f"{name}-negative",
+            lambda c: call(c, NEGATIVE),
+            ValueError,
+            rf"^{name}={NEGATIVE} is not a rank",
+        ),
     ]
     if "PROC_NULL" not in special:
-        rows.append((f"{name}-PROC_NULL", lambda c: call(c, MPI.PROC_NULL), ValueError,
-                     rf"^{name}={MPI.PROC_NULL} is not a rank"))
+        rows.append(
+            (
+                f"{name}-PROC_NULL",
+                lambda c: call(c, MPI.PROC_NULL),
+                ValueError,
+                rf"^{name}={MPI.PROC_NULL} is not a rank",
+            )
+        )
     if "ANY_SOURCE" not in special:
-        rows.append((f"{name}-ANY_SOURCE", lambda c: call(c, MPI.ANY_SOURCE), ValueError,
-                     rf"^{name}={MPI.ANY_SOURCE} is not a rank"))
+        rows.append(
+            (
+                f"{name}-ANY_SOURCE",
+                lambda c: call(c, MPI.ANY_SOURCE),
+                ValueError,
+                rf"^{name}={MPI.ANY_SOURCE} is not a rank",
+            )
+        )
     return rows
 
 
@@ -137,27 +197,53 @@ def tag_cases(name: str, call, *, any_tag: bool = False) -> list[tuple]:
     rows = [
         (f"{name}-str", lambda c: call(c, "0"), TypeError, rf"^{name} must be an int, got str"),
         (f"{name}-float", lambda c: call(c, 1.0), TypeError, rf"^{name} must be an int, got float"),
-        (f"{name}-traced", lambda c: traced(lambda t: call(c, t)), TypeError,
-         rf"^{name} must be a static Python int, but got a traced value"),
-        (f"{name}-above-TAG_UB", lambda c: call(c, TAG_UB + 1), ValueError,
-         rf"^{name}={TAG_UB + 1} is outside the valid tag range 0\.\.{TAG_UB}"),
-        (f"{name}-negative", lambda c: call(c, NEGATIVE), ValueError,
-         rf"^{name}={NEGATIVE} is outside the valid tag range"),
+        (
+            f"{name}-traced",
+            lambda c: traced(lambda t: call(c, t)),
+            TypeError,
+            rf"^{name} must be a static Python int, but got a traced value",
+        ),
+        (
+            f"{name}-above-TAG_UB",
+            lambda c: call(c, TAG_UB + 1),
+            ValueError,
+            rf"^{name}={TAG_UB + 1} is outside the valid tag range 0\.\.{TAG_UB}",
+        ),
+        (
+            f"{name}-negative",
+            lambda c: call(c, NEGATIVE),
+            ValueError,
+            rf"^{name}={NEGATIVE} is outside the valid tag range",
+        ),
     ]
     if not any_tag:
-        rows.append((f"{name}-ANY_TAG", lambda c: call(c, MPI.ANY_TAG), ValueError,
-                     rf"^{name}={MPI.ANY_TAG} is outside the valid tag range"))
+        rows.append(
+            (
+                f"{name}-ANY_TAG",
+                lambda c: call(c, MPI.ANY_TAG),
+                ValueError,
+                rf"^{name}={MPI.ANY_TAG} is outside the valid tag range",
+            )
+        )
     return rows
 
 
 def tiled_cases(call) -> list[tuple]:
     """Bad ``tiled`` for ``call(c, tiled)``."""
     return [
-        ("tiled-str", lambda c: call(c, "yes"), TypeError,
-         r"^tiled must be a static bool, got str"),
+        (
+            "tiled-str",
+            lambda c: call(c, "yes"),
+            TypeError,
+            r"^tiled must be a static bool, got str",
+        ),
         ("tiled-int", lambda c: call(c, 1), TypeError, r"^tiled must be a static bool, got int"),
-        ("tiled-traced", lambda c: traced(lambda t: call(c, t), True), TypeError,
-         r"^tiled must be a static bool, but got a traced value"),
+        (
+            "tiled-traced",
+            lambda c: traced(lambda t: call(c, t), True),
+            TypeError,
+            r"^tiled must be a static bool, but got a traced value",
+        ),
     ]
 
 
@@ -172,392 +258,945 @@ def counts_cases(call, rows) -> list[tuple]:
 
     return [
         ("counts-int", with_counts(lambda c: 1), TypeError, r"^counts must be a sequence, got int"),
-        ("counts-str", with_counts(lambda c: "1" * c.size), TypeError,
-         r"^counts must be a sequence, got str"),
-        ("counts-dict", with_counts(lambda c: dict.fromkeys(range(c.size), 1)), TypeError,
-         r"^counts must be a sequence, got dict"),
-        ("counts-float", with_counts(lambda c: [1.0] * c.size), TypeError,
-         r"^counts\[0\] must be an int, got float"),
-        ("counts-traced", lambda c: traced(
-            lambda t: call(c, ones(rows(c)), t), jnp.ones(c.size, int)),
-         TypeError, r"^counts must be a static sequence, but got a traced value"),
-        ("counts-entry-traced", lambda c: traced(
-            lambda t: call(c, ones(rows(c)), [t] * c.size), 1),
-         TypeError, r"^counts\[0\] must be a static Python int, but got a traced value"),
-        ("counts-too-long", with_counts(lambda c: [1] * (c.size + 1)), ValueError,
-         r"^counts has \d+ entries; it needs one per rank"),
-        ("counts-negative", with_counts(lambda c: [-1] * c.size), ValueError,
-         r"^counts\[0\]=-1 is negative"),
+        (
+            "counts-str",
+            with_counts(lambda c: "1" * c.size),
+            TypeError,
+            r"^counts must be a sequence, got str",
+        ),
+        (
+            "counts-dict",
+            with_counts(lambda c: dict.fromkeys(range(c.size), 1)),
+            TypeError,
+            r"^counts must be a sequence, got dict",
+        ),
+        (
+            "counts-float",
+            with_counts(lambda c: [1.0] * c.size),
+            TypeError,
+            r"^counts\[0\] must be an int, got float",
+        ),
+        (
+            "counts-traced",
+            lambda c: traced(lambda t: call(c, ones(rows(c)), t), jnp.ones(c.size, int)),
+            TypeError,
+            r"^counts must be a static sequence, but got a traced value",
+        ),
+        (
+            "counts-entry-traced",
+            lambda c: traced(lambda t: call(c, ones(rows(c)), [t] * c.size), 1),
+            TypeError,
+            r"^counts\[0\] must be a static Python int, but got a traced value",
+        ),
+        (
+            "counts-too-long",
+            with_counts(lambda c: [1] * (c.size + 1)),
+            ValueError,
+            r"^counts has \d+ entries; it needs one per rank",
+        ),
+        (
+            "counts-negative",
+            with_counts(lambda c: [-1] * c.size),
+            ValueError,
+            r"^counts\[0\]=-1 is negative",
+        ),
     ]
 
 
 CASES = [
     # Construction and communicator management.
-    *cases("JaxComm", [
-        ("comm-str", lambda c: JaxComm("world"), TypeError, r"^comm must be an mpi4py Intracomm"),
-        ("comm-Comm", lambda c: JaxComm(MPI.Comm(MPI.COMM_WORLD)), TypeError,
-         r"^comm must be an mpi4py Intracomm, got Comm"),
-        ("comm-freed", lambda c: JaxComm(c.null), ValueError,
-         r"^comm must be a live communicator, got MPI.COMM_NULL"),
-    ]),
+    *cases(
+        "JaxComm",
+        [
+            (
+                "comm-str",
+                lambda c: JaxComm("world"),
+                TypeError,
+                r"^comm must be an mpi4py Intracomm",
+            ),
+            (
+                "comm-Comm",
+                lambda c: JaxComm(MPI.Comm(MPI.COMM_WORLD)),
+                TypeError,
+                r"^comm must be an mpi4py Intracomm, got Comm",
+            ),
+            (
+                "comm-freed",
+                lambda c: JaxComm(c.null),
+                ValueError,
+                r"^comm must be a live communicator, got MPI.COMM_NULL",
+            ),
+        ],
+    ),
     *cases("comm", [("freed", lambda c: c.freed.comm, RuntimeError, FREED)]),
-    *cases("split", [
-        ("color-str", lambda c: c.jc.split("red"), TypeError, r"^color must be an int, got str"),
-        ("color-float", lambda c: c.jc.split(1.0), TypeError, r"^color must be an int, got float"),
-        ("color-traced", lambda c: traced(c.jc.split), TypeError,
-         r"^color must be a static Python int"),
-        ("color-negative", lambda c: c.jc.split(NEGATIVE), ValueError,
-         rf"^color={NEGATIVE} must be non-negative or MPI.UNDEFINED"),
-        ("key-str", lambda c: c.jc.split(0, key="a"), TypeError, r"^key must be an int, got str"),
-        ("key-traced", lambda c: traced(lambda t: c.jc.split(0, key=t)), TypeError,
-         r"^key must be a static Python int"),
-        ("freed", lambda c: c.freed.split(0), RuntimeError, FREED),
-    ]),
-    *cases("from_cart", [
-        ("dims-int", lambda c: JaxComm.from_cart(c.size), TypeError,
-         r"^dims must be a sequence, got int"),
-        ("dims-str", lambda c: JaxComm.from_cart("1"), TypeError,
-         r"^dims must be a sequence, got str"),
-        ("dims-entry-str", lambda c: JaxComm.from_cart(["1"]), TypeError,
-         r"^dims\[0\] must be an int, got str"),
-        ("dims-entry-traced", lambda c: traced(lambda t: JaxComm.from_cart([t])), TypeError,
-         r"^dims\[0\] must be a static Python int"),
-        ("dims-negative", lambda c: JaxComm.from_cart([-1]), ValueError,
-         r"^dims=\[-1\] must be a non-empty list of non-negative ints"),
-        ("dims-empty", lambda c: JaxComm.from_cart([]), ValueError,
-         r"^dims=\[\] must be a non-empty list"),
-        ("dims-too-many", lambda c: JaxComm.from_cart([c.size + 1]), ValueError,
-         r"^dims=\[\d+\] is a grid that does not hold the \d+ processes of comm"),
-        ("periods-bool", lambda c: JaxComm.from_cart([0], periods=True), TypeError,
-         r"^periods must be a sequence, got bool"),
-        ("periods-entry-str", lambda c: JaxComm.from_cart([0], periods=["no"]), TypeError,
-         r"^periods\[0\] must be a static bool, got str"),
-        ("periods-too-long", lambda c: JaxComm.from_cart([0], periods=[True, True]), ValueError,
-         r"^periods has 2 entries for 1 dims"),
-        ("reorder-str", lambda c: JaxComm.from_cart([0], reorder="no"), TypeError,
-         r"^reorder must be a static bool, got str"),
-        ("comm-str", lambda c: JaxComm.from_cart([0], comm="world"), TypeError,
-         r"^comm must be an mpi4py Intracomm, got str"),
-        ("comm-freed", lambda c: JaxComm.from_cart([0], comm=c.null), ValueError,
-         r"^comm must be a live communicator, got MPI.COMM_NULL"),
-    ]),
-    *cases("cart_shift", [
-        ("direction-str", lambda c: c.grid.cart_shift("0"), TypeError,
-         r"^direction must be an int, got str"),
-        ("direction-traced", lambda c: traced(c.grid.cart_shift), TypeError,
-         r"^direction must be a static Python int"),
-        ("direction-not-an-axis", lambda c: c.grid.cart_shift(1), ValueError,
-         r"^direction=1 is not an axis of a 1-d grid"),
-        ("direction-negative", lambda c: c.grid.cart_shift(-1), ValueError,
-         r"^direction=-1 is not an axis"),
-        ("disp-float", lambda c: c.grid.cart_shift(0, 1.5), TypeError,
-         r"^disp must be an int, got float"),
-        ("disp-traced", lambda c: traced(lambda t: c.grid.cart_shift(0, t)), TypeError,
-         r"^disp must be a static Python int"),
-        ("not-Cartesian", lambda c: c.jc.cart_shift(0), TypeError,
-         r"this JaxComm has no Cartesian topology"),
-        ("freed", lambda c: c.freed_grid.cart_shift(0), RuntimeError, FREED),
-    ]),
-    *cases("shift", [
-        ("x-str", lambda c: c.grid.shift("abc", 0), TypeError, NOT_AN_ARRAY),
-        ("direction-str", lambda c: c.grid.shift(ones(2), "0"), TypeError,
-         r"^direction must be an int, got str"),
-        ("direction-traced", lambda c: traced(lambda t: c.grid.shift(ones(2), t)), TypeError,
-         r"^direction must be a static Python int"),
-        ("direction-not-an-axis", lambda c: c.grid.shift(ones(2), 1), ValueError,
-         r"^direction=1 is not an axis"),
-        ("disp-str", lambda c: c.grid.shift(ones(2), 0, "1"), TypeError,
-         r"^disp must be an int, got str"),
-        ("disp-traced", lambda c: traced(lambda t: c.grid.shift(ones(2), 0, t)), TypeError,
-         r"^disp must be a static Python int"),
-        *tag_cases("tag", lambda c, tag: c.grid.shift(ones(2), 0, tag=tag)),
-        ("not-Cartesian", lambda c: c.jc.shift(ones(2), 0), TypeError,
-         r"this JaxComm has no Cartesian topology"),
-        ("freed", lambda c: c.freed_grid.shift(ones(2), 0), RuntimeError, FREED),
-    ]),
+    *cases(
+        "split",
+        [
+            (
+                "color-str",
+                lambda c: c.jc.split("red"),
+                TypeError,
+                r"^color must be an int, got str",
+            ),
+            (
+                "color-float",
+                lambda c: c.jc.split(1.0),
+                TypeError,
+                r"^color must be an int, got float",
+            ),
+            (
+                "color-traced",
+                lambda c: traced(c.jc.split),
+                TypeError,
+                r"^color must be a static Python int",
+            ),
+            (
+                "color-negative",
+                lambda c: c.jc.split(NEGATIVE),
+                ValueError,
+                rf"^color={NEGATIVE} must be non-negative or MPI.UNDEFINED",
+            ),
+            (
+                "key-str",
+                lambda c: c.jc.split(0, key="a"),
+                TypeError,
+                r"^key must be an int, got str",
+            ),
+            (
+                "key-traced",
+                lambda c: traced(lambda t: c.jc.split(0, key=t)),
+                TypeError,
+                r"^key must be a static Python int",
+            ),
+            ("freed", lambda c: c.freed.split(0), RuntimeError, FREED),
+        ],
+    ),
+    *cases(
+        "from_cart",
+        [
+            (
+                "dims-int",
+                lambda c: JaxComm.from_cart(c.size),
+                TypeError,
+                r"^dims must be a sequence, got int",
+            ),
+            (
+                "dims-str",
+                lambda c: JaxComm.from_cart("1"),
+                TypeError,
+                r"^dims must be a sequence, got str",
+            ),
+            (
+                "dims-entry-str",
+                lambda c: JaxComm.from_cart(["1"]),
+                TypeError,
+                r"^dims\[0\] must be an int, got str",
+            ),
+            (
+                "dims-entry-traced",
+                lambda c: traced(lambda t: JaxComm.from_cart([t])),
+                TypeError,
+                r"^dims\[0\] must be a static Python int",
+            ),
+            (
+                "dims-negative",
+                lambda c: JaxComm.from_cart([-1]),
+                ValueError,
+                r"^dims=\[-1\] must be a non-empty list of non-negative ints",
+            ),
+            (
+                "dims-empty",
+                lambda c: JaxComm.from_cart([]),
+                ValueError,
+                r"^dims=\[\] must be a non-empty list",
+            ),
+            (
+                "dims-too-many",
+                lambda c: JaxComm.from_cart([c.size + 1]),
+                ValueError,
+                r"^dims=\[\d+\] is a grid that does not hold the \d+ processes of comm",
+            ),
+            (
+                "periods-bool",
+                lambda c: JaxComm.from_cart([0], periods=True),
+                TypeError,
+                r"^periods must be a sequence, got bool",
+            ),
+            (
+                "periods-entry-str",
+                lambda c: JaxComm.from_cart([0], periods=["no"]),
+                TypeError,
+                r"^periods\[0\] must be a static bool, got str",
+            ),
+            (
+                "periods-too-long",
+                lambda c: JaxComm.from_cart([0], periods=[True, True]),
+                ValueError,
+                r"^periods has 2 entries for 1 dims",
+            ),
+            (
+                "reorder-str",
+                lambda c: JaxComm.from_cart([0], reorder="no"),
+                TypeError,
+                r"^reorder must be a static bool, got str",
+            ),
+            (
+                "comm-str",
+                lambda c: JaxComm.from_cart([0], comm="world"),
+                TypeError,
+                r"^comm must be an mpi4py Intracomm, got str",
+            ),
+            (
+                "comm-freed",
+                lambda c: JaxComm.from_cart([0], comm=c.null),
+                ValueError,
+                r"^comm must be a live communicator, got MPI.COMM_NULL",
+            ),
+        ],
+    ),
+    *cases(
+        "cart_shift",
+        [
+            (
+                "direction-str",
+                lambda c: c.grid.cart_shift("0"),
+                TypeError,
+                r"^direction must be an int, got str",
+            ),
+            (
+                "direction-traced",
+                lambda c: traced(c.grid.cart_shift),
+                TypeError,
+                r"^direction must be a static Python int",
+            ),
+            (
+                "direction-not-an-axis",
+                lambda c: c.grid.cart_shift(1),
+                ValueError,
+                r"^direction=1 is not an axis of a 1-d grid",
+            ),
+            (
+                "direction-negative",
+                lambda c: c.grid.cart_shift(-1),
+                ValueError,
+                r"^direction=-1 is not an axis",
+            ),
+            (
+                "disp-float",
+                lambda c: c.grid.cart_shift(0, 1.5),
+                TypeError,
+                r"^disp must be an int, got float",
+            ),
+            (
+                "disp-traced",
+                lambda c: traced(lambda t: c.grid.cart_shift(0, t)),
+                TypeError,
+                r"^disp must be a static Python int",
+            ),
+            (
+                "not-Cartesian",
+                lambda c: c.jc.cart_shift(0),
+                TypeError,
+                r"this JaxComm has no Cartesian topology",
+            ),
+            ("freed", lambda c: c.freed_grid.cart_shift(0), RuntimeError, FREED),
+        ],
+    ),
+    *cases(
+        "shift",
+        [
+            ("x-str", lambda c: c.grid.shift("abc", 0), TypeError, NOT_AN_ARRAY),
+            (
+                "direction-str",
+                lambda c: c.grid.shift(ones(2), "0"),
+                TypeError,
+                r"^direction must be an int, got str",
+            ),
+            (
+                "direction-traced",
+                lambda c: traced(lambda t: c.grid.shift(ones(2), t)),
+                TypeError,
+                r"^direction must be a static Python int",
+            ),
+            (
+                "direction-not-an-axis",
+                lambda c: c.grid.shift(ones(2), 1),
+                ValueError,
+                r"^direction=1 is not an axis",
+            ),
+            (
+                "disp-str",
+                lambda c: c.grid.shift(ones(2), 0, "1"),
+                TypeError,
+                r"^disp must be an int, got str",
+            ),
+            (
+                "disp-traced",
+                lambda c: traced(lambda t: c.grid.shift(ones(2), 0, t)),
+                TypeError,
+                r"^disp must be a static Python int",
+            ),
+            *tag_cases("tag", lambda c, tag: c.grid.shift(ones(2), 0, tag=tag)),
+            (
+                "not-Cartesian",
+                lambda c: c.jc.shift(ones(2), 0),
+                TypeError,
+                r"this JaxComm has no Cartesian topology",
+            ),
+            ("freed", lambda c: c.freed_grid.shift(ones(2), 0), RuntimeError, FREED),
+        ],
+    ),
     # Reductions.
-    *cases("allreduce", [
-        *x_cases(lambda c, x: c.jc.allreduce(x)),
-        ("x-empty-pytree", lambda c: c.jc.allreduce({}), ValueError,
-         r"^x is a pytree with no arrays"),
-        ("x-leaf-str", lambda c: c.jc.allreduce({"a": ones(2), "b": "abc"}), TypeError,
-         NOT_AN_ARRAY),
-        *op_cases(lambda c, x, op: c.jc.allreduce(x, op=op)),
-        ("freed", lambda c: c.freed.allreduce(ones(2)), RuntimeError, FREED),
-    ]),
-    *cases("reduce", [
-        *x_cases(lambda c, x: c.jc.reduce(x)),
-        *op_cases(lambda c, x, op: c.jc.reduce(x, op=op)),
-        *rank_cases("root", lambda c, root: c.jc.reduce(ones(2), root=root)),
-        ("freed", lambda c: c.freed.reduce(ones(2)), RuntimeError, FREED),
-    ]),
-    *cases("scan", [
-        *x_cases(lambda c, x: c.jc.scan(x)),
-        *op_cases(lambda c, x, op: c.jc.scan(x, op=op)),
-        ("freed", lambda c: c.freed.scan(ones(2)), RuntimeError, FREED),
-    ]),
-    *cases("exscan", [
-        *x_cases(lambda c, x: c.jc.exscan(x)),
-        *op_cases(lambda c, x, op: c.jc.exscan(x, op=op)),
-        ("freed", lambda c: c.freed.exscan(ones(2)), RuntimeError, FREED),
-    ]),
-    *cases("reduce_scatter", [
-        *x_cases(lambda c, x: c.jc.reduce_scatter(x)),
-        *op_cases(lambda c, x, op: c.jc.reduce_scatter(jnp.stack([x] * c.size), op=op)),
-        *tiled_cases(lambda c, tiled: c.jc.reduce_scatter(ones(c.size), tiled=tiled)),
-        ("x-leading-axis", lambda c: c.jc.reduce_scatter(ones(c.size + 1)), ValueError,
-         r"^x must have a leading axis of length \d+ \(the communicator size\)"),
-        ("x-0-d", lambda c: c.jc.reduce_scatter(ones()), ValueError,
-         r"^x must have a leading axis of length"),
-        ("x-0-d-tiled", lambda c: c.jc.reduce_scatter(ones(), tiled=True), ValueError,
-         r"^x must have a leading axis that is a multiple of the communicator size"),
-        ("freed", lambda c: c.freed.reduce_scatter(ones(c.size)), RuntimeError, FREED),
-    ]),
+    *cases(
+        "allreduce",
+        [
+            *x_cases(lambda c, x: c.jc.allreduce(x)),
+            (
+                "x-empty-pytree",
+                lambda c: c.jc.allreduce({}),
+                ValueError,
+                r"^x is a pytree with no arrays",
+            ),
+            (
+                "x-leaf-str",
+                lambda c: c.jc.allreduce({"a": ones(2), "b": "abc"}),
+                TypeError,
+                NOT_AN_ARRAY,
+            ),
+            *op_cases(lambda c, x, op: c.jc.allreduce(x, op=op)),
+            ("freed", lambda c: c.freed.allreduce(ones(2)), RuntimeError, FREED),
+        ],
+    ),
+    *cases(
+        "reduce",
+        [
+            *x_cases(lambda c, x: c.jc.reduce(x)),
+            *op_cases(lambda c, x, op: c.jc.reduce(x, op=op)),
+            *rank_cases("root", lambda c, root: c.jc.reduce(ones(2), root=root)),
+            ("freed", lambda c: c.freed.reduce(ones(2)), RuntimeError, FREED),
+        ],
+    ),
+    *cases(
+        "scan",
+        [
+            *x_cases(lambda c, x: c.jc.scan(x)),
+            *op_cases(lambda c, x, op: c.jc.scan(x, op=op)),
+            ("freed", lambda c: c.freed.scan(ones(2)), RuntimeError, FREED),
+        ],
+    ),
+    *cases(
+        "exscan",
+        [
+            *x_cases(lambda c, x: c.jc.exscan(x)),
+            *op_cases(lambda c, x, op: c.jc.exscan(x, op=op)),
+            ("freed", lambda c: c.freed.exscan(ones(2)), RuntimeError, FREED),
+        ],
+    ),
+    *cases(
+        "reduce_scatter",
+        [
+            *x_cases(lambda c, x: c.jc.reduce_scatter(x)),
+            *op_cases(lambda c, x, op: c.jc.reduce_scatter(jnp.stack([x] * c.size), op=op)),
+            *tiled_cases(lambda c, tiled: c.jc.reduce_scatter(ones(c.size), tiled=tiled)),
+            (
+                "x-leading-axis",
+                lambda c: c.jc.reduce_scatter(ones(c.size + 1)),
+                ValueError,
+                r"^x must have a leading axis of length \d+ \(the communicator size\)",
+            ),
+            (
+                "x-0-d",
+                lambda c: c.jc.reduce_scatter(ones()),
+                ValueError,
+                r"^x must have a leading axis of length",
+            ),
+            (
+                "x-0-d-tiled",
+                lambda c: c.jc.reduce_scatter(ones(), tiled=True),
+                ValueError,
+                r"^x must have a leading axis that is a multiple of the communicator size",
+            ),
+            ("freed", lambda c: c.freed.reduce_scatter(ones(c.size)), RuntimeError, FREED),
+        ],
+    ),
     # Data movement.
-    *cases("bcast", [
-        *x_cases(lambda c, x: c.jc.bcast(x)),
-        ("x-empty-pytree", lambda c: c.jc.bcast([]), ValueError, r"^x is a pytree with no arrays"),
-        *rank_cases("root", lambda c, root: c.jc.bcast(ones(2), root=root)),
-        ("freed", lambda c: c.freed.bcast(ones(2)), RuntimeError, FREED),
-    ]),
+    *cases(
+        "bcast",
+        [
+            *x_cases(lambda c, x: c.jc.bcast(x)),
+            (
+                "x-empty-pytree",
+                lambda c: c.jc.bcast([]),
+                ValueError,
+                r"^x is a pytree with no arrays",
+            ),
+            *rank_cases("root", lambda c, root: c.jc.bcast(ones(2), root=root)),
+            ("freed", lambda c: c.freed.bcast(ones(2)), RuntimeError, FREED),
+        ],
+    ),
     *cases("barrier", [("freed", lambda c: c.freed.barrier(), RuntimeError, FREED)]),
-    *cases("allgather", [
-        *x_cases(lambda c, x: c.jc.allgather(x)),
-        *tiled_cases(lambda c, tiled: c.jc.allgather(ones(2), tiled=tiled)),
-        ("x-0-d-tiled", lambda c: c.jc.allgather(ones(), tiled=True), ValueError,
-         r"^x must have a leading axis to concatenate along"),
-        ("freed", lambda c: c.freed.allgather(ones(2)), RuntimeError, FREED),
-    ]),
-    *cases("gather", [
-        *x_cases(lambda c, x: c.jc.gather(x)),
-        *rank_cases("root", lambda c, root: c.jc.gather(ones(2), root=root)),
-        *tiled_cases(lambda c, tiled: c.jc.gather(ones(2), tiled=tiled)),
-        ("x-0-d-tiled", lambda c: c.jc.gather(ones(), tiled=True), ValueError,
-         r"^x must have a leading axis to concatenate along"),
-        ("freed", lambda c: c.freed.gather(ones(2)), RuntimeError, FREED),
-    ]),
-    *cases("scatter", [
-        *x_cases(lambda c, x: c.jc.scatter(x)),
-        *rank_cases("root", lambda c, root: c.jc.scatter(ones(c.size), root=root)),
-        *tiled_cases(lambda c, tiled: c.jc.scatter(ones(c.size), tiled=tiled)),
-        ("x-leading-axis", lambda c: c.jc.scatter(ones(c.size + 1)), ValueError,
-         r"^x has leading axis \d+; with tiled=False it needs one entry per rank"),
-        ("x-0-d", lambda c: c.jc.scatter(ones()), ValueError,
-         r"^x must have a leading axis to split among the ranks"),
-        ("x-0-d-tiled", lambda c: c.jc.scatter(ones(), tiled=True), ValueError,
-         r"^x must have a leading axis to split among the ranks"),
-        ("freed", lambda c: c.freed.scatter(ones(c.size)), RuntimeError, FREED),
-    ]),
-    *cases("alltoall", [
-        *x_cases(lambda c, x: c.jc.alltoall(x)),
-        *tiled_cases(lambda c, tiled: c.jc.alltoall(ones(c.size), tiled=tiled)),
-        ("x-leading-axis", lambda c: c.jc.alltoall(ones(c.size + 1)), ValueError,
-         r"^x has leading axis \d+; with tiled=False it needs one entry per rank"),
-        ("x-0-d-tiled", lambda c: c.jc.alltoall(ones(), tiled=True), ValueError,
-         r"^x must have a leading axis to split among the ranks"),
-        ("freed", lambda c: c.freed.alltoall(ones(c.size)), RuntimeError, FREED),
-    ]),
-    *cases("allgatherv", [
-        *x_cases(lambda c, x: c.jc.allgatherv(x, [1] * c.size)),
-        *counts_cases(lambda c, x, counts: c.jc.allgatherv(x, counts), lambda c: 1),
-        ("x-rows", lambda c: c.jc.allgatherv(ones(2), [1] * c.size), ValueError,
-         r"^x has 2 rows on rank \d+, but counts\[\d+\] is 1"),
-        ("x-0-d", lambda c: c.jc.allgatherv(ones(), [1] * c.size), ValueError,
-         r"^x must have a leading axis of counts\[rank\] rows"),
-        ("freed", lambda c: c.freed.allgatherv(ones(1), [1] * c.size), RuntimeError, FREED),
-    ]),
-    *cases("gatherv", [
-        *x_cases(lambda c, x: c.jc.gatherv(x, [1] * c.size)),
-        *counts_cases(lambda c, x, counts: c.jc.gatherv(x, counts), lambda c: 1),
-        ("x-rows", lambda c: c.jc.gatherv(ones(2), [1] * c.size), ValueError,
-         r"^x has 2 rows on rank \d+, but counts\[\d+\] is 1"),
-        *rank_cases("root", lambda c, root: c.jc.gatherv(ones(1), [1] * c.size, root=root)),
-        ("freed", lambda c: c.freed.gatherv(ones(1), [1] * c.size), RuntimeError, FREED),
-    ]),
-    *cases("scatterv", [
-        *x_cases(lambda c, x: c.jc.scatterv(x, [1] * c.size)),
-        *counts_cases(lambda c, x, counts: c.jc.scatterv(x, counts), lambda c: c.size),
-        ("x-rows", lambda c: c.jc.scatterv(ones(c.size + 1), [1] * c.size), ValueError,
-         r"^x has \d+ rows, but counts add up to \d+"),
-        ("x-0-d", lambda c: c.jc.scatterv(ones(), [1] * c.size), ValueError,
-         r"^x must have a leading axis to split among the ranks"),
-        *rank_cases("root", lambda c, root: c.jc.scatterv(ones(c.size), [1] * c.size, root=root)),
-        ("freed", lambda c: c.freed.scatterv(ones(c.size), [1] * c.size), RuntimeError, FREED),
-    ]),
-    *cases("alltoallv", [
-        *x_cases(lambda c, x: c.jc.alltoallv(x, [[1] * c.size] * c.size)),
-        ("counts-int", lambda c: c.jc.alltoallv(ones(c.size), 1), TypeError,
-         r"^counts must be a sequence, got int"),
-        ("counts-flat", lambda c: c.jc.alltoallv(ones(c.size), [1] * c.size), TypeError,
-         r"^counts\[0\] must be a sequence, got int"),
-        ("counts-row-str", lambda c: c.jc.alltoallv(ones(c.size), ["1" * c.size] * c.size),
-         TypeError, r"^counts\[0\] must be a sequence, got str"),
-        ("counts-float", lambda c: c.jc.alltoallv(ones(c.size), [[1.0] * c.size] * c.size),
-         TypeError, r"^counts\[0\]\[0\] must be an int, got float"),
-        ("counts-traced", lambda c: traced(
-            lambda t: c.jc.alltoallv(ones(c.size), t), jnp.ones((c.size, c.size), int)),
-         TypeError, r"^counts must be a static sequence, but got a traced value"),
-        ("counts-too-long", lambda c: c.jc.alltoallv(ones(c.size), [[1] * c.size] * (c.size + 1)),
-         ValueError, r"^counts has \d+ entries; it needs one per rank"),
-        ("counts-row-too-long",
-         lambda c: c.jc.alltoallv(ones(c.size), [[1] * (c.size + 1)] * c.size),
-         ValueError, r"^counts\[0\] has \d+ entries; it needs one per rank"),
-        ("counts-negative", lambda c: c.jc.alltoallv(ones(c.size), [[-1] * c.size] * c.size),
-         ValueError, r"^counts\[0\]\[0\]=-1 is negative"),
-        ("x-rows", lambda c: c.jc.alltoallv(ones(c.size + 1), [[1] * c.size] * c.size),
-         ValueError, r"^x has \d+ rows on rank \d+, but counts\[\d+\] adds up to \d+"),
-        ("freed", lambda c: c.freed.alltoallv(ones(c.size), [[1] * c.size] * c.size),
-         RuntimeError, FREED),
-    ]),
+    *cases(
+        "allgather",
+        [
+            *x_cases(lambda c, x: c.jc.allgather(x)),
+            *tiled_cases(lambda c, tiled: c.jc.allgather(ones(2), tiled=tiled)),
+            (
+                "x-0-d-tiled",
+                lambda c: c.jc.allgather(ones(), tiled=True),
+                ValueError,
+                r"^x must have a leading axis to concatenate along",
+            ),
+            ("freed", lambda c: c.freed.allgather(ones(2)), RuntimeError, FREED),
+        ],
+    ),
+    *cases(
+        "gather",
+        [
+            *x_cases(lambda c, x: c.jc.gather(x)),
+            *rank_cases("root", lambda c, root: c.jc.gather(ones(2), root=root)),
+            *tiled_cases(lambda c, tiled: c.jc.gather(ones(2), tiled=tiled)),
+            (
+                "x-0-d-tiled",
+                lambda c: c.jc.gather(ones(), tiled=True),
+                ValueError,
+                r"^x must have a leading axis to concatenate along",
+            ),
+            ("freed", lambda c: c.freed.gather(ones(2)), RuntimeError, FREED),
+        ],
+    ),
+    *cases(
+        "scatter",
+        [
+            *x_cases(lambda c, x: c.jc.scatter(x)),
+            *rank_cases("root", lambda c, root: c.jc.scatter(ones(c.size), root=root)),
+            *tiled_cases(lambda c, tiled: c.jc.scatter(ones(c.size), tiled=tiled)),
+            (
+                "x-leading-axis",
+                lambda c: c.jc.scatter(ones(c.size + 1)),
+                ValueError,
+                r"^x has leading axis \d+; with tiled=False it needs one entry per rank",
+            ),
+            (
+                "x-0-d",
+                lambda c: c.jc.scatter(ones()),
+                ValueError,
+                r"^x must have a leading axis to split among the ranks",
+            ),
+            (
+                "x-0-d-tiled",
+                lambda c: c.jc.scatter(ones(), tiled=True),
+                ValueError,
+                r"^x must have a leading axis to split among the ranks",
+            ),
+            ("freed", lambda c: c.freed.scatter(ones(c.size)), RuntimeError, FREED),
+        ],
+    ),
+    *cases(
+        "alltoall",
+        [
+            *x_cases(lambda c, x: c.jc.alltoall(x)),
+            *tiled_cases(lambda c, tiled: c.jc.alltoall(ones(c.size), tiled=tiled)),
+            (
+                "x-leading-axis",
+                lambda c: c.jc.alltoall(ones(c.size + 1)),
+                ValueError,
+                r"^x has leading axis \d+; with tiled=False it needs one entry per rank",
+            ),
+            (
+                "x-0-d-tiled",
+                lambda c: c.jc.alltoall(ones(), tiled=True),
+                ValueError,
+                r"^x must have a leading axis to split among the ranks",
+            ),
+            ("freed", lambda c: c.freed.alltoall(ones(c.size)), RuntimeError, FREED),
+        ],
+    ),
+    *cases(
+        "allgatherv",
+        [
+            *x_cases(lambda c, x: c.jc.allgatherv(x, [1] * c.size)),
+            *counts_cases(lambda c, x, counts: c.jc.allgatherv(x, counts), lambda c: 1),
+            (
+                "x-rows",
+                lambda c: c.jc.allgatherv(ones(2), [1] * c.size),
+                ValueError,
+                r"^x has 2 rows on rank \d+, but counts\[\d+\] is 1",
+            ),
+            (
+                "x-0-d",
+                lambda c: c.jc.allgatherv(ones(), [1] * c.size),
+                ValueError,
+                r"^x must have a leading axis of counts\[rank\] rows",
+            ),
+            ("freed", lambda c: c.freed.allgatherv(ones(1), [1] * c.size), RuntimeError, FREED),
+        ],
+    ),
+    *cases(
+        "gatherv",
+        [
+            *x_cases(lambda c, x: c.jc.gatherv(x, [1] * c.size)),
+            *counts_cases(lambda c, x, counts: c.jc.gatherv(x, counts), lambda c: 1),
+            (
+                "x-rows",
+                lambda c: c.jc.gatherv(ones(2), [1] * c.size),
+                ValueError,
+                r"^x has 2 rows on rank \d+, but counts\[\d+\] is 1",
+            ),
+            *rank_cases("root", lambda c, root: c.jc.gatherv(ones(1), [1] * c.size, root=root)),
+            ("freed", lambda c: c.freed.gatherv(ones(1), [1] * c.size), RuntimeError, FREED),
+        ],
+    ),
+    *cases(
+        "scatterv",
+        [
+            *x_cases(lambda c, x: c.jc.scatterv(x, [1] * c.size)),
+            *counts_cases(lambda c, x, counts: c.jc.scatterv(x, counts), lambda c: c.size),
+            (
+                "x-rows",
+                lambda c: c.jc.scatterv(ones(c.size + 1), [1] * c.size),
+                ValueError,
+                r"^x has \d+ rows, but counts add up to \d+",
+            ),
+            (
+                "x-0-d",
+                lambda c: c.jc.scatterv(ones(), [1] * c.size),
+                ValueError,
+                r"^x must have a leading axis to split among the ranks",
+            ),
+            *rank_cases(
+                "root", lambda c, root: c.jc.scatterv(ones(c.size), [1] * c.size, root=root)
+            ),
+            ("freed", lambda c: c.freed.scatterv(ones(c.size), [1] * c.size), RuntimeError, FREED),
+        ],
+    ),
+    *cases(
+        "alltoallv",
+        [
+            *x_cases(lambda c, x: c.jc.alltoallv(x, [[1] * c.size] * c.size)),
+            (
+                "counts-int",
+                lambda c: c.jc.alltoallv(ones(c.size), 1),
+                TypeError,
+                r"^counts must be a sequence, got int",
+            ),
+            (
+                "counts-flat",
+                lambda c: c.jc.alltoallv(ones(c.size), [1] * c.size),
+                TypeError,
+                r"^counts\[0\] must be a sequence, got int",
+            ),
+            (
+                "counts-row-str",
+                lambda c: c.jc.alltoallv(ones(c.size), ["1" * c.size] * c.size),
+                TypeError,
+                r"^counts\[0\] must be a sequence, got str",
+            ),
+            (
+                "counts-float",
+                lambda c: c.jc.alltoallv(ones(c.size), [[1.0] * c.size] * c.size),
+                TypeError,
+                r"^counts\[0\]\[0\] must be an int, got float",
+            ),
+            (
+                "counts-traced",
+                lambda c: traced(
+                    lambda t: c.jc.alltoallv(ones(c.size), t), jnp.ones((c.size, c.size), int)
+                ),
+                TypeError,
+                r"^counts must be a static sequence, but got a traced value",
+            ),
+            (
+                "counts-too-long",
+                lambda c: c.jc.alltoallv(ones(c.size), [[1] * c.size] * (c.size + 1)),
+                ValueError,
+                r"^counts has \d+ entries; it needs one per rank",
+            ),
+            (
+                "counts-row-too-long",
+                lambda c: c.jc.alltoallv(ones(c.size), [[1] * (c.size + 1)] * c.size),
+                ValueError,
+                r"^counts\[0\] has \d+ entries; it needs one per rank",
+            ),
+            (
+                "counts-negative",
+                lambda c: c.jc.alltoallv(ones(c.size), [[-1] * c.size] * c.size),
+                ValueError,
+                r"^counts\[0\]\[0\]=-1 is negative",
+            ),
+            (
+                "x-rows",
+                lambda c: c.jc.alltoallv(ones(c.size + 1), [[1] * c.size] * c.size),
+                ValueError,
+                r"^x has \d+ rows on rank \d+, but counts\[\d+\] adds up to \d+",
+            ),
+            (
+                "freed",
+                lambda c: c.freed.alltoallv(ones(c.size), [[1] * c.size] * c.size),
+                RuntimeError,
+                FREED,
+            ),
+        ],
+    ),
     # Point to point: MPI.PROC_NULL as the peer makes every valid call a no-op.
-    *cases("send", [
-        *x_cases(lambda c, x: c.jc.send(x, MPI.PROC_NULL)),
-        *rank_cases("dest", lambda c, dest: c.jc.send(ones(2), dest), special=("PROC_NULL",)),
-        *tag_cases("tag", lambda c, tag: c.jc.send(ones(2), MPI.PROC_NULL, tag=tag)),
-        ("freed", lambda c: c.freed.send(ones(2), MPI.PROC_NULL), RuntimeError, FREED),
-    ]),
+    *cases(
+        "send",
+        [
+            *x_cases(lambda c, x: c.jc.send(x, MPI.PROC_NULL)),
+            *rank_cases("dest", lambda c, dest: c.jc.send(ones(2), dest), special=("PROC_NULL",)),
+            *tag_cases("tag", lambda c, tag: c.jc.send(ones(2), MPI.PROC_NULL, tag=tag)),
+            ("freed", lambda c: c.freed.send(ones(2), MPI.PROC_NULL), RuntimeError, FREED),
+        ],
+    ),
     # Nonblocking starts validate as their blocking forms do, and take one array.
-    *cases("isend", [
-        *x_cases(lambda c, x: c.jc.isend(x, MPI.PROC_NULL)),
-        *rank_cases("dest", lambda c, dest: c.jc.isend(ones(2), dest), special=("PROC_NULL",)),
-        *tag_cases("tag", lambda c, tag: c.jc.isend(ones(2), MPI.PROC_NULL, tag=tag)),
-        ("freed", lambda c: c.freed.isend(ones(2), MPI.PROC_NULL), RuntimeError, FREED),
-    ]),
-    *cases("irecv", [
-        ("x-str", lambda c: c.jc.irecv("abc", MPI.PROC_NULL), TypeError, NOT_AN_ARRAY),
-        *rank_cases("source", lambda c, source: c.jc.irecv(ones(2), source),
-                    special=("PROC_NULL", "ANY_SOURCE")),
-        *tag_cases("tag", lambda c, tag: c.jc.irecv(ones(2), MPI.PROC_NULL, tag=tag),
-                   any_tag=True),
-        ("freed", lambda c: c.freed.irecv(ones(2), MPI.PROC_NULL), RuntimeError, FREED),
-    ]),
-    *cases("iallreduce", [
-        *x_cases(lambda c, x: c.jc.iallreduce(x)),
-        *op_cases(lambda c, x, op: c.jc.iallreduce(x, op=op)),
-        ("freed", lambda c: c.freed.iallreduce(ones(2)), RuntimeError, FREED),
-    ]),
-    *cases("ibcast", [
-        *x_cases(lambda c, x: c.jc.ibcast(x)),
-        *rank_cases("root", lambda c, root: c.jc.ibcast(ones(2), root=root)),
-        ("freed", lambda c: c.freed.ibcast(ones(2)), RuntimeError, FREED),
-    ]),
-    *cases("iallgather", [
-        *x_cases(lambda c, x: c.jc.iallgather(x)),
-        *tiled_cases(lambda c, tiled: c.jc.iallgather(ones(2), tiled=tiled)),
-        ("x-0-d-tiled", lambda c: c.jc.iallgather(ones(), tiled=True), ValueError,
-         r"^x must have a leading axis to concatenate along"),
-        ("freed", lambda c: c.freed.iallgather(ones(2)), RuntimeError, FREED),
-    ]),
-    *cases("ialltoall", [
-        *x_cases(lambda c, x: c.jc.ialltoall(x)),
-        *tiled_cases(lambda c, tiled: c.jc.ialltoall(ones(c.size), tiled=tiled)),
-        ("x-leading-axis", lambda c: c.jc.ialltoall(ones(c.size + 1)), ValueError,
-         r"^x has leading axis \d+; with tiled=False it needs one entry per rank"),
-        ("freed", lambda c: c.freed.ialltoall(ones(c.size)), RuntimeError, FREED),
-    ]),
-    *cases("wait", [
-        ("request-array", lambda c: c.jc.wait(ones(2)), TypeError,
-         r"^wait takes a jaxcomm Request, got ArrayImpl"),
-        ("request-None", lambda c: c.jc.wait(None), TypeError,
-         r"^wait takes a jaxcomm Request, got NoneType"),
-    ]),
-    *cases("waitall", [
-        ("requests-str", lambda c: c.jc.waitall(["abc"]), TypeError,
-         r"^waitall takes jaxcomm Requests, got str"),
-    ]),
-    *cases("during", [
-        ("requests-str", lambda c: c.jc.during(["abc"], lambda: None), TypeError,
-         r"^during takes jaxcomm Requests, got str"),
-    ]),
-    *cases("recv", [
-        ("x-str", lambda c: c.jc.recv("abc", MPI.PROC_NULL), TypeError, NOT_AN_ARRAY),
-        ("x-float8-template",
-         lambda c: c.jc.recv(jax.ShapeDtypeStruct((2,), jnp.float8_e4m3fn), MPI.PROC_NULL),
-         TypeError, r"^x has dtype float8_e4m3fn, which jaxcomm cannot send"),
-        *rank_cases("source", lambda c, source: c.jc.recv(ones(2), source),
-                    special=("PROC_NULL", "ANY_SOURCE")),
-        *tag_cases("tag", lambda c, tag: c.jc.recv(ones(2), MPI.PROC_NULL, tag=tag),
-                   any_tag=True),
-        ("status-str", lambda c: c.jc.recv(ones(2), MPI.PROC_NULL, status="status"), TypeError,
-         r"^status must be an MPI.Status or None, got str"),
-        ("status-Request", lambda c: c.jc.recv(ones(2), MPI.PROC_NULL, status=MPI.Request()),
-         TypeError, r"^status must be an MPI.Status or None, got Request"),
-        ("return_status-str",
-         lambda c: c.jc.recv(ones(2), MPI.PROC_NULL, return_status="yes"),
-         TypeError, r"^return_status must be a static bool, got str"),
-        ("return_status-str-with-status",
-         lambda c: c.jc.recv(ones(2), MPI.PROC_NULL, status=MPI.Status(), return_status="yes"),
-         TypeError, r"^return_status must be a static bool, got str"),
-        ("return_status-traced", lambda c: traced(
-            lambda t: c.jc.recv(ones(2), MPI.PROC_NULL, return_status=t), True),
-         TypeError, r"^return_status must be a static bool, but got a traced value"),
-        ("freed", lambda c: c.freed.recv(ones(2), MPI.PROC_NULL), RuntimeError, FREED),
-    ]),
-    *cases("sendrecv", [
-        ("sendbuf-str", lambda c: c.jc.sendrecv("abc", ones(2), MPI.PROC_NULL, MPI.PROC_NULL),
-         TypeError, r"^sendbuf must be an array or a scalar, got str"),
-        ("recvbuf-str", lambda c: c.jc.sendrecv(ones(2), "abc", MPI.PROC_NULL, MPI.PROC_NULL),
-         TypeError, r"^recvbuf must be an array or a scalar, got str"),
-        ("recvbuf-shape", lambda c: c.jc.sendrecv(ones(2), ones(3), MPI.PROC_NULL, MPI.PROC_NULL),
-         ValueError, r"^sendbuf \(float32\[2\]\) and recvbuf \(float32\[3\]\) must have the "
-         "same shape and dtype"),
-        ("recvbuf-dtype",
-         lambda c: c.jc.sendrecv(ones(2), ones(2, dtype=jnp.int32), MPI.PROC_NULL, MPI.PROC_NULL),
-         ValueError, r"^sendbuf \(float32\[2\]\) and recvbuf \(int32\[2\]\) must have the same"),
-        *rank_cases("source", lambda c, source: c.jc.sendrecv(
-            ones(2), ones(2), source, MPI.PROC_NULL), special=("PROC_NULL", "ANY_SOURCE")),
-        *rank_cases("dest", lambda c, dest: c.jc.sendrecv(ones(2), ones(2), MPI.PROC_NULL, dest),
-                    special=("PROC_NULL",)),
-        *tag_cases("sendtag", lambda c, tag: c.jc.sendrecv(
-            ones(2), ones(2), MPI.PROC_NULL, MPI.PROC_NULL, sendtag=tag)),
-        *tag_cases("recvtag", lambda c, tag: c.jc.sendrecv(
-            ones(2), ones(2), MPI.PROC_NULL, MPI.PROC_NULL, recvtag=tag), any_tag=True),
-        ("status-str", lambda c: c.jc.sendrecv(
-            ones(2), ones(2), MPI.PROC_NULL, MPI.PROC_NULL, status="status"),
-         TypeError, r"^status must be an MPI.Status or None, got str"),
-        ("return_status-str", lambda c: c.jc.sendrecv(
-            ones(2), ones(2), MPI.PROC_NULL, MPI.PROC_NULL, return_status="yes"),
-         TypeError, r"^return_status must be a static bool, got str"),
-        ("return_status-str-with-status", lambda c: c.jc.sendrecv(
-            ones(2), ones(2), MPI.PROC_NULL, MPI.PROC_NULL, status=MPI.Status(),
-            return_status="yes"),
-         TypeError, r"^return_status must be a static bool, got str"),
-        ("return_status-traced", lambda c: traced(lambda t: c.jc.sendrecv(
-            ones(2), ones(2), MPI.PROC_NULL, MPI.PROC_NULL, return_status=t), True),
-         TypeError, r"^return_status must be a static bool, but got a traced value"),
-        ("freed", lambda c: c.freed.sendrecv(ones(2), ones(2), MPI.PROC_NULL, MPI.PROC_NULL),
-         RuntimeError, FREED),
-    ]),
+    *cases(
+        "isend",
+        [
+            *x_cases(lambda c, x: c.jc.isend(x, MPI.PROC_NULL)),
+            *rank_cases("dest", lambda c, dest: c.jc.isend(ones(2), dest), special=("PROC_NULL",)),
+            *tag_cases("tag", lambda c, tag: c.jc.isend(ones(2), MPI.PROC_NULL, tag=tag)),
+            ("freed", lambda c: c.freed.isend(ones(2), MPI.PROC_NULL), RuntimeError, FREED),
+        ],
+    ),
+    *cases(
+        "irecv",
+        [
+            ("x-str", lambda c: c.jc.irecv("abc", MPI.PROC_NULL), TypeError, NOT_AN_ARRAY),
+            *rank_cases(
+                "source",
+                lambda c, source: c.jc.irecv(ones(2), source),
+                special=("PROC_NULL", "ANY_SOURCE"),
+            ),
+            *tag_cases(
+                "tag", lambda c, tag: c.jc.irecv(ones(2), MPI.PROC_NULL, tag=tag), any_tag=True
+            ),
+            ("freed", lambda c: c.freed.irecv(ones(2), MPI.PROC_NULL), RuntimeError, FREED),
+        ],
+    ),
+    *cases(
+        "iallreduce",
+        [
+            *x_cases(lambda c, x: c.jc.iallreduce(x)),
+            *op_cases(lambda c, x, op: c.jc.iallreduce(x, op=op)),
+            ("freed", lambda c: c.freed.iallreduce(ones(2)), RuntimeError, FREED),
+        ],
+    ),
+    *cases(
+        "ibcast",
+        [
+            *x_cases(lambda c, x: c.jc.ibcast(x)),
+            *rank_cases("root", lambda c, root: c.jc.ibcast(ones(2), root=root)),
+            ("freed", lambda c: c.freed.ibcast(ones(2)), RuntimeError, FREED),
+        ],
+    ),
+    *cases(
+        "iallgather",
+        [
+            *x_cases(lambda c, x: c.jc.iallgather(x)),
+            *tiled_cases(lambda c, tiled: c.jc.iallgather(ones(2), tiled=tiled)),
+            (
+                "x-0-d-tiled",
+                lambda c: c.jc.iallgather(ones(), tiled=True),
+                ValueError,
+                r"^x must have a leading axis to concatenate along",
+            ),
+            ("freed", lambda c: c.freed.iallgather(ones(2)), RuntimeError, FREED),
+        ],
+    ),
+    *cases(
+        "ialltoall",
+        [
+            *x_cases(lambda c, x: c.jc.ialltoall(x)),
+            *tiled_cases(lambda c, tiled: c.jc.ialltoall(ones(c.size), tiled=tiled)),
+            (
+                "x-leading-axis",
+                lambda c: c.jc.ialltoall(ones(c.size + 1)),
+                ValueError,
+                r"^x has leading axis \d+; with tiled=False it needs one entry per rank",
+            ),
+            ("freed", lambda c: c.freed.ialltoall(ones(c.size)), RuntimeError, FREED),
+        ],
+    ),
+    *cases(
+        "wait",
+        [
+            (
+                "request-array",
+                lambda c: c.jc.wait(ones(2)),
+                TypeError,
+                r"^wait takes a jaxcomm Request, got ArrayImpl",
+            ),
+            (
+                "request-None",
+                lambda c: c.jc.wait(None),
+                TypeError,
+                r"^wait takes a jaxcomm Request, got NoneType",
+            ),
+        ],
+    ),
+    *cases(
+        "waitall",
+        [
+            (
+                "requests-str",
+                lambda c: c.jc.waitall(["abc"]),
+                TypeError,
+                r"^waitall takes jaxcomm Requests, got str",
+            ),
+        ],
+    ),
+    *cases(
+        "during",
+        [
+            (
+                "requests-str",
+                lambda c: c.jc.during(["abc"], lambda: None),
+                TypeError,
+                r"^during takes jaxcomm Requests, got str",
+            ),
+        ],
+    ),
+    *cases(
+        "recv",
+        [
+            ("x-str", lambda c: c.jc.recv("abc", MPI.PROC_NULL), TypeError, NOT_AN_ARRAY),
+            (
+                "x-float8-template",
+                lambda c: c.jc.recv(jax.ShapeDtypeStruct((2,), jnp.float8_e4m3fn), MPI.PROC_NULL),
+                TypeError,
+                r"^x has dtype float8_e4m3fn, which jaxcomm cannot send",
+            ),
+            *rank_cases(
+                "source",
+                lambda c, source: c.jc.recv(ones(2), source),
+                special=("PROC_NULL", "ANY_SOURCE"),
+            ),
+            *tag_cases(
+                "tag", lambda c, tag: c.jc.recv(ones(2), MPI.PROC_NULL, tag=tag), any_tag=True
+            ),
+            (
+                "status-str",
+                lambda c: c.jc.recv(ones(2), MPI.PROC_NULL, status="status"),
+                TypeError,
+                r"^status must be an MPI.Status or None, got str",
+            ),
+            (
+                "status-Request",
+                lambda c: c.jc.recv(ones(2), MPI.PROC_NULL, status=MPI.Request()),
+                TypeError,
+                r"^status must be an MPI.Status or None, got Request",
+            ),
+            (
+                "return_status-str",
+                lambda c: c.jc.recv(ones(2), MPI.PROC_NULL, return_status="yes"),
+                TypeError,
+                r"^return_status must be a static bool, got str",
+            ),
+            (
+                "return_status-str-with-status",
+                lambda c: c.jc.recv(
+                    ones(2), MPI.PROC_NULL, status=MPI.Status(), return_status="yes"
+                ),
+                TypeError,
+                r"^return_status must be a static bool, got str",
+            ),
+            (
+                "return_status-traced",
+                lambda c: traced(
+                    lambda t: c.jc.recv(ones(2), MPI.PROC_NULL, return_status=t), True
+                ),
+                TypeError,
+                r"^return_status must be a static bool, but got a traced value",
+            ),
+            ("freed", lambda c: c.freed.recv(ones(2), MPI.PROC_NULL), RuntimeError, FREED),
+        ],
+    ),
+    *cases(
+        "sendrecv",
+        [
+            (
+                "sendbuf-str",
+                lambda c: c.jc.sendrecv("abc", ones(2), MPI.PROC_NULL, MPI.PROC_NULL),
+                TypeError,
+                r"^sendbuf must be an array or a scalar, got str",
+            ),
+            (
+                "recvbuf-str",
+                lambda c: c.jc.sendrecv(ones(2), "abc", MPI.PROC_NULL, MPI.PROC_NULL),
+                TypeError,
+                r"^recvbuf must be an array or a scalar, got str",
+            ),
+            (
+                "recvbuf-shape",
+                lambda c: c.jc.sendrecv(ones(2), ones(3), MPI.PROC_NULL, MPI.PROC_NULL),
+                ValueError,
+                r"^sendbuf \(float32\[2\]\) and recvbuf \(float32\[3\]\) must have the "
+                "same shape and dtype",
+            ),
+            (
+                "recvbuf-dtype",
+                lambda c: c.jc.sendrecv(
+                    ones(2), ones(2, dtype=jnp.int32), MPI.PROC_NULL, MPI.PROC_NULL
+                ),
+                ValueError,
+                r"^sendbuf \(float32\[2\]\) and recvbuf \(int32\[2\]\) must have the same",
+            ),
+            *rank_cases(
+                "source",
+                lambda c, source: c.jc.sendrecv(ones(2), ones(2), source, MPI.PROC_NULL),
+                special=("PROC_NULL", "ANY_SOURCE"),
+            ),
+            *rank_cases(
+                "dest",
+                lambda c, dest: c.jc.sendrecv(ones(2), ones(2), MPI.PROC_NULL, dest),
+                special=("PROC_NULL",),
+            ),
+            *tag_cases(
+                "sendtag",
+                lambda c, tag: c.jc.sendrecv(
+                    ones(2), ones(2), MPI.PROC_NULL, MPI.PROC_NULL, sendtag=tag
+                ),
+            ),
+            *tag_cases(
+                "recvtag",
+                lambda c, tag: c.jc.sendrecv(
+                    ones(2), ones(2), MPI.PROC_NULL, MPI.PROC_NULL, recvtag=tag
+                ),
+                any_tag=True,
+            ),
+            (
+                "status-str",
+                lambda c: c.jc.sendrecv(
+                    ones(2), ones(2), MPI.PROC_NULL, MPI.PROC_NULL, status="status"
+                ),
+                TypeError,
+                r"^status must be an MPI.Status or None, got str",
+            ),
+            (
+                "return_status-str",
+                lambda c: c.jc.sendrecv(
+                    ones(2), ones(2), MPI.PROC_NULL, MPI.PROC_NULL, return_status="yes"
+                ),
+                TypeError,
+                r"^return_status must be a static bool, got str",
+            ),
+            (
+                "return_status-str-with-status",
+                lambda c: c.jc.sendrecv(
+                    ones(2),
+                    ones(2),
+                    MPI.PROC_NULL,
+                    MPI.PROC_NULL,
+                    status=MPI.Status(),
+                    return_status="yes",
+                ),
+                TypeError,
+                r"^return_status must be a static bool, got str",
+            ),
+            (
+                "return_status-traced",
+                lambda c: traced(
+                    lambda t: c.jc.sendrecv(
+                        ones(2), ones(2), MPI.PROC_NULL, MPI.PROC_NULL, return_status=t
+                    ),
+                    True,
+                ),
+                TypeError,
+                r"^return_status must be a static bool, but got a traced value",
+            ),
+            (
+                "freed",
+                lambda c: c.freed.sendrecv(ones(2), ones(2), MPI.PROC_NULL, MPI.PROC_NULL),
+                RuntimeError,
+                FREED,
+            ),
+        ],
+    ),
     # Module functions.
-    *cases("set_debug", [
-        ("enabled-str", lambda c: jaxcomm.set_debug("no"), TypeError,
-         r"^enabled must be a bool, got str"),
-        ("enabled-int", lambda c: jaxcomm.set_debug(0), TypeError,
-         r"^enabled must be a bool, got int"),
-    ]),
-    *cases("set_cuda_aware", [
-        ("enabled-str", lambda c: jaxcomm.set_cuda_aware("yes"), TypeError,
-         r"^enabled must be True, False or None, got 'yes'"),
-        ("enabled-int", lambda c: jaxcomm.set_cuda_aware(1), TypeError,
-         r"^enabled must be True, False or None, got 1"),
-    ]),
-    *cases("bind_local_gpu", [
-        ("comm-str", lambda c: jaxcomm.bind_local_gpu("world"), TypeError,
-         r"^comm must be an mpi4py communicator, got str"),
-        ("comm-freed", lambda c: jaxcomm.bind_local_gpu(c.null), ValueError,
-         r"^comm must be a live communicator, got MPI.COMM_NULL"),
-    ]),
+    *cases(
+        "set_debug",
+        [
+            (
+                "enabled-str",
+                lambda c: jaxcomm.set_debug("no"),
+                TypeError,
+                r"^enabled must be a bool, got str",
+            ),
+            (
+                "enabled-int",
+                lambda c: jaxcomm.set_debug(0),
+                TypeError,
+                r"^enabled must be a bool, got int",
+            ),
+        ],
+    ),
+    *cases(
+        "set_cuda_aware",
+        [
+            (
+                "enabled-str",
+                lambda c: jaxcomm.set_cuda_aware("yes"),
+                TypeError,
+                r"^enabled must be True, False or None, got 'yes'",
+            ),
+            (
+                "enabled-int",
+                lambda c: jaxcomm.set_cuda_aware(1),
+                TypeError,
+                r"^enabled must be True, False or None, got 1",
+            ),
+        ],
+    ),
+    *cases(
+        "bind_local_gpu",
+        [
+            (
+                "comm-str",
+                lambda c: jaxcomm.bind_local_gpu("world"),
+                TypeError,
+                r"^comm must be an mpi4py communicator, got str",
+            ),
+            (
+                "comm-freed",
+                lambda c: jaxcomm.bind_local_gpu(c.null),
+                ValueError,
+                r"^comm must be a live communicator, got MPI.COMM_NULL",
+            ),
+        ],
+    ),
 ]
 
 # Methods that work inside jax.jit: their cases also run inside a jitted
 # function, where their arrays are tracers and eager calls' own caching of
 # jitted functions is bypassed.
-TRACEABLE = frozenset([
-    "allreduce", "reduce", "scan", "exscan", "reduce_scatter", "bcast", "barrier", "allgather",
-    "gather", "scatter", "alltoall", "allgatherv", "gatherv", "scatterv", "alltoallv", "send",
-    "recv", "sendrecv", "shift", "isend", "irecv", "iallreduce", "ibcast", "iallgather",
-    "ialltoall",
-])
+TRACEABLE = frozenset(
+    [
+        "allreduce",
+        "reduce",
+        "scan",
+        "exscan",
+        "reduce_scatter",
+        "bcast",
+        "barrier",
+        "allgather",
+        "gather",
+        "scatter",
+        "alltoall",
+        "allgatherv",
+        "gatherv",
+        "scatterv",
+        "alltoallv",
+        "send",
+        "recv",
+        "sendrecv",
+        "shift",
+        "isend",
+        "irecv",
+        "iallreduce",
+        "ibcast",
+        "iallgather",
+        "ialltoall",
+    ]
+)
 
 
 def _with_modes(cases):

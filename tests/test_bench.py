@@ -15,8 +15,19 @@ import pytest
 from jaxcomm import bench
 
 FIELDS = {
-    "op", "mode", "nbytes", "impl", "ranks", "iters", "repeats", "time_s", "min_s",
-    "bandwidth", "match", "ratios", "error",
+    "op",
+    "mode",
+    "nbytes",
+    "impl",
+    "ranks",
+    "iters",
+    "repeats",
+    "time_s",
+    "min_s",
+    "bandwidth",
+    "match",
+    "ratios",
+    "error",
 }
 TINY = {"repeats": 2, "target_s": 1e-4, "max_iters": 4}
 
@@ -113,8 +124,22 @@ def test_failing_impl_is_reported_on_every_rank(jc):
 @pytest.mark.mpi
 def test_json_and_markdown_output(jc, tmp_path, capsys):
     path = jc.comm.bcast(str(tmp_path / "bench.json"))
-    argv = ["--ops", "allreduce,barrier", "--sizes", "8,1K", "--modes", "jit,eager",
-            "--repeats", "1", "--time", "0.0001", "--json", path, "--markdown", "--no-progress"]
+    argv = [
+        "--ops",
+        "allreduce,barrier",
+        "--sizes",
+        "8,1K",
+        "--modes",
+        "jit,eager",
+        "--repeats",
+        "1",
+        "--time",
+        "0.0001",
+        "--json",
+        path,
+        "--markdown",
+        "--no-progress",
+    ]
     assert bench.main(argv) == 0
     data = None
     if jc.rank == 0:
@@ -140,14 +165,21 @@ def test_json_and_markdown_output(jc, tmp_path, capsys):
 
 def test_sizes_parse_and_print():
     assert [bench.parse_size(s) for s in ("8", "4K", "4KiB", "64MiB", "1m")] == [
-        8, 4096, 4096, 64 << 20, 1 << 20,
+        8,
+        4096,
+        4096,
+        64 << 20,
+        1 << 20,
     ]
     with pytest.raises(Exception, match="not a size"):
         bench.parse_size("8 bytes")
     assert bench.sizes_between(8, 4096) == [8, 64, 512, 4096]
     assert bench.sizes_between(8, 1000) == [8, 64, 512, 1000]
     assert [bench.format_size(n) for n in (8, 4096, 64 << 20, 1000)] == [
-        "8 B", "4 KiB", "64 MiB", "1000 B",
+        "8 B",
+        "4 KiB",
+        "64 MiB",
+        "1000 B",
     ]
     assert bench.DEFAULT_SIZES[0] == 8 and bench.DEFAULT_SIZES[-1] == 64 << 20
 
@@ -171,7 +203,9 @@ def test_loop_step_is_the_same_in_jax_and_numpy():
 def test_plot_writes_a_png_or_says_what_is_missing(tmp_path, monkeypatch):
     records = [
         bench.Record("allreduce", mode, n, impl, 2, 1, 1, time_s=1e-6 * n, match=True)
-        for mode in ("jit", "loop") for n in (8, 64) for impl in ("mpi4py", "jaxcomm")
+        for mode in ("jit", "loop")
+        for n in (8, 64)
+        for impl in ("mpi4py", "jaxcomm")
     ]
     path = tmp_path / "plot.png"
     try:

@@ -252,7 +252,9 @@ def test_ring_with_one_bad_message(checked):
     f = jax.jit(lambda x: jc.sendrecv(x, x, source=source, dest=dest))
     if jc.rank == 1:
         _expect_mismatch(
-            jc, "point-to-point", lambda: jax.block_until_ready(f(x)),
+            jc,
+            "point-to-point",
+            lambda: jax.block_until_ready(f(x)),
             r"rank 0 called sendrecv sending count 4 float.*"
             r"rank 1 called sendrecv receiving up to count 3",
         )
@@ -272,7 +274,9 @@ def test_wildcard_receives_take_the_checked_message(checked):
             got = []
             for _ in range(n):
                 y, status = jc.recv(
-                    jnp.zeros(2, FLOAT), source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG,
+                    jnp.zeros(2, FLOAT),
+                    source=MPI.ANY_SOURCE,
+                    tag=MPI.ANY_TAG,
                     return_status=True,
                 )
                 got.append((y, status))

@@ -29,7 +29,9 @@ def test_split_by_parity_and_ordering_with_parent(jc):
         a, b, c, d = both(jnp.full(3, float(jc.rank)))
         np.testing.assert_array_equal(a, np.full(3, float(sum(range(jc.size)))))
         np.testing.assert_array_equal(b, np.full(3, float(sum(members))))
-        np.testing.assert_array_equal(c, np.full(3, float(sum(r for r in range(jc.size) if r % 2 == 0))))
+        np.testing.assert_array_equal(
+            c, np.full(3, float(sum(r for r in range(jc.size) if r % 2 == 0)))
+        )
         np.testing.assert_array_equal(d, a)
     sub.free()
 
@@ -91,7 +93,7 @@ def test_from_cart_rejects_bad_grids(jc):
     with pytest.raises(TypeError, match="no Cartesian topology"):
         jc.cart_shift(0)
     with pytest.raises(TypeError, match="no Cartesian topology"):
-        jc.coords
+        _ = jc.coords
 
 
 @pytest.mark.mpi

@@ -96,16 +96,22 @@ def _sum_of(shape=(3, 2)):
 @pytest.mark.mpi
 @pytest.mark.parametrize("mode", MODES)
 def test_allreduce(mode):
-    np.testing.assert_array_equal(_run(mode, lambda x: mpi4jax.allreduce(x, MPI.SUM), _x()), _sum_of())
+    np.testing.assert_array_equal(
+        _run(mode, lambda x: mpi4jax.allreduce(x, MPI.SUM), _x()), _sum_of()
+    )
     got = _run(mode, lambda x: mpi4jax.allreduce(x, op=MPI.MAX), _x())
-    np.testing.assert_array_equal(got, np.max([rank_data(r, (3, 2), np.float32) for r in range(SIZE)], 0))
+    np.testing.assert_array_equal(
+        got, np.max([rank_data(r, (3, 2), np.float32) for r in range(SIZE)], 0)
+    )
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("mode", MODES)
 def test_scan(mode):
     got = _run(mode, lambda x: mpi4jax.scan(x, MPI.SUM), _x())
-    np.testing.assert_array_equal(got, sum(rank_data(r, (3, 2), np.float32) for r in range(RANK + 1)))
+    np.testing.assert_array_equal(
+        got, sum(rank_data(r, (3, 2), np.float32) for r in range(RANK + 1))
+    )
 
 
 @pytest.mark.mpi
@@ -147,7 +153,9 @@ def test_barrier_and_send_return_an_empty_list(mode):
 @pytest.mark.parametrize("mode", MODES)
 def test_allgather(mode):
     got = _run(mode, mpi4jax.allgather, _x())
-    np.testing.assert_array_equal(got, np.stack([rank_data(r, (3, 2), np.float32) for r in range(SIZE)]))
+    np.testing.assert_array_equal(
+        got, np.stack([rank_data(r, (3, 2), np.float32) for r in range(SIZE)])
+    )
 
 
 @pytest.mark.mpi
@@ -182,7 +190,9 @@ def test_scatter_takes_the_result_shape_off_root(mode):
 def test_alltoall(mode):
     x = jnp.asarray(np.arange(SIZE, dtype=np.float32)[:, None] + 10 * RANK) * jnp.ones((SIZE, 2))
     got = _run(mode, mpi4jax.alltoall, x)
-    np.testing.assert_array_equal(got, (np.arange(SIZE) * 10.0 + RANK)[:, None] * np.ones((SIZE, 2)))
+    np.testing.assert_array_equal(
+        got, (np.arange(SIZE) * 10.0 + RANK)[:, None] * np.ones((SIZE, 2))
+    )
 
 
 @pytest.mark.mpi(min_size=2)
@@ -232,7 +242,9 @@ def test_sendrecv_with_another_receive_shape_and_dtype(mode):
     assert got.dtype == jnp.int32
     assert (status.Get_source(), status.Get_tag(), status.Get_count(MPI.INT)) == (left, 7, 4)
     wide = jax.ShapeDtypeStruct((2, 3), jnp.float32)
-    got = _run(mode, lambda x: mpi4jax.sendrecv(x, wide, left, right), jnp.full(6, RANK, jnp.float32))
+    got = _run(
+        mode, lambda x: mpi4jax.sendrecv(x, wide, left, right), jnp.full(6, RANK, jnp.float32)
+    )
     np.testing.assert_array_equal(got, np.full((2, 3), left))
 
 
@@ -246,7 +258,9 @@ def test_transformations_mpi4jax_lacks():
     grad = jax.grad(lambda v: mpi4jax.allreduce(v, MPI.SUM).sum())(x)
     np.testing.assert_array_equal(grad, np.ones((3, 2)))
     batched = jax.vmap(mpi4jax.allgather)(jnp.stack([x, 2 * x]))
-    np.testing.assert_array_equal(batched[1], 2 * np.stack([rank_data(r, (3, 2), np.float32) for r in range(SIZE)]))
+    np.testing.assert_array_equal(
+        batched[1], 2 * np.stack([rank_data(r, (3, 2), np.float32) for r in range(SIZE)])
+    )
     # mpi4jax refuses forward mode through sendrecv; jaxcomm differentiates it.
     right, left = (RANK + 1) % SIZE, (RANK - 1) % SIZE
     jacobian = jax.jacfwd(lambda v: mpi4jax.sendrecv(v, v, left, right).sum())(x)
@@ -334,7 +348,6 @@ def watchdog():
     jaxcomm.set_timeout(_runtime._env_seconds("JAXCOMM_TIMEOUT"))
 
 
-
 @pytest.mark.mpi
 def test_comm_world_and_none_share_the_jaxcomm_made_at_import():
     jc = mpi4jax._jaxcomm(None)
@@ -368,7 +381,9 @@ def test_first_call_on_world_may_be_a_message_between_some_ranks(watchdog):
     # when it is on, would end the job).
     peer = {0: 1, 1: 0}.get(RANK)
     if peer is not None:
-        got = mpi4jax.sendrecv(jnp.full(2, RANK, jnp.int32), jnp.zeros(2, jnp.int32), peer, peer, sendtag=9)
+        got = mpi4jax.sendrecv(
+            jnp.full(2, RANK, jnp.int32), jnp.zeros(2, jnp.int32), peer, peer, sendtag=9
+        )
         np.testing.assert_array_equal(got, np.full(2, peer))
     if RANK == 1:
         for other in range(2, SIZE):

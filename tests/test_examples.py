@@ -75,7 +75,9 @@ def test_halo_exchange_matches_serial(capsys):
 @pytest.mark.mpi
 def test_mpi4jax_style_heat_runs_alike_through_compat_and_jaxcomm(monkeypatch, capsys):
     # 48 cells split evenly over the grids of 1 to 4 ranks.
-    out = run_example(monkeypatch, capsys, "heat_mpi4jax_style.py", "--cells", "48", "48", "--steps", "30")
+    out = run_example(
+        monkeypatch, capsys, "heat_mpi4jax_style.py", "--cells", "48", "48", "--steps", "30"
+    )
     if MPI.COMM_WORLD.rank == 0:
         assert "compat and JaxComm runs identical: True," in out, out
         assert numbers_after("max difference from serial", out) == [0.0], out
@@ -85,8 +87,9 @@ def test_mpi4jax_style_heat_runs_alike_through_compat_and_jaxcomm(monkeypatch, c
 
 @pytest.mark.mpi
 def test_data_parallel_training_matches_single_process(monkeypatch, capsys):
-    out = run_example(monkeypatch, capsys, "data_parallel.py",
-                      "--epochs", 3, "--batches", 4, "--batch-size", 24)
+    out = run_example(
+        monkeypatch, capsys, "data_parallel.py", "--epochs", 3, "--batches", 4, "--batch-size", 24
+    )
     world = MPI.COMM_WORLD
     if world.rank == 0:
         lines = out.splitlines()
@@ -120,8 +123,19 @@ def test_scatter_allreduce_grad_prints_the_same_sum_on_every_rank(capsys):
 @pytest.mark.parametrize("boundary", ["periodic", "walls"])
 def test_shallow_water_matches_serial_and_conserves_mass(monkeypatch, capsys, boundary):
     # 24 cells per axis divide over the 1x1, 2x1 and 3x1 process grids.
-    out = run_example(monkeypatch, capsys, "shallow_water.py", "--cells", 24, 24, "--steps", 30,
-                      "--boundary", boundary, "--benchmark")
+    out = run_example(
+        monkeypatch,
+        capsys,
+        "shallow_water.py",
+        "--cells",
+        24,
+        24,
+        "--steps",
+        30,
+        "--boundary",
+        boundary,
+        "--benchmark",
+    )
     if MPI.COMM_WORLD.rank == 0:
         assert f"24x24 cells, {boundary}, 30 steps" in out
         # float32, the same operations as the serial run: 0 or a few roundings.
@@ -138,8 +152,20 @@ def test_shallow_water_matches_serial_and_conserves_mass(monkeypatch, capsys, bo
 def test_shallow_water_overlapped_gives_the_blocking_field(monkeypatch, capsys, boundary):
     # The script itself compares the overlapped field with the blocking one
     # (bit for bit) under --benchmark, and exits if they differ.
-    out = run_example(monkeypatch, capsys, "shallow_water.py", "--cells", 24, 24, "--steps", 30,
-                      "--boundary", boundary, "--overlap", "--benchmark")
+    out = run_example(
+        monkeypatch,
+        capsys,
+        "shallow_water.py",
+        "--cells",
+        24,
+        24,
+        "--steps",
+        30,
+        "--boundary",
+        boundary,
+        "--overlap",
+        "--benchmark",
+    )
     if MPI.COMM_WORLD.rank == 0:
         assert f"24x24 cells, {boundary}, overlapped, 30 steps" in out
         assert numbers_after("max difference from serial", out)[0] < 1e-5
@@ -196,8 +222,9 @@ def test_poisson_cg_matches_serial_and_its_gradient_finite_differences(
 @pytest.mark.mpi
 @pytest.mark.parametrize("shape", [(12, 12, 12), (12, 24)], ids=["3d", "2d"])
 def test_fft_pencil_matches_fftn_and_inverts(monkeypatch, capsys, shape):
-    out = run_example(monkeypatch, capsys, "fft_pencil.py", "--shape", *shape,
-                      "--benchmark", "--repeat", 2)
+    out = run_example(
+        monkeypatch, capsys, "fft_pencil.py", "--shape", *shape, "--benchmark", "--repeat", 2
+    )
     if MPI.COMM_WORLD.rank == 0:
         assert out.startswith("x".join(map(str, shape)) + " complex64")
         assert numbers_after("max difference from jnp.fft.fftn", out)[0] < 1e-5

@@ -11,7 +11,6 @@ import pytest
 from conftest import ALL_DTYPES, SHAPES, mpi_debug, rank_data, unchanged, unmonitored
 
 
-
 def _split(array, counts):
     """``array`` cut along its leading axis into blocks of ``counts`` rows."""
     return np.split(array, np.cumsum(counts)[:-1])

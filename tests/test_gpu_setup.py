@@ -45,7 +45,13 @@ def _run(argv, env, timeout=180):
 def test_cuda_info_describes_the_build():
     info = jaxcomm.cuda_info()
     assert set(info) == {
-        "built", "gpus", "mpi_cuda_support", "cuda_aware", "path", "reason", "staging_bytes"
+        "built",
+        "gpus",
+        "mpi_cuda_support",
+        "cuda_aware",
+        "path",
+        "reason",
+        "staging_bytes",
     }
     assert info["built"] is _build_info.CUDA
     assert info["built"] == (_runtime.cuda_kernels is not None)

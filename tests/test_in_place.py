@@ -13,8 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from conftest import unchanged
+
 from jaxcomm.ops import _base
 
 # op -> (call, the result on `rank` for inputs (rank + 1) * x, as a multiple of x).

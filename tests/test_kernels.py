@@ -16,10 +16,9 @@ from mpi4py import MPI
 
 import jaxcomm
 import jaxcomm.ops
-from jaxcomm import JaxComm
-from jaxcomm.ops import _base
-from jaxcomm import _runtime
+from jaxcomm import JaxComm, _runtime
 from jaxcomm._runtime import _kernels_cpu
+from jaxcomm.ops import _base
 
 
 def _ring_sendrecv(jc, x):

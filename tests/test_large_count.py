@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import mpi_debug, rank_data, not_reported_again
+from conftest import mpi_debug, not_reported_again, rank_data
 from mpi4py import MPI
 
 from jaxcomm._runtime import _kernels_cpu
@@ -44,7 +44,7 @@ def total(size, n, dtype, op):
 @pytest.mark.parametrize("dtype", ["float32", "int64", "float16", "complex128", "bool"])
 def test_chunked_allreduce_and_bcast(jc, small_cap, n, dtype):
     dtype = np.dtype(dtype)
-    op = MPI.LOR if dtype == bool else MPI.SUM
+    op = MPI.LOR if dtype == np.dtype(bool) else MPI.SUM
     x = rank_data(jc.rank, (n,), dtype)
     want = total(jc.size, n, dtype, op)
     np.testing.assert_array_equal(np.asarray(jc.allreduce(x, op=op)), want)
@@ -58,7 +58,7 @@ def test_chunked_allreduce_and_bcast(jc, small_cap, n, dtype):
 @pytest.mark.parametrize("dtype", ["float32", "int64", "bfloat16", "bool"])
 def test_chunked_reduce_scan_exscan(jc, small_cap, n, dtype):
     dtype = np.dtype(jnp.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
-    op = MPI.LOR if dtype == bool else MPI.SUM
+    op = MPI.LOR if dtype == np.dtype(bool) else MPI.SUM
     rank, size = jc.rank, jc.size
     x = rank_data(rank, (n,), dtype)
 
@@ -237,9 +237,7 @@ def test_v_ops_past_the_cap(jc, small_cap, dtype):
         np.testing.assert_array_equal(np.asarray(gathered[root]), want)
         want = _split(rank_data(root, whole.shape, dtype), counts)[rank]
         np.testing.assert_array_equal(np.asarray(scattered[root]), want)
-    want = [
-        _split(rank_data(i, (sum(matrix[i]), 2), dtype), matrix[i])[rank] for i in range(size)
-    ]
+    want = [_split(rank_data(i, (sum(matrix[i]), 2), dtype), matrix[i])[rank] for i in range(size)]
     np.testing.assert_array_equal(np.asarray(received), np.concatenate(want))
 
 

@@ -8,8 +8,8 @@ staging, the checker and the reports of requests never waited.
 
 import os
 import subprocess
-from functools import partial
 import sys
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -19,8 +19,8 @@ from conftest import (
     RUNTIME_ERRORS,
     environment_without_launcher,
     mpiexec,
-    rank_data,
     not_reported_again,
+    rank_data,
     spawns_own_mpi,
     unchanged,
 )
@@ -58,8 +58,15 @@ def _exchange(jc, x, tag=0):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize(
-    "dtype", [np.dtype(bool), np.dtype("int16"), np.dtype(jnp.bfloat16), np.dtype("float64"),
-              np.dtype("complex64")], ids=str,
+    "dtype",
+    [
+        np.dtype(bool),
+        np.dtype("int16"),
+        np.dtype(jnp.bfloat16),
+        np.dtype("float64"),
+        np.dtype("complex64"),
+    ],
+    ids=str,
 )
 def test_ring_eager(jc, dtype):
     right, left = _ring(jc)
@@ -178,7 +185,7 @@ def test_collectives(jc, mode):
     np.testing.assert_array_equal(out[5 + size], every[:, rank])
     doubled = np.concatenate([every, every], axis=1)
     np.testing.assert_array_equal(
-        out[6 + size], doubled[:, 2 * rank: 2 * rank + 2].reshape(2 * size, 3)
+        out[6 + size], doubled[:, 2 * rank : 2 * rank + 2].reshape(2 * size, 3)
     )
     unchanged(x, every[rank])
 
@@ -298,9 +305,7 @@ def test_request_rules_are_enforced_before_any_mpi_call(jc):
     with pytest.raises(TypeError, match="cannot be returned from or passed into"):
         jax.jit(lambda v: jc.irecv(v, **null))(x)
     with pytest.raises(TypeError, match="carried through a loop"):
-        jax.jit(
-            lambda v: jax.lax.fori_loop(0, 2, lambda i, c: c, (v, jc.irecv(v, **null)))
-        )(x)
+        jax.jit(lambda v: jax.lax.fori_loop(0, 2, lambda i, c: c, (v, jc.irecv(v, **null))))(x)
     with pytest.raises(RuntimeError, match="never waited"):
         jax.jit(lambda v: (jc.irecv(v, **null), v)[1])(x)
 
@@ -324,8 +329,9 @@ def test_request_rules_are_enforced_before_any_mpi_call(jc):
     leaked = []
     jax.make_jaxpr(lambda v: (leaked.append(jc.irecv(v, **null)), v)[1])(x)
     # jaxcomm names it where the trace was invalidated, JAX otherwise.
-    with pytest.raises((RuntimeError, jax.errors.UnexpectedTracerError),
-                       match="(has finished|leaked)"):
+    with pytest.raises(
+        (RuntimeError, jax.errors.UnexpectedTracerError), match="(has finished|leaked)"
+    ):
         jc.wait(leaked[0])
     with pytest.raises(TypeError, match="jaxcomm Request"):
         jc.wait(x)
@@ -355,8 +361,12 @@ def test_exit_reports_requests_never_waited(tmp_path):
         "kept = jc.irecv(jnp.ones(2), source=MPI.PROC_NULL)\n"
     )
     done = subprocess.run(
-        [sys.executable, str(script)], env=environment_without_launcher(),
-        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        [sys.executable, str(script)],
+        env=environment_without_launcher(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
     )
     assert done.returncode == 1, done.stderr
     assert "never completed" in done.stderr and "irecv from MPI.PROC_NULL" in done.stderr
@@ -558,6 +568,7 @@ def test_integers_ride_along_and_wildcards_are_refused(jc):
 
     grad = jax.jit(jax.grad(lambda v: mixed(v).sum()))(jnp.ones(3))
     np.testing.assert_array_equal(grad, np.full(3, 1 + 2 * left))
+
     # A wildcard receive: the tangent could match another rank's. Refused on
     # every rank while tracing (every rank receives), before any MPI call.
     def wildcard(v):
@@ -610,8 +621,11 @@ def test_gpu_staging_is_held_from_the_start_to_the_wait(jc):
         kernels.hold_events(True)
         try:
             allocations = kernels.host_allocations()
-            requests = [jc.irecv(x, source=left, tag=24), jc.isend(x, right, tag=24),
-                        jc.iallreduce(x)]
+            requests = [
+                jc.irecv(x, source=left, tag=24),
+                jc.isend(x, right, tag=24),
+                jc.iallreduce(x),
+            ]
             y, _, reduced = jc.waitall(requests)
             assert kernels.host_allocations() == allocations + 2
         finally:
@@ -654,8 +668,9 @@ def test_checker_passes_good_programs_and_names_bad_messages(jc):
         right, left = _ring(jc)
         x = jnp.asarray(rank_data(jc.rank, (5,), np.float32))
         np.testing.assert_array_equal(_exchange(jc, x, tag=12), rank_data(left, (5,), np.float32))
-        np.testing.assert_array_equal(jc.wait(jc.iallreduce(x)),
-                                      sum(rank_data(r, (5,), np.float32) for r in range(jc.size)))
+        np.testing.assert_array_equal(
+            jc.wait(jc.iallreduce(x)), sum(rank_data(r, (5,), np.float32) for r in range(jc.size))
+        )
         # Wildcard receives are checked once the message told its sender.
         if jc.rank == 0:
             reqs = [jc.irecv(jnp.zeros(2, jnp.int32)) for _ in range(1, jc.size)]
@@ -688,8 +703,12 @@ def test_watchdog_names_the_wait(tmp_path):
         "jc.barrier()\n"
     )
     done = subprocess.run(
-        [*mpiexec(2), sys.executable, str(script)], env=environment_without_launcher(),
-        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        [*mpiexec(2), sys.executable, str(script)],
+        env=environment_without_launcher(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
     )
     assert done.returncode != 0
     assert "wait for irecv from rank 0 (tag 77" in done.stderr, done.stderr

@@ -158,12 +158,12 @@ def test_sendrecv_jvp_with_wildcards(jc):
 
     # In reverse mode a cotangent comes back to this rank while its peers may
     # still run forward, so the wildcard receive selects its tag.
-    def f(x):
+    def tagged(x):
         return jc.sendrecv(
             x, x, source=MPI.ANY_SOURCE, dest=right, sendtag=100 + jc.rank, recvtag=100 + left
         )
 
-    g = jax.jit(jax.grad(lambda x: jnp.sum(f(x) * (jc.rank + 1))))(x)
+    g = jax.jit(jax.grad(lambda x: jnp.sum(tagged(x) * (jc.rank + 1))))(x)
     np.testing.assert_array_equal(g, np.full(2, float(right + 1)))
     jc.barrier()
 

@@ -8,7 +8,6 @@ from conftest import backend_compiles, mpi_debug, unmonitored
 from mpi4py import MPI
 
 
-
 def model_tree(rank, leaves=100):
     """A gradient-like pytree: 60 float32 leaves, 40 int32, mixed shapes."""
     tree = {"layers": [], "step": jnp.asarray(rank, jnp.int32)}
@@ -44,7 +43,9 @@ def test_allreduce_gradient_pytree_costs_one_call_per_dtype(jc, capfd, jit):
     trees = [model_tree(r) for r in range(jc.size)]
     want = jax.tree_util.tree_map(lambda *xs: sum(np.asarray(x) for x in xs), *trees)
     for got, expected, leaf in zip(
-        jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(want), jax.tree_util.tree_leaves(tree)
+        jax.tree_util.tree_leaves(out),
+        jax.tree_util.tree_leaves(want),
+        jax.tree_util.tree_leaves(tree),
     ):
         assert got.dtype == leaf.dtype and got.shape == leaf.shape
         np.testing.assert_array_equal(np.asarray(got), expected)
@@ -90,12 +91,18 @@ def test_eager_pytree_calls_reuse_compiled_code(jc):
 @pytest.mark.mpi
 @pytest.mark.parametrize("tiled", [False, True])
 def test_allgather_and_gather_pytrees(jc, capfd, tiled):
-    tree = {"a": jnp.full((2, 3), float(jc.rank)), "b": [jnp.arange(4) + jc.rank], "c": jnp.ones((1,))}
+    tree = {
+        "a": jnp.full((2, 3), float(jc.rank)),
+        "b": [jnp.arange(4) + jc.rank],
+        "c": jnp.ones((1,)),
+    }
     with mpi_debug():
         out = jax.block_until_ready(jax.jit(lambda t: jc.allgather(t, tiled=tiled))(tree))
     assert len(mpi_calls(capfd.readouterr().err, "MPI_Allgather")) == 2  # float64 and int64
     for name, leaf in (("a", tree["a"]), ("c", tree["c"])):
-        stacked = np.stack([np.asarray(leaf) * 0 + (r if name == "a" else 1) for r in range(jc.size)])
+        stacked = np.stack(
+            [np.asarray(leaf) * 0 + (r if name == "a" else 1) for r in range(jc.size)]
+        )
         want = stacked.reshape((-1,) + leaf.shape[1:]) if tiled else stacked
         np.testing.assert_array_equal(out[name], want)
     stacked = np.stack([np.arange(4) + r for r in range(jc.size)])

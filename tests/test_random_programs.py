@@ -62,8 +62,21 @@ _REDUCING = ("allreduce", "reduce", "scan", "exscan", "reduce_scatter")
 _TREES = ("allreduce", "reduce", "bcast", "allgather", "gather")
 # Ops whose output is the same on every rank: one value, its cotangent not summed.
 _REPLICATED = ("allreduce", "bcast", "allgather", "allgatherv")
-OPS = (*_REDUCING, "bcast", "allgather", "gather", "scatter", "alltoall", "allgatherv",
-       "gatherv", "scatterv", "alltoallv", "sendrecv", "pair", "barrier")
+OPS = (
+    *_REDUCING,
+    "bcast",
+    "allgather",
+    "gather",
+    "scatter",
+    "alltoall",
+    "allgatherv",
+    "gatherv",
+    "scatterv",
+    "alltoallv",
+    "sendrecv",
+    "pair",
+    "barrier",
+)
 TRANSFORMS = ("eager", "jit", "vmap", "jit-vmap", "scan", "jit-scan", "grad", "jit-grad")
 
 
@@ -87,7 +100,8 @@ class Step:
         varying = "" if len(set(self.shapes)) == 1 else f" (shapes by rank {list(self.shapes)})"
         params = " ".join(f"{k}={v}" for k, v in self.params.items())
         return f"{self.op} {params} {self.tree}[{leaves}]{varying}" + (
-            " with NaN/-0" if self.special else "")
+            " with NaN/-0" if self.special else ""
+        )
 
 
 @dataclasses.dataclass
@@ -208,8 +222,10 @@ def inputs(seed, b, s, step, rank, batch):
     """Rank ``rank``'s input to step ``s`` of block ``b`` (with a leading batch axis if any)."""
     rng = np.random.default_rng([seed, b, s, rank])
     lead = (batch,) if batch else ()
-    leaves = [_leaf(rng, lead + shape, dtype, step.special)
-              for shape, dtype in zip(step.shapes[rank], step.dtypes)]
+    leaves = [
+        _leaf(rng, lead + shape, dtype, step.special)
+        for shape, dtype in zip(step.shapes[rank], step.dtypes)
+    ]
     if step.tree == "array":
         return leaves[0]
     if step.tree == "tuple":
@@ -253,8 +269,14 @@ def call(jc, step, x, tag):
     if step.op == "sendrecv":
         dest, source = (rank + p["direction"]) % size, (rank - p["direction"]) % size
         result = jc.sendrecv(
-            x, x, source=MPI.ANY_SOURCE if p["any_source"] else source, dest=dest,
-            sendtag=tag, recvtag=MPI.ANY_TAG if p["any_tag"] else tag, **kwargs)
+            x,
+            x,
+            source=MPI.ANY_SOURCE if p["any_source"] else source,
+            dest=dest,
+            sendtag=tag,
+            recvtag=MPI.ANY_TAG if p["any_tag"] else tag,
+            **kwargs,
+        )
     else:  # pair: the even rank sends first, its partner receives first
         partner = _partner(rank, size)
         if rank % 2 == 0:
@@ -270,12 +292,14 @@ def call(jc, step, x, tag):
 
 def _tags(program):
     """A tag of its own for every step, so that a receive from MPI.ANY_SOURCE matches no other's."""
-    return {(b, s): 1 + b * 10 + s for b, block in enumerate(program)
-            for s in range(len(block.steps))}
+    return {
+        (b, s): 1 + b * 10 + s for b, block in enumerate(program) for s in range(len(block.steps))
+    }
 
 
 def run_block(jc, block, xs, tags, cotangents):
     """Run ``block`` on this rank's inputs ``xs`` (one per step); returns its outputs."""
+
     def steps(xs):
         return tuple(call(jc, step, x, tag) for step, x, tag in zip(block.steps, xs, tags))
 
@@ -308,8 +332,7 @@ def _reduce(name, arrays, dtype):
     if name in ("BAND", "BOR", "BXOR"):
         ufunc = {"BAND": np.bitwise_and, "BOR": np.bitwise_or, "BXOR": np.bitwise_xor}[name]
         return ufunc.reduce(np.stack(arrays), axis=0)
-    wide = np.stack([a.astype(np.complex128 if dtype.kind == "c" else np.float64)
-                     for a in arrays])
+    wide = np.stack([a.astype(np.complex128 if dtype.kind == "c" else np.float64) for a in arrays])
     if name == "SUM":
         result = wide.sum(0)
     elif name == "PROD":
@@ -318,8 +341,11 @@ def _reduce(name, arrays, dtype):
         # NaN on any rank gives NaN; -0 is below +0.
         result = (np.minimum if name == "MIN" else np.maximum).reduce(wide, axis=0)
         zeros = wide == 0
-        negative = (zeros & np.signbit(wide)).any(0) if name == "MIN" else ~(
-            zeros & ~np.signbit(wide)).any(0)
+        negative = (
+            (zeros & np.signbit(wide)).any(0)
+            if name == "MIN"
+            else ~(zeros & ~np.signbit(wide)).any(0)
+        )
         result = np.where(result == 0, np.where(negative, -0.0, 0.0), result)
     return result.astype(dtype)
 
@@ -356,7 +382,8 @@ def _leaf_reference(step, xs, rank, size):
         return np.split(xs[p["root"]], np.cumsum(p["counts"])[:-1])[rank]
     if step.op == "alltoallv":
         return np.concatenate(
-            [np.split(y, np.cumsum(row)[:-1])[rank] for y, row in zip(xs, p["counts"])])
+            [np.split(y, np.cumsum(row)[:-1])[rank] for y, row in zip(xs, p["counts"])]
+        )
     if step.op == "barrier":
         return x
     if step.op == "sendrecv":
@@ -368,8 +395,10 @@ def _leaf_reference(step, xs, rank, size):
 def reference(step, xs, rank, size, tag):
     """``step``'s result on ``rank`` from every rank's input ``xs``, with NumPy."""
     per_leaf = [jax.tree_util.tree_leaves(x) for x in xs]
-    leaves = [_leaf_reference(step, [leaves[i] for leaves in per_leaf], rank, size)
-              for i in range(len(per_leaf[0]))]
+    leaves = [
+        _leaf_reference(step, [leaves[i] for leaves in per_leaf], rank, size)
+        for i in range(len(per_leaf[0]))
+    ]
     result = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(xs[0]), leaves)
     status = step.params.get("status")
     if not status:
@@ -383,8 +412,9 @@ def reference(step, xs, rank, size, tag):
         envelope = [MPI.PROC_NULL, MPI.ANY_TAG, 0]
     else:
         envelope = [source, tag, y.nbytes if status == "object" else y.size]
-    return result, np.array(envelope, dtype=np.int64 if status == "object" else
-                            jnp.asarray(0).dtype)
+    return result, np.array(
+        envelope, dtype=np.int64 if status == "object" else jnp.asarray(0).dtype
+    )
 
 
 def reference_gradient(step, xs, rank, size, cotangents):
@@ -398,7 +428,8 @@ def reference_gradient(step, xs, rank, size, cotangents):
         unit = [np.zeros(x.shape, np.float64) for x in xs]
         unit[rank].flat[e] = 1
         gradient.flat[e] = sum(
-            np.sum(cotangents[j] * _leaf_reference(step, unit, j, size)) for j in range(size))
+            np.sum(cotangents[j] * _leaf_reference(step, unit, j, size)) for j in range(size)
+        )
     if step.op in _REPLICATED:
         gradient /= size
     return gradient.astype(xs[rank].dtype)
@@ -407,8 +438,10 @@ def reference_gradient(step, xs, rank, size, cotangents):
 def expected_block(seed, b, block, rank, size, tags):
     """Every step's expected result in block ``b`` on ``rank``, and the cotangents used."""
     batch = block.batch
-    all_inputs = [[inputs(seed, b, s, step, r, batch) for r in range(size)]
-                  for s, step in enumerate(block.steps)]
+    all_inputs = [
+        [inputs(seed, b, s, step, r, batch) for r in range(size)]
+        for s, step in enumerate(block.steps)
+    ]
     expected, cotangents = [], None
     for step, xs, tag in zip(block.steps, all_inputs, tags):
         if block.transform.endswith("grad"):
@@ -422,8 +455,12 @@ def expected_block(seed, b, block, rank, size, tags):
             ]
             expected.append(reference_gradient(step, xs, rank, size, cotangents))
         elif batch:
-            members = [reference(step, [jax.tree_util.tree_map(lambda a: a[i], x) for x in xs],
-                                 rank, size, tag) for i in range(batch)]
+            members = [
+                reference(
+                    step, [jax.tree_util.tree_map(lambda a: a[i], x) for x in xs], rank, size, tag
+                )
+                for i in range(batch)
+            ]
             expected.append(jax.tree_util.tree_map(lambda *ys: np.stack(ys), *members))
         else:
             expected.append(reference(step, xs, rank, size, tag))
@@ -448,8 +485,11 @@ def mismatch(got, want, signed_zeros):
         if not np.array_equal(*wide, equal_nan=wide[1].dtype.kind in "fc"):
             return f"got\n{g!r}\nexpected\n{w!r}"
         zeros = wide[1] == 0
-        if signed_zeros and w.dtype in _FLOAT and not np.array_equal(
-                *(np.signbit(a[zeros]) for a in wide)):
+        if (
+            signed_zeros
+            and w.dtype in _FLOAT
+            and not np.array_equal(*(np.signbit(a[zeros]) for a in wide))
+        ):
             return f"signs of zeros differ: got\n{g!r}\nexpected\n{w!r}"
     return None
 
@@ -461,11 +501,11 @@ def run_program(jc, seed, program):
     try:
         for b, block in enumerate(program):
             block_tags = [tags[b, s] for s in range(len(block.steps))]
-            all_inputs, expected, cotangents = expected_block(seed, b, block, rank, size,
-                                                              block_tags)
+            all_inputs, expected, cotangents = expected_block(
+                seed, b, block, rank, size, block_tags
+            )
             mine = [xs[rank] for xs in all_inputs]
-            got = run_block(jc, block, mine, block_tags,
-                            cotangents and [cotangents[rank]])
+            got = run_block(jc, block, mine, block_tags, cotangents and [cotangents[rank]])
             for s, (g, w) in enumerate(zip(got, expected)):
                 step = block.steps[s]
                 problem = mismatch(g, w, step.params.get("op") not in ("SUM", "PROD"))

@@ -234,9 +234,7 @@ ROTATED = [(name, dtype, FAMILY[i % 4]) for i, (name, dtype) in enumerate(VALID)
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize(
-    "name,dtype,method", ROTATED, ids=[f"{m}-{n}-{d}" for n, d, m in ROTATED]
-)
+@pytest.mark.parametrize("name,dtype,method", ROTATED, ids=[f"{m}-{n}-{d}" for n, d, m in ROTATED])
 def test_family_every_op_dtype_eager(jc, name, dtype, method):
     rank, size, op = jc.rank, jc.size, OPS[name]
     shape = (size, 3) if method == "reduce_scatter" else (3, 2)

@@ -65,7 +65,9 @@ OPS = {
         True,
     ),
     "sendrecv": (
-        lambda jc, x: jc.sendrecv(x, x, source=(jc.rank - 1) % jc.size, dest=(jc.rank + 1) % jc.size),
+        lambda jc, x: jc.sendrecv(
+            x, x, source=(jc.rank - 1) % jc.size, dest=(jc.rank + 1) % jc.size
+        ),
         True,
     ),
     "send/recv": (_send_recv, True),

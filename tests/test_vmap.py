@@ -184,7 +184,11 @@ def test_vmap_and_jit_compose(jc, capfd, nesting):
     batched = jax.jit(jax.vmap(fn)) if nesting == "jit-of-vmap" else jax.vmap(jax.jit(fn))
     got, calls = mpi_calls(capfd, lambda: batched(xs))
     assert calls == [
-        "MPI_Allgather", "MPI_Alltoall", "MPI_Allreduce", "MPI_Allreduce", "MPI_Scatter"
+        "MPI_Allgather",
+        "MPI_Alltoall",
+        "MPI_Allreduce",
+        "MPI_Allreduce",
+        "MPI_Scatter",
     ]
     np.testing.assert_allclose(np.asarray(got), want)
 

@@ -82,9 +82,7 @@ def _jaxcomm(comm: Any) -> JaxComm:
     if comm is None:
         return _world
     if not isinstance(comm, MPI.Intracomm):
-        raise TypeError(
-            f"comm must be an mpi4py Intracomm or None, got {type(comm).__name__}"
-        )
+        raise TypeError(f"comm must be an mpi4py Intracomm or None, got {type(comm).__name__}")
     if comm == MPI.COMM_WORLD:
         return _world
     if comm == MPI.COMM_NULL:

@@ -4,8 +4,7 @@
 namespace jaxcomm {
 
 // On a GPU, Ready() also makes the barrier wait for the work queued before it.
-ffi::Error BarrierImpl(Memory& memory, ffi::Token, ffi::Result<ffi::Token>,
-                       int64_t comm_handle) {
+ffi::Error BarrierImpl(Memory& memory, ffi::Token, ffi::Result<ffi::Token>, int64_t comm_handle) {
   MPI_Comm comm;
   JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "barrier", &comm));
   JAXCOMM_RETURN_IF_ERROR(

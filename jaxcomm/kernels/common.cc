@@ -101,8 +101,8 @@ T Same(T x) {
 
 // An MPI_User_function combining elements stored as `Word` in `Value`
 // arithmetic: float16 and bfloat16 in float32, as XLA computes them.
-template <typename Word, typename Value, Value (*Load)(Word),
-          Word (*Store)(Value), Value (*Fn)(Value, Value)>
+template <typename Word, typename Value, Value (*Load)(Word), Word (*Store)(Value),
+          Value (*Fn)(Value, Value)>
 void UserFunction(void* in, void* inout, int* len, MPI_Datatype*) {
   const Word* a = static_cast<const Word*>(in);
   Word* b = static_cast<Word*>(inout);
@@ -162,72 +162,116 @@ const UserOps& GetUserOps() {
 
 const char* DtypeName(ffi::DataType dtype) {
   switch (dtype) {
-    case ffi::DataType::PRED: return "bool";
-    case ffi::DataType::S8: return "int8";
-    case ffi::DataType::S16: return "int16";
-    case ffi::DataType::S32: return "int32";
-    case ffi::DataType::S64: return "int64";
-    case ffi::DataType::U8: return "uint8";
-    case ffi::DataType::U16: return "uint16";
-    case ffi::DataType::U32: return "uint32";
-    case ffi::DataType::U64: return "uint64";
-    case ffi::DataType::F16: return "float16";
-    case ffi::DataType::BF16: return "bfloat16";
-    case ffi::DataType::F32: return "float32";
-    case ffi::DataType::F64: return "float64";
-    case ffi::DataType::C64: return "complex64";
-    case ffi::DataType::C128: return "complex128";
-    default: return "unsupported";
+    case ffi::DataType::PRED:
+      return "bool";
+    case ffi::DataType::S8:
+      return "int8";
+    case ffi::DataType::S16:
+      return "int16";
+    case ffi::DataType::S32:
+      return "int32";
+    case ffi::DataType::S64:
+      return "int64";
+    case ffi::DataType::U8:
+      return "uint8";
+    case ffi::DataType::U16:
+      return "uint16";
+    case ffi::DataType::U32:
+      return "uint32";
+    case ffi::DataType::U64:
+      return "uint64";
+    case ffi::DataType::F16:
+      return "float16";
+    case ffi::DataType::BF16:
+      return "bfloat16";
+    case ffi::DataType::F32:
+      return "float32";
+    case ffi::DataType::F64:
+      return "float64";
+    case ffi::DataType::C64:
+      return "complex64";
+    case ffi::DataType::C128:
+      return "complex128";
+    default:
+      return "unsupported";
   }
 }
 
 ffi::Error MpiDatatype(ffi::DataType dtype, MPI_Datatype* out) {
   switch (dtype) {
-    case ffi::DataType::PRED: *out = MPI_C_BOOL; break;
-    case ffi::DataType::S8: *out = MPI_INT8_T; break;
-    case ffi::DataType::S16: *out = MPI_INT16_T; break;
-    case ffi::DataType::S32: *out = MPI_INT32_T; break;
-    case ffi::DataType::S64: *out = MPI_INT64_T; break;
-    case ffi::DataType::U8: *out = MPI_UINT8_T; break;
-    case ffi::DataType::U16: *out = MPI_UINT16_T; break;
-    case ffi::DataType::U32: *out = MPI_UINT32_T; break;
-    case ffi::DataType::U64: *out = MPI_UINT64_T; break;
-    case ffi::DataType::F16: *out = MPI_UINT16_T; break;
-    case ffi::DataType::BF16: *out = MPI_UINT16_T; break;
-    case ffi::DataType::F32: *out = MPI_FLOAT; break;
-    case ffi::DataType::F64: *out = MPI_DOUBLE; break;
-    case ffi::DataType::C64: *out = MPI_C_FLOAT_COMPLEX; break;
-    case ffi::DataType::C128: *out = MPI_C_DOUBLE_COMPLEX; break;
+    case ffi::DataType::PRED:
+      *out = MPI_C_BOOL;
+      break;
+    case ffi::DataType::S8:
+      *out = MPI_INT8_T;
+      break;
+    case ffi::DataType::S16:
+      *out = MPI_INT16_T;
+      break;
+    case ffi::DataType::S32:
+      *out = MPI_INT32_T;
+      break;
+    case ffi::DataType::S64:
+      *out = MPI_INT64_T;
+      break;
+    case ffi::DataType::U8:
+      *out = MPI_UINT8_T;
+      break;
+    case ffi::DataType::U16:
+      *out = MPI_UINT16_T;
+      break;
+    case ffi::DataType::U32:
+      *out = MPI_UINT32_T;
+      break;
+    case ffi::DataType::U64:
+      *out = MPI_UINT64_T;
+      break;
+    case ffi::DataType::F16:
+      *out = MPI_UINT16_T;
+      break;
+    case ffi::DataType::BF16:
+      *out = MPI_UINT16_T;
+      break;
+    case ffi::DataType::F32:
+      *out = MPI_FLOAT;
+      break;
+    case ffi::DataType::F64:
+      *out = MPI_DOUBLE;
+      break;
+    case ffi::DataType::C64:
+      *out = MPI_C_FLOAT_COMPLEX;
+      break;
+    case ffi::DataType::C128:
+      *out = MPI_C_DOUBLE_COMPLEX;
+      break;
     default:
-      return ffi::Error::InvalidArgument(
-          "jaxcomm: element type " +
-          std::to_string(static_cast<int>(dtype)) + " has no MPI datatype");
+      return ffi::Error::InvalidArgument("jaxcomm: element type " +
+                                         std::to_string(static_cast<int>(dtype)) +
+                                         " has no MPI datatype");
   }
   return ffi::Error::Success();
 }
 
 const char* ReduceOpName(int64_t code) {
-  static const char* names[] = {"SUM",  "PROD", "MIN",  "MAX",  "LAND",
-                                "LOR",  "LXOR", "BAND", "BOR",  "BXOR"};
+  static const char* names[] = {"SUM", "PROD", "MIN",  "MAX", "LAND",
+                                "LOR", "LXOR", "BAND", "BOR", "BXOR"};
   return (code >= 0 && code < 10) ? names[code] : "UNKNOWN";
 }
 
 bool IsOwnReduceOp(int64_t code, ffi::DataType dtype) {
   const bool half = dtype == ffi::DataType::F16 || dtype == ffi::DataType::BF16;
-  const bool min_max = code == static_cast<int64_t>(ReduceOp::kMin) ||
-                       code == static_cast<int64_t>(ReduceOp::kMax);
+  const bool min_max =
+      code == static_cast<int64_t>(ReduceOp::kMin) || code == static_cast<int64_t>(ReduceOp::kMax);
   const bool wide = dtype == ffi::DataType::F32 || dtype == ffi::DataType::F64;
   return half || (wide && min_max);
 }
 
-ffi::Error MpiReduceOp(int64_t code, ffi::DataType dtype, MPI_Comm comm,
-                       MPI_Op* out) {
+ffi::Error MpiReduceOp(int64_t code, ffi::DataType dtype, MPI_Comm comm, MPI_Op* out) {
   const bool half = dtype == ffi::DataType::F16 || dtype == ffi::DataType::BF16;
   if (IsOwnReduceOp(code, dtype)) {
     if (code < 0 || code > static_cast<int64_t>(ReduceOp::kMax)) {
-      return ffi::Error::InvalidArgument(
-          std::string("jaxcomm: MPI.") + ReduceOpName(code) +
-          " is not defined for " + DtypeName(dtype));
+      return ffi::Error::InvalidArgument(std::string("jaxcomm: MPI.") + ReduceOpName(code) +
+                                         " is not defined for " + DtypeName(dtype));
     }
     const UserOps& ops = GetUserOps();
     if (ops.status != MPI_SUCCESS) {
@@ -236,25 +280,43 @@ ffi::Error MpiReduceOp(int64_t code, ffi::DataType dtype, MPI_Comm comm,
     if (half) {
       *out = ops.half[dtype == ffi::DataType::BF16][code];
     } else {
-      *out = ops.min_max[dtype == ffi::DataType::F64]
-                        [code - static_cast<int64_t>(ReduceOp::kMin)];
+      *out = ops.min_max[dtype == ffi::DataType::F64][code - static_cast<int64_t>(ReduceOp::kMin)];
     }
     return ffi::Error::Success();
   }
   switch (static_cast<ReduceOp>(code)) {
-    case ReduceOp::kSum: *out = MPI_SUM; break;
-    case ReduceOp::kProd: *out = MPI_PROD; break;
-    case ReduceOp::kMin: *out = MPI_MIN; break;
-    case ReduceOp::kMax: *out = MPI_MAX; break;
-    case ReduceOp::kLand: *out = MPI_LAND; break;
-    case ReduceOp::kLor: *out = MPI_LOR; break;
-    case ReduceOp::kLxor: *out = MPI_LXOR; break;
-    case ReduceOp::kBand: *out = MPI_BAND; break;
-    case ReduceOp::kBor: *out = MPI_BOR; break;
-    case ReduceOp::kBxor: *out = MPI_BXOR; break;
+    case ReduceOp::kSum:
+      *out = MPI_SUM;
+      break;
+    case ReduceOp::kProd:
+      *out = MPI_PROD;
+      break;
+    case ReduceOp::kMin:
+      *out = MPI_MIN;
+      break;
+    case ReduceOp::kMax:
+      *out = MPI_MAX;
+      break;
+    case ReduceOp::kLand:
+      *out = MPI_LAND;
+      break;
+    case ReduceOp::kLor:
+      *out = MPI_LOR;
+      break;
+    case ReduceOp::kLxor:
+      *out = MPI_LXOR;
+      break;
+    case ReduceOp::kBand:
+      *out = MPI_BAND;
+      break;
+    case ReduceOp::kBor:
+      *out = MPI_BOR;
+      break;
+    case ReduceOp::kBxor:
+      *out = MPI_BXOR;
+      break;
     default:
-      return ffi::Error::InvalidArgument("jaxcomm: unknown reduction code " +
-                                         std::to_string(code));
+      return ffi::Error::InvalidArgument("jaxcomm: unknown reduction code " + std::to_string(code));
   }
   return ffi::Error::Success();
 }
@@ -262,8 +324,9 @@ ffi::Error MpiReduceOp(int64_t code, ffi::DataType dtype, MPI_Comm comm,
 namespace {
 
 // The live communicators, each in the slot its serial picks: a handler's
-// lookup is a few atomic loads, with no lock, map or allocation. A serial whose slot is taken is skipped, which keeps serials
-// unique; MPI libraries allow far fewer communicators than there are slots.
+// lookup is a few atomic loads, with no lock, map or allocation. A serial whose slot is taken is
+// skipped, which keeps serials unique; MPI libraries allow far fewer communicators than there are
+// slots.
 struct CommSlot {
   std::atomic<int64_t> handle;  // 0: free
   std::atomic<MPI_Comm> comm;
@@ -287,17 +350,15 @@ int WorldRank() {
 
 ffi::Error RegisterComm(int64_t fortran_handle, int64_t* handle) {
   if (fortran_handle < INT32_MIN || fortran_handle > INT32_MAX) {
-    return ffi::Error::InvalidArgument(
-        "jaxcomm: communicator handle " + std::to_string(fortran_handle) +
-        " does not fit 32 bits");
+    return ffi::Error::InvalidArgument("jaxcomm: communicator handle " +
+                                       std::to_string(fortran_handle) + " does not fit 32 bits");
   }
   const MPI_Comm comm = MPI_Comm_f2c(static_cast<MPI_Fint>(fortran_handle));
   std::lock_guard<std::mutex> lock(register_mutex);
   for (int64_t tries = 0; tries < kCommSlots; ++tries) {
     // 2**31 serials before they run out keeps handles positive.
     if (last_serial == INT32_MAX) break;
-    const int64_t candidate = (++last_serial << 32) |
-                              static_cast<uint32_t>(fortran_handle);
+    const int64_t candidate = (++last_serial << 32) | static_cast<uint32_t>(fortran_handle);
     CommSlot& slot = SlotOf(candidate);
     if (slot.handle.load() != 0) continue;
     slot.comm.store(comm);
@@ -306,7 +367,7 @@ ffi::Error RegisterComm(int64_t fortran_handle, int64_t* handle) {
     return ffi::Error::Success();
   }
   return ffi::Error(ffi::ErrorCode::kResourceExhausted,
-      "jaxcomm: too many communicators created in this process");
+                    "jaxcomm: too many communicators created in this process");
 }
 
 void UnregisterComm(int64_t handle) {
@@ -331,29 +392,27 @@ ffi::Error CommFromHandle(int64_t handle, const char* op, MPI_Comm* comm) {
   }
   *comm = MPI_COMM_NULL;
   return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
-      std::string("jaxcomm: ") + op +
-      ": communicator was freed (JaxComm.free); a compiled function that "
-      "captured it cannot run again: trace it anew with a live JaxComm "
-      "(world rank " + std::to_string(WorldRank()) + ")");
+                    std::string("jaxcomm: ") + op +
+                        ": communicator was freed (JaxComm.free); a compiled function that "
+                        "captured it cannot run again: trace it anew with a live JaxComm "
+                        "(world rank " +
+                        std::to_string(WorldRank()) + ")");
 }
 
 ffi::Error Invalid(const char* op, MPI_Comm comm, const std::string& why) {
-  return ffi::Error::InvalidArgument(std::string("jaxcomm: ") + op +
-                                     " on rank " +
-                                     std::to_string(CommRank(comm)) + ": " +
-                                     why);
+  return ffi::Error::InvalidArgument(std::string("jaxcomm: ") + op + " on rank " +
+                                     std::to_string(CommRank(comm)) + ": " + why);
 }
 
-ffi::Error WrongElements(const char* op, MPI_Comm comm, const char* buffer,
-                         size_t actual, size_t expected, const std::string& how) {
+ffi::Error WrongElements(const char* op, MPI_Comm comm, const char* buffer, size_t actual,
+                         size_t expected, const std::string& how) {
   return Invalid(op, comm,
-                 std::string(buffer) + " has " + std::to_string(actual) +
-                     " elements, expected " + std::to_string(expected) + " (" +
-                     how + ")");
+                 std::string(buffer) + " has " + std::to_string(actual) + " elements, expected " +
+                     std::to_string(expected) + " (" + how + ")");
 }
 
-ffi::Error WrongOutputType(const char* op, MPI_Comm comm,
-                           const ffi::AnyBuffer& x, const ffi::AnyBuffer& y) {
+ffi::Error WrongOutputType(const char* op, MPI_Comm comm, const ffi::AnyBuffer& x,
+                           const ffi::AnyBuffer& y) {
   return Invalid(op, comm,
                  std::string("output is ") + DtypeName(y.element_type()) +
                      ", expected the input's " + DtypeName(x.element_type()));
@@ -377,10 +436,8 @@ ffi::Error MpiFailure(const char* function, int code, MPI_Comm comm) {
   if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) {
     length = std::snprintf(text, sizeof text, "MPI error code %d", code);
   }
-  return ffi::Error::Internal(std::string("jaxcomm: ") + function +
-                              " failed on rank " +
-                              std::to_string(CommRank(comm)) + ": " +
-                              std::string(text, length));
+  return ffi::Error::Internal(std::string("jaxcomm: ") + function + " failed on rank " +
+                              std::to_string(CommRank(comm)) + ": " + std::string(text, length));
 }
 
 namespace {
@@ -390,13 +447,13 @@ std::atomic<size_t> max_count{static_cast<size_t>(INT_MAX)};
 size_t MaxCount() { return max_count.load(std::memory_order_relaxed); }
 
 void SetMaxCount(size_t count) {
-  max_count.store(count < 1 ? 1 : count > static_cast<size_t>(INT_MAX)
-                                      ? static_cast<size_t>(INT_MAX)
-                                      : count);
+  max_count.store(count < 1                              ? 1
+                  : count > static_cast<size_t>(INT_MAX) ? static_cast<size_t>(INT_MAX)
+                                                         : count);
 }
 
-ffi::Error LargeType::Make(ffi::DataType element_type, size_t count,
-                           MPI_Comm comm, LargeType* out) {
+ffi::Error LargeType::Make(ffi::DataType element_type, size_t count, MPI_Comm comm,
+                           LargeType* out) {
   MPI_Datatype base;
   JAXCOMM_RETURN_IF_ERROR(MpiDatatype(element_type, &base));
   return Make(base, count, comm, out);
@@ -408,8 +465,7 @@ LargeType::~LargeType() {
   }
 }
 
-ffi::Error LargeType::Make(MPI_Datatype base, size_t count, MPI_Comm comm,
-                           LargeType* out) {
+ffi::Error LargeType::Make(MPI_Datatype base, size_t count, MPI_Comm comm, LargeType* out) {
   const size_t max = MaxCount();
   if (count <= max) {
     out->type_ = base;
@@ -422,24 +478,20 @@ ffi::Error LargeType::Make(MPI_Datatype base, size_t count, MPI_Comm comm,
   if (blocks > max) {
     return ffi::Error::InvalidArgument(
         "jaxcomm: " + std::to_string(count) + " elements exceed the " +
-        std::to_string(max * max + max - 1) +
-        " elements one MPI call can describe");
+        std::to_string(max * max + max - 1) + " elements one MPI call can describe");
   }
   MPI_Datatype& chunk = out->owned_[0];
   MPI_Datatype& body = out->owned_[1];
   JAXCOMM_MPI_CHECK(MPI_Type_contiguous, static_cast<int>(max), base, &chunk);
-  JAXCOMM_MPI_CHECK(MPI_Type_contiguous, static_cast<int>(blocks), chunk,
-                    &body);
+  JAXCOMM_MPI_CHECK(MPI_Type_contiguous, static_cast<int>(blocks), chunk, &body);
   MPI_Datatype whole = body;
   if (rest > 0) {
     MPI_Aint lb, extent;
     JAXCOMM_MPI_CHECK(MPI_Type_get_extent, base, &lb, &extent);
     int lengths[2] = {1, static_cast<int>(rest)};
-    MPI_Aint displacements[2] = {
-        0, static_cast<MPI_Aint>(blocks * max) * extent};
+    MPI_Aint displacements[2] = {0, static_cast<MPI_Aint>(blocks * max) * extent};
     MPI_Datatype types[2] = {body, base};
-    JAXCOMM_MPI_CHECK(MPI_Type_create_struct, 2, lengths, displacements, types,
-                      &out->owned_[2]);
+    JAXCOMM_MPI_CHECK(MPI_Type_create_struct, 2, lengths, displacements, types, &out->owned_[2]);
     whole = out->owned_[2];
   }
   JAXCOMM_MPI_CHECK(MPI_Type_commit, &whole);
@@ -458,37 +510,29 @@ ffi::Error HostMemory::Output(ffi::AnyBuffer& y, void** data) {
   return ffi::Error::Success();
 }
 
-ffi::Error HostMemory::InPlace(ffi::AnyBuffer& y, void** data) {
-  return Output(y, data);
-}
+ffi::Error HostMemory::InPlace(ffi::AnyBuffer& y, void** data) { return Output(y, data); }
 
 ffi::Error HostMemory::HostInput(const ffi::AnyBuffer& x, const void** data) {
   return Input(x, data);
 }
 
-ffi::Error HostMemory::HostOutput(ffi::AnyBuffer& y, void** data) {
-  return Output(y, data);
-}
+ffi::Error HostMemory::HostOutput(ffi::AnyBuffer& y, void** data) { return Output(y, data); }
 
-ffi::Error HostMemory::Preload(ffi::AnyBuffer& y, size_t offset,
-                               const ffi::AnyBuffer& x) {
+ffi::Error HostMemory::Preload(ffi::AnyBuffer& y, size_t offset, const ffi::AnyBuffer& x) {
   if (x.size_bytes() > 0) {
-    std::memcpy(static_cast<char*>(y.untyped_data()) + offset, x.untyped_data(),
-                x.size_bytes());
+    std::memcpy(static_cast<char*>(y.untyped_data()) + offset, x.untyped_data(), x.size_bytes());
   }
   return ffi::Error::Success();
 }
 
 ffi::Error HostMemory::ZeroFrom(ffi::AnyBuffer& y, size_t offset) {
   if (offset < y.size_bytes()) {
-    std::memset(static_cast<char*>(y.untyped_data()) + offset, 0,
-                y.size_bytes() - offset);
+    std::memset(static_cast<char*>(y.untyped_data()) + offset, 0, y.size_bytes() - offset);
   }
   return ffi::Error::Success();
 }
 
-ffi::Error HostMemory::HoldInput(const ffi::AnyBuffer& x, const void** data,
-                                 Held* held) {
+ffi::Error HostMemory::HoldInput(const ffi::AnyBuffer& x, const void** data, Held* held) {
   *held = Held{x.untyped_data(), x.size_bytes(), nullptr};
   *data = x.untyped_data();
   return ffi::Error::Success();

@@ -14,12 +14,12 @@
 #include "xla/ffi/api/ffi.h"
 
 // Propagates a failed ffi::Error.
-#define JAXCOMM_RETURN_IF_ERROR(expr)          \
-  do {                                         \
-    ::xla::ffi::Error jaxcomm_err_ = (expr);   \
-    if (jaxcomm_err_.failure()) {              \
-      return jaxcomm_err_;                     \
-    }                                          \
+#define JAXCOMM_RETURN_IF_ERROR(expr)        \
+  do {                                       \
+    ::xla::ffi::Error jaxcomm_err_ = (expr); \
+    if (jaxcomm_err_.failure()) {            \
+      return jaxcomm_err_;                   \
+    }                                        \
   } while (0)
 
 namespace jaxcomm {
@@ -51,8 +51,7 @@ ffi::Error MpiDatatype(ffi::DataType dtype, MPI_Datatype* out);
 // jaxcomm's own (created on first use, hence `comm` for errors): every
 // float16/bfloat16 reduction, and MIN and MAX of every floating type, which
 // propagate NaN like jnp.minimum/jnp.maximum on every rank alike.
-ffi::Error MpiReduceOp(int64_t code, ffi::DataType dtype, MPI_Comm comm,
-                       MPI_Op* out);
+ffi::Error MpiReduceOp(int64_t code, ffi::DataType dtype, MPI_Comm comm, MPI_Op* out);
 
 const char* ReduceOpName(int64_t code);
 
@@ -99,8 +98,7 @@ class Memory {
   virtual ffi::Error HostOutput(ffi::AnyBuffer& y, void** data) = 0;
   // Output `y`, already given its pointer, starts with the bytes of input `x`
   // at byte `offset` (MPI_Bcast works in place on y).
-  virtual ffi::Error Preload(ffi::AnyBuffer& y, size_t offset,
-                             const ffi::AnyBuffer& x) = 0;
+  virtual ffi::Error Preload(ffi::AnyBuffer& y, size_t offset, const ffi::AnyBuffer& x) = 0;
   // Waits until MPI can read the inputs through their pointers.
   virtual ffi::Error Ready() = 0;
   // After the MPI calls: output `y` holds zeros from byte `offset` on.
@@ -111,8 +109,7 @@ class Memory {
   // Nonblocking starts, whose buffers MPI uses after the handler returned:
   // as Input and Output, but the pointer stays valid until Unhold (at the
   // wait), and `held` records what to give back then.
-  virtual ffi::Error HoldInput(const ffi::AnyBuffer& x, const void** data,
-                               Held* held) = 0;
+  virtual ffi::Error HoldInput(const ffi::AnyBuffer& x, const void** data, Held* held) = 0;
   virtual ffi::Error HoldOutput(ffi::AnyBuffer& y, void** data, Held* held) = 0;
   // At the wait, once MPI is done: `out` (null for an input) takes the first
   // `filled` bytes MPI wrote through the held output, and zeros after them;
@@ -138,13 +135,11 @@ class HostMemory final : public Memory {
   ffi::Error InPlace(ffi::AnyBuffer& y, void** data) override;
   ffi::Error HostInput(const ffi::AnyBuffer& x, const void** data) override;
   ffi::Error HostOutput(ffi::AnyBuffer& y, void** data) override;
-  ffi::Error Preload(ffi::AnyBuffer& y, size_t offset,
-                     const ffi::AnyBuffer& x) override;
+  ffi::Error Preload(ffi::AnyBuffer& y, size_t offset, const ffi::AnyBuffer& x) override;
   ffi::Error Ready() override { return ffi::Error::Success(); }
   ffi::Error ZeroFrom(ffi::AnyBuffer& y, size_t offset) override;
   ffi::Error Finish() override { return ffi::Error::Success(); }
-  ffi::Error HoldInput(const ffi::AnyBuffer& x, const void** data,
-                       Held* held) override;
+  ffi::Error HoldInput(const ffi::AnyBuffer& x, const void** data, Held* held) override;
   ffi::Error HoldOutput(ffi::AnyBuffer& y, void** data, Held* held) override;
   ffi::Error Unhold(Held& held, ffi::AnyBuffer* out, size_t filled) override;
 };
@@ -162,7 +157,8 @@ auto TokenBuffers(Binding&& binding) {
 // The token and one array in, the token out.
 template <typename Binding>
 auto SinkBuffers(Binding&& binding) {
-  return std::forward<Binding>(binding).template Arg<ffi::Token>()
+  return std::forward<Binding>(binding)
+      .template Arg<ffi::Token>()
       .template Arg<ffi::AnyBuffer>()
       .template Ret<ffi::Token>();
 }
@@ -171,7 +167,8 @@ auto SinkBuffers(Binding&& binding) {
 // The token and one array in, the token and one array out.
 template <typename Binding>
 auto ArrayBuffers(Binding&& binding) {
-  return std::forward<Binding>(binding).template Arg<ffi::Token>()
+  return std::forward<Binding>(binding)
+      .template Arg<ffi::Token>()
       .template Arg<ffi::AnyBuffer>()
       .template Ret<ffi::Token>()
       .template Ret<ffi::AnyBuffer>();
@@ -191,7 +188,8 @@ auto ReceiveBuffers(Binding&& binding) {
 // receive that addresses this one.
 template <typename Binding>
 auto AddressedBuffers(Binding&& binding) {
-  return std::forward<Binding>(binding).template Arg<ffi::Token>()
+  return std::forward<Binding>(binding)
+      .template Arg<ffi::Token>()
       .template Arg<ffi::AnyBuffer>()
       .template Arg<ffi::AnyBuffer>()
       .template Ret<ffi::Token>()
@@ -215,64 +213,63 @@ template <typename Binding>
 auto StartReceiveBuffers(Binding&& binding) {
   return StartBuffers(std::forward<Binding>(binding)).template Ret<ffi::AnyBuffer>();
 }
-#define JAXCOMM_StartReceive_PARAMS \
-  JAXCOMM_Start_PARAMS, ffi::Result<ffi::AnyBuffer>
+#define JAXCOMM_StartReceive_PARAMS JAXCOMM_Start_PARAMS, ffi::Result<ffi::AnyBuffer>
 
 // Waits: the token, the handle and the buffers the operation uses in (the
 // send buffer, kept alive until here; the receive buffer), the token and
 // the receive buffer, aliased to the one in, out.
 template <typename Binding>
 auto WaitSendBuffers(Binding&& binding) {
-  return std::forward<Binding>(binding).template Arg<ffi::Token>()
+  return std::forward<Binding>(binding)
+      .template Arg<ffi::Token>()
       .template Arg<ffi::AnyBuffer>()
       .template Arg<ffi::AnyBuffer>()
       .template Ret<ffi::Token>();
 }
-#define JAXCOMM_WaitSend_PARAMS \
-  ffi::Token, ffi::AnyBuffer, ffi::AnyBuffer, ffi::Result<ffi::Token>
+#define JAXCOMM_WaitSend_PARAMS ffi::Token, ffi::AnyBuffer, ffi::AnyBuffer, ffi::Result<ffi::Token>
 
 template <typename Binding>
 auto WaitReceiveBuffers(Binding&& binding) {
   return WaitSendBuffers(std::forward<Binding>(binding)).template Ret<ffi::AnyBuffer>();
 }
-#define JAXCOMM_WaitReceive_PARAMS \
-  JAXCOMM_WaitSend_PARAMS, ffi::Result<ffi::AnyBuffer>
+#define JAXCOMM_WaitReceive_PARAMS JAXCOMM_WaitSend_PARAMS, ffi::Result<ffi::AnyBuffer>
 
 template <typename Binding>
 auto WaitExchangeBuffers(Binding&& binding) {
-  return std::forward<Binding>(binding).template Arg<ffi::Token>()
+  return std::forward<Binding>(binding)
+      .template Arg<ffi::Token>()
       .template Arg<ffi::AnyBuffer>()
       .template Arg<ffi::AnyBuffer>()
       .template Arg<ffi::AnyBuffer>()
       .template Ret<ffi::Token>()
       .template Ret<ffi::AnyBuffer>();
 }
-#define JAXCOMM_WaitExchange_PARAMS                                    \
-  ffi::Token, ffi::AnyBuffer, ffi::AnyBuffer, ffi::AnyBuffer,          \
-      ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer>
+#define JAXCOMM_WaitExchange_PARAMS                                                    \
+  ffi::Token, ffi::AnyBuffer, ffi::AnyBuffer, ffi::AnyBuffer, ffi::Result<ffi::Token>, \
+      ffi::Result<ffi::AnyBuffer>
 
 // A fence: the token and any arrays in (only waited for), the token and an
 // int32 scalar out.
 template <typename Binding>
 auto FenceBuffers(Binding&& binding) {
-  return std::forward<Binding>(binding).template Arg<ffi::Token>()
+  return std::forward<Binding>(binding)
+      .template Arg<ffi::Token>()
       .RemainingArgs()
       .template Ret<ffi::Token>()
       .template Ret<ffi::AnyBuffer>();
 }
-#define JAXCOMM_Fence_PARAMS                                         \
-  ffi::Token, ffi::RemainingArgs, ffi::Result<ffi::Token>,           \
-      ffi::Result<ffi::AnyBuffer>
+#define JAXCOMM_Fence_PARAMS \
+  ffi::Token, ffi::RemainingArgs, ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer>
 
 // Each op's complete binding, from its row of ops.def:
 // bindings::<Name>(binding), and its handler body, shared by every platform:
 // ffi::Error <Name>Impl(Memory&, <buffers>, <attributes>).
 #define I64(name) .template Attr<int64_t>(#name)
 #define I64S(name) .template Attr<ffi::Span<const int64_t>>(#name)
-#define JAXCOMM_OP(name, Name, buffers, attributes)   \
-  template <typename Binding>                          \
-  auto Name(Binding&& binding) {                         \
-    return buffers##Buffers(std::forward<Binding>(binding)) attributes;       \
+#define JAXCOMM_OP(name, Name, buffers, attributes)                     \
+  template <typename Binding>                                           \
+  auto Name(Binding&& binding) {                                        \
+    return buffers##Buffers(std::forward<Binding>(binding)) attributes; \
   }
 namespace bindings {
 #include "ops.def"
@@ -313,20 +310,20 @@ ffi::Error CommFromHandle(int64_t handle, const char* op, MPI_Comm* comm);
 ffi::Error Invalid(const char* op, MPI_Comm comm, const std::string& why);
 
 // The error of CheckElements.
-ffi::Error WrongElements(const char* op, MPI_Comm comm, const char* buffer,
-                         size_t actual, size_t expected, const std::string& how);
+ffi::Error WrongElements(const char* op, MPI_Comm comm, const char* buffer, size_t actual,
+                         size_t expected, const std::string& how);
 
 // The error of CheckOutput for an output whose element type is not x's.
-ffi::Error WrongOutputType(const char* op, MPI_Comm comm,
-                           const ffi::AnyBuffer& x, const ffi::AnyBuffer& y);
+ffi::Error WrongOutputType(const char* op, MPI_Comm comm, const ffi::AnyBuffer& x,
+                           const ffi::AnyBuffer& y);
 
 // Fails unless `buffer` of `op` holds `expected` elements, the number its
 // attributes and the communicator size call for: MPI would read or write
 // outside the buffer otherwise. how() says how they call for it; it is only
 // called when the check fails, so a passing check builds no string.
 template <typename How>
-ffi::Error CheckElements(const char* op, MPI_Comm comm, const char* buffer,
-                         size_t actual, size_t expected, How&& how) {
+ffi::Error CheckElements(const char* op, MPI_Comm comm, const char* buffer, size_t actual,
+                         size_t expected, How&& how) {
   if (actual == expected) return ffi::Error::Success();
   return WrongElements(op, comm, buffer, actual, expected, how());
 }
@@ -379,11 +376,9 @@ class LargeType {
   LargeType& operator=(const LargeType&) = delete;
   ~LargeType();
 
-  static ffi::Error Make(MPI_Datatype base, size_t count, MPI_Comm comm,
-                         LargeType* out);
+  static ffi::Error Make(MPI_Datatype base, size_t count, MPI_Comm comm, LargeType* out);
   // The same for `count` elements of an XLA element type.
-  static ffi::Error Make(ffi::DataType element_type, size_t count,
-                         MPI_Comm comm, LargeType* out);
+  static ffi::Error Make(ffi::DataType element_type, size_t count, MPI_Comm comm, LargeType* out);
 
   MPI_Datatype type() const { return type_; }
   int count() const { return count_; }
@@ -391,8 +386,7 @@ class LargeType {
  private:
   MPI_Datatype type_ = MPI_DATATYPE_NULL;
   int count_ = 0;
-  MPI_Datatype owned_[3] = {MPI_DATATYPE_NULL, MPI_DATATYPE_NULL,
-                            MPI_DATATYPE_NULL};
+  MPI_Datatype owned_[3] = {MPI_DATATYPE_NULL, MPI_DATATYPE_NULL, MPI_DATATYPE_NULL};
 };
 
 // Calls fn(offset, count) over consecutive pieces of at most MaxCount()
@@ -492,14 +486,10 @@ struct Collective {
 };
 
 // Elements of `x`, as a Collective's count.
-inline int64_t Count(const ffi::AnyBuffer& x) {
-  return static_cast<int64_t>(x.element_count());
-}
+inline int64_t Count(const ffi::AnyBuffer& x) { return static_cast<int64_t>(x.element_count()); }
 
-ffi::Error AnnounceCollectiveSlow(int64_t handle, MPI_Comm comm,
-                                  const Collective& call);
-inline ffi::Error AnnounceCollective(int64_t handle, MPI_Comm comm,
-                                     const Collective& call) {
+ffi::Error AnnounceCollectiveSlow(int64_t handle, MPI_Comm comm, const Collective& call);
+inline ffi::Error AnnounceCollective(int64_t handle, MPI_Comm comm, const Collective& call) {
   if (MonitorFlags() == 0) return ffi::Error::Success();
   return AnnounceCollectiveSlow(handle, comm, call);
 }
@@ -533,20 +523,16 @@ struct PointToPoint {
   int64_t dropped_count = 0;
 };
 
-ffi::Error AnnouncePointToPointSlow(int64_t handle, MPI_Comm comm,
-                                    PointToPoint& call, int64_t* source,
-                                    int64_t* tag);
-ffi::Error ReceiveSignatureSlow(int64_t handle, MPI_Comm comm,
-                                PointToPoint& call, int64_t* source,
+ffi::Error AnnouncePointToPointSlow(int64_t handle, MPI_Comm comm, PointToPoint& call,
+                                    int64_t* source, int64_t* tag);
+ffi::Error ReceiveSignatureSlow(int64_t handle, MPI_Comm comm, PointToPoint& call, int64_t* source,
                                 int64_t* tag);
-inline ffi::Error ReceiveSignature(int64_t handle, MPI_Comm comm,
-                                   PointToPoint& call, int64_t* source,
-                                   int64_t* tag) {
+inline ffi::Error ReceiveSignature(int64_t handle, MPI_Comm comm, PointToPoint& call,
+                                   int64_t* source, int64_t* tag) {
   if (!call.signature_pending) return ffi::Error::Success();
   return ReceiveSignatureSlow(handle, comm, call, source, tag);
 }
-inline ffi::Error AnnouncePointToPoint(int64_t handle, MPI_Comm comm,
-                                       PointToPoint& call,
+inline ffi::Error AnnouncePointToPoint(int64_t handle, MPI_Comm comm, PointToPoint& call,
                                        int64_t* source, int64_t* tag) {
   if (MonitorFlags() == 0) return ffi::Error::Success();
   return AnnouncePointToPointSlow(handle, comm, call, source, tag);
@@ -573,19 +559,17 @@ constexpr size_t kSignatureBytes = 392;
 // A nonblocking send's signature goes out without waiting (its receive may
 // be posted later by this very rank); `signature` must live until `request`
 // completes.
-ffi::Error PostSignatureSend(int64_t handle, MPI_Comm comm, const char* op,
-                             ffi::DataType dtype, int64_t count, int64_t dest,
-                             int64_t tag, void* signature, MPI_Request* request);
-ffi::Error PostSignatureReceive(int64_t handle, MPI_Comm comm, const char* op,
-                                int64_t source, int64_t tag, void* signature,
-                                MPI_Request* request);
-ffi::Error ReceiveSignatureNow(int64_t handle, MPI_Comm comm, const char* op,
-                               int64_t source, int64_t tag, void* signature);
+ffi::Error PostSignatureSend(int64_t handle, MPI_Comm comm, const char* op, ffi::DataType dtype,
+                             int64_t count, int64_t dest, int64_t tag, void* signature,
+                             MPI_Request* request);
+ffi::Error PostSignatureReceive(int64_t handle, MPI_Comm comm, const char* op, int64_t source,
+                                int64_t tag, void* signature, MPI_Request* request);
+ffi::Error ReceiveSignatureNow(int64_t handle, MPI_Comm comm, const char* op, int64_t source,
+                               int64_t tag, void* signature);
 // Fails with the checker's point-to-point mismatch unless the signature
 // fits a receive by `op` at `site` of up to `capacity` elements of `dtype`.
-ffi::Error CheckSignature(MPI_Comm comm, const void* signature, int64_t source,
-                          const char* op, ffi::DataType dtype,
-                          int64_t capacity, int64_t site);
+ffi::Error CheckSignature(MPI_Comm comm, const void* signature, int64_t source, const char* op,
+                          ffi::DataType dtype, int64_t capacity, int64_t site);
 
 // Nonblocking requests (nonblocking.cc): requests started and not yet
 // completed by a wait, as (slot, serial, description), skipping those
@@ -602,12 +586,12 @@ void MarkRequestReported(int64_t slot, int64_t serial);
 
 // Runs an MPI call and returns an ffi::Error naming it, the rank and MPI's
 // error string when it fails. Needs `comm` in scope.
-#define JAXCOMM_MPI_CHECK(function, ...)                      \
-  do {                                                        \
-    int jaxcomm_rc_ = function(__VA_ARGS__);                  \
-    if (jaxcomm_rc_ != MPI_SUCCESS) {                         \
+#define JAXCOMM_MPI_CHECK(function, ...)                          \
+  do {                                                            \
+    int jaxcomm_rc_ = function(__VA_ARGS__);                      \
+    if (jaxcomm_rc_ != MPI_SUCCESS) {                             \
       return ::jaxcomm::MpiFailure(#function, jaxcomm_rc_, comm); \
-    }                                                         \
+    }                                                             \
   } while (0)
 
 #endif  // JAXCOMM_KERNELS_COMMON_H_

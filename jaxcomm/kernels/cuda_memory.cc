@@ -13,19 +13,17 @@ namespace jaxcomm {
 namespace {
 
 ffi::Error CudaFailure(const char* function, cudaError_t code) {
-  return ffi::Error::Internal(std::string("jaxcomm: ") + function +
-                              " failed on world rank " +
-                              std::to_string(WorldRank()) + ": " +
-                              cudaGetErrorName(code) + " (" +
+  return ffi::Error::Internal(std::string("jaxcomm: ") + function + " failed on world rank " +
+                              std::to_string(WorldRank()) + ": " + cudaGetErrorName(code) + " (" +
                               cudaGetErrorString(code) + ")");
 }
 
-#define JAXCOMM_CUDA_CHECK(function, ...)               \
-  do {                                                  \
+#define JAXCOMM_CUDA_CHECK(function, ...)                  \
+  do {                                                     \
     const cudaError_t jaxcomm_rc_ = function(__VA_ARGS__); \
-    if (jaxcomm_rc_ != cudaSuccess) {                   \
-      return CudaFailure(#function, jaxcomm_rc_);       \
-    }                                                   \
+    if (jaxcomm_rc_ != cudaSuccess) {                      \
+      return CudaFailure(#function, jaxcomm_rc_);          \
+    }                                                      \
   } while (0)
 
 std::atomic<int> cuda_aware_mode{-1};
@@ -78,8 +76,7 @@ class StagingArena {
   // nothing after its first calls.
   ffi::Error Begin(cudaStream_t stream) {
     if (done_ == nullptr) {
-      JAXCOMM_CUDA_CHECK(cudaEventCreateWithFlags, &done_,
-                         cudaEventDisableTiming);
+      JAXCOMM_CUDA_CHECK(cudaEventCreateWithFlags, &done_, cudaEventDisableTiming);
     }
     if (recorded_ && (stream != last_stream_ || chunks_.size() > 1)) {
       JAXCOMM_CUDA_CHECK(cudaEventSynchronize, done_);
@@ -275,8 +272,7 @@ void FreeStaging() {
   std::lock_guard<std::mutex> lock(arenas_mutex);
   for (StagingArena* arena : free_arenas) {
     int previous;
-    if (cudaGetDevice(&previous) == cudaSuccess &&
-        cudaSetDevice(arena->device()) == cudaSuccess) {
+    if (cudaGetDevice(&previous) == cudaSuccess && cudaSetDevice(arena->device()) == cudaSuccess) {
       // At exit there is no one left to tell about a failure.
       (void)arena->Destroy();
       cudaSetDevice(previous);
@@ -302,8 +298,7 @@ void FreeStaging() {
   idle_blocks.clear();
 }
 
-CudaMemory::CudaMemory(cudaStream_t stream)
-    : stream_(stream), direct_(CudaAware()) {
+CudaMemory::CudaMemory(cudaStream_t stream) : stream_(stream), direct_(CudaAware()) {
   // The handler runs on one of XLA's threads; CUDA calls below must act on
   // the stream's device.
 #if CUDART_VERSION >= 12080
@@ -331,8 +326,7 @@ CudaMemory::Staged* CudaMemory::Find(const void* device) {
   return nullptr;
 }
 
-ffi::Error CudaMemory::Stage(void* device, size_t bytes, bool copy_in,
-                             bool copy_out, void** host) {
+ffi::Error CudaMemory::Stage(void* device, size_t bytes, bool copy_in, bool copy_out, void** host) {
   JAXCOMM_RETURN_IF_ERROR(init_error_);
   if (num_staged_ == kMaxStaged) {
     return ffi::Error::Internal("jaxcomm: too many staged buffers in one call");
@@ -349,16 +343,14 @@ ffi::Error CudaMemory::Stage(void* device, size_t bytes, bool copy_in,
   char* data;
   JAXCOMM_RETURN_IF_ERROR(arena_->Take(bytes, &data));
   if (copy_in && bytes > 0) {
-    JAXCOMM_CUDA_CHECK(cudaMemcpyAsync, data, device, bytes,
-                       cudaMemcpyDeviceToHost, stream_);
+    JAXCOMM_CUDA_CHECK(cudaMemcpyAsync, data, device, bytes, cudaMemcpyDeviceToHost, stream_);
   }
   staged_[num_staged_++] = Staged{device, data, copy_out ? bytes : 0};
   *host = data;
   return ffi::Error::Success();
 }
 
-ffi::Error CudaMemory::Reach(void* device, size_t bytes, bool copy_in,
-                             bool copy_out, void** data) {
+ffi::Error CudaMemory::Reach(void* device, size_t bytes, bool copy_in, bool copy_out, void** data) {
   JAXCOMM_RETURN_IF_ERROR(init_error_);
   if (direct_) {
     *data = device;
@@ -369,8 +361,7 @@ ffi::Error CudaMemory::Reach(void* device, size_t bytes, bool copy_in,
 
 ffi::Error CudaMemory::Input(const ffi::AnyBuffer& x, const void** data) {
   void* reached;
-  JAXCOMM_RETURN_IF_ERROR(
-      Reach(x.untyped_data(), x.size_bytes(), true, false, &reached));
+  JAXCOMM_RETURN_IF_ERROR(Reach(x.untyped_data(), x.size_bytes(), true, false, &reached));
   *data = reached;
   return ffi::Error::Success();
 }
@@ -385,8 +376,7 @@ ffi::Error CudaMemory::InPlace(ffi::AnyBuffer& y, void** data) {
 
 ffi::Error CudaMemory::HostInput(const ffi::AnyBuffer& x, const void** data) {
   void* host;
-  JAXCOMM_RETURN_IF_ERROR(
-      Stage(x.untyped_data(), x.size_bytes(), true, false, &host));
+  JAXCOMM_RETURN_IF_ERROR(Stage(x.untyped_data(), x.size_bytes(), true, false, &host));
   *data = host;
   return ffi::Error::Success();
 }
@@ -395,17 +385,14 @@ ffi::Error CudaMemory::HostOutput(ffi::AnyBuffer& y, void** data) {
   return Stage(y.untyped_data(), y.size_bytes(), false, true, data);
 }
 
-ffi::Error CudaMemory::Preload(ffi::AnyBuffer& y, size_t offset,
-                               const ffi::AnyBuffer& x) {
+ffi::Error CudaMemory::Preload(ffi::AnyBuffer& y, size_t offset, const ffi::AnyBuffer& x) {
   if (x.size_bytes() == 0) return ffi::Error::Success();
   if (Staged* staged = Find(y.untyped_data())) {
-    JAXCOMM_CUDA_CHECK(cudaMemcpyAsync, staged->host + offset, x.untyped_data(),
-                       x.size_bytes(), cudaMemcpyDeviceToHost, stream_);
+    JAXCOMM_CUDA_CHECK(cudaMemcpyAsync, staged->host + offset, x.untyped_data(), x.size_bytes(),
+                       cudaMemcpyDeviceToHost, stream_);
   } else {
-    JAXCOMM_CUDA_CHECK(cudaMemcpyAsync,
-                       static_cast<char*>(y.untyped_data()) + offset,
-                       x.untyped_data(), x.size_bytes(),
-                       cudaMemcpyDeviceToDevice, stream_);
+    JAXCOMM_CUDA_CHECK(cudaMemcpyAsync, static_cast<char*>(y.untyped_data()) + offset,
+                       x.untyped_data(), x.size_bytes(), cudaMemcpyDeviceToDevice, stream_);
   }
   return ffi::Error::Success();
 }
@@ -423,8 +410,7 @@ ffi::Error CudaMemory::ZeroFrom(ffi::AnyBuffer& y, size_t offset) {
   if (Staged* staged = Find(y.untyped_data())) {
     if (staged->copy_back > offset) staged->copy_back = offset;
   }
-  JAXCOMM_CUDA_CHECK(cudaMemsetAsync,
-                     static_cast<char*>(y.untyped_data()) + offset, 0,
+  JAXCOMM_CUDA_CHECK(cudaMemsetAsync, static_cast<char*>(y.untyped_data()) + offset, 0,
                      y.size_bytes() - offset, stream_);
   return ffi::Error::Success();
 }
@@ -433,8 +419,8 @@ ffi::Error CudaMemory::Finish() {
   for (int i = 0; i < num_staged_; ++i) {
     const Staged& staged = staged_[i];
     if (staged.copy_back > 0) {
-      JAXCOMM_CUDA_CHECK(cudaMemcpyAsync, staged.device, staged.host,
-                         staged.copy_back, cudaMemcpyHostToDevice, stream_);
+      JAXCOMM_CUDA_CHECK(cudaMemcpyAsync, staged.device, staged.host, staged.copy_back,
+                         cudaMemcpyHostToDevice, stream_);
     }
   }
   return ffi::Error::Success();
@@ -442,8 +428,7 @@ ffi::Error CudaMemory::Finish() {
 
 // Nonblocking starts and waits --------------------------------------------
 
-ffi::Error CudaMemory::Hold(void* buffer, size_t bytes, bool copy_in,
-                            Held* held, void** data) {
+ffi::Error CudaMemory::Hold(void* buffer, size_t bytes, bool copy_in, Held* held, void** data) {
   JAXCOMM_RETURN_IF_ERROR(init_error_);
   *held = Held{buffer, bytes, nullptr};
   if (direct_) {
@@ -454,18 +439,16 @@ ffi::Error CudaMemory::Hold(void* buffer, size_t bytes, bool copy_in,
   JAXCOMM_RETURN_IF_ERROR(TakeBlock(device_, bytes, &block));
   held->staging = block;
   if (copy_in && bytes > 0) {
-    JAXCOMM_CUDA_CHECK(cudaMemcpyAsync, block->data, buffer, bytes,
-                       cudaMemcpyDeviceToHost, stream_);
+    JAXCOMM_CUDA_CHECK(cudaMemcpyAsync, block->data, buffer, bytes, cudaMemcpyDeviceToHost,
+                       stream_);
   }
   *data = block->data;
   return ffi::Error::Success();
 }
 
-ffi::Error CudaMemory::HoldInput(const ffi::AnyBuffer& x, const void** data,
-                                 Held* held) {
+ffi::Error CudaMemory::HoldInput(const ffi::AnyBuffer& x, const void** data, Held* held) {
   void* reached;
-  JAXCOMM_RETURN_IF_ERROR(
-      Hold(x.untyped_data(), x.size_bytes(), true, held, &reached));
+  JAXCOMM_RETURN_IF_ERROR(Hold(x.untyped_data(), x.size_bytes(), true, held, &reached));
   *data = reached;
   return ffi::Error::Success();
 }
@@ -474,8 +457,7 @@ ffi::Error CudaMemory::HoldOutput(ffi::AnyBuffer& y, void** data, Held* held) {
   if (num_staged_ == kMaxStaged) {
     return ffi::Error::Internal("jaxcomm: too many staged buffers in one call");
   }
-  JAXCOMM_RETURN_IF_ERROR(
-      Hold(y.untyped_data(), y.size_bytes(), false, held, data));
+  JAXCOMM_RETURN_IF_ERROR(Hold(y.untyped_data(), y.size_bytes(), false, held, data));
   if (held->staging != nullptr) {
     // Listed with the call's staged buffers for Preload; nothing goes back
     // to the device in Finish(): Unhold copies at the wait.
@@ -495,8 +477,7 @@ ffi::Error CudaMemory::Unhold(Held& held, ffi::AnyBuffer* out, size_t filled) {
     if (filled > 0 && out->untyped_data() != source) {
       const cudaError_t rc = cudaMemcpyAsync(
           out->untyped_data(), source, filled,
-          block != nullptr ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToDevice,
-          stream_);
+          block != nullptr ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToDevice, stream_);
       if (rc != cudaSuccess) error = CudaFailure("cudaMemcpyAsync", rc);
       copied = block != nullptr && rc == cudaSuccess;
     }
@@ -509,8 +490,7 @@ ffi::Error CudaMemory::Unhold(Held& held, ffi::AnyBuffer* out, size_t filled) {
   // the copy here.
   bool pending = false;
   if (copied) {
-    if (block->device == device_ &&
-        cudaEventRecord(block->copied, stream_) == cudaSuccess) {
+    if (block->device == device_ && cudaEventRecord(block->copied, stream_) == cudaSuccess) {
       pending = true;
     } else {
       const cudaError_t rc = cudaStreamSynchronize(stream_);

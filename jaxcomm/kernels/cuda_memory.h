@@ -53,13 +53,11 @@ class CudaMemory final : public Memory {
   ffi::Error InPlace(ffi::AnyBuffer& y, void** data) override;
   ffi::Error HostInput(const ffi::AnyBuffer& x, const void** data) override;
   ffi::Error HostOutput(ffi::AnyBuffer& y, void** data) override;
-  ffi::Error Preload(ffi::AnyBuffer& y, size_t offset,
-                     const ffi::AnyBuffer& x) override;
+  ffi::Error Preload(ffi::AnyBuffer& y, size_t offset, const ffi::AnyBuffer& x) override;
   ffi::Error Ready() override;
   ffi::Error ZeroFrom(ffi::AnyBuffer& y, size_t offset) override;
   ffi::Error Finish() override;
-  ffi::Error HoldInput(const ffi::AnyBuffer& x, const void** data,
-                       Held* held) override;
+  ffi::Error HoldInput(const ffi::AnyBuffer& x, const void** data, Held* held) override;
   ffi::Error HoldOutput(ffi::AnyBuffer& y, void** data, Held* held) override;
   ffi::Error Unhold(Held& held, ffi::AnyBuffer* out, size_t filled) override;
 
@@ -73,18 +71,15 @@ class CudaMemory final : public Memory {
   };
   static constexpr int kMaxStaged = 4;
 
-  ffi::Error Stage(void* device, size_t bytes, bool copy_in, bool copy_out,
-                   void** host);
+  ffi::Error Stage(void* device, size_t bytes, bool copy_in, bool copy_out, void** host);
   // The pointer MPI uses for a device buffer: the buffer itself on the direct
   // path, else its staged host copy.
-  ffi::Error Reach(void* device, size_t bytes, bool copy_in, bool copy_out,
-                   void** data);
+  ffi::Error Reach(void* device, size_t bytes, bool copy_in, bool copy_out, void** data);
   Staged* Find(const void* device);
   // The pointer MPI uses for a nonblocking request's buffer until Unhold:
   // the buffer itself on the direct path, else a pinned block of its own
   // (holding a copy of the buffer if `copy_in`).
-  ffi::Error Hold(void* buffer, size_t bytes, bool copy_in, Held* held,
-                  void** data);
+  ffi::Error Hold(void* buffer, size_t bytes, bool copy_in, Held* held, void** data);
 
   cudaStream_t stream_;
   int device_ = 0;

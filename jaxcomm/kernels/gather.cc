@@ -29,8 +29,7 @@ class Blocks {
   // storage (`which`: 0 or 1, for a call's two sets): later calls reuse it,
   // so a steady workload allocates nothing. A thread runs one handler at a
   // time.
-  static const Blocks& Of(int which, ffi::Span<const int64_t> rows,
-                          size_t row_elements) {
+  static const Blocks& Of(int which, ffi::Span<const int64_t> rows, size_t row_elements) {
     thread_local Blocks scratch[2];
     Blocks& blocks = scratch[which];
     blocks.counts.clear();
@@ -69,8 +68,7 @@ class Blocks {
 
 // "communicator size <size> x <what> <n>", how a block-per-rank count is made.
 std::string PerRank(int size, const char* what, size_t n) {
-  return "communicator size " + std::to_string(size) + " x " + what + " " +
-         std::to_string(n);
+  return "communicator size " + std::to_string(size) + " x " + what + " " + std::to_string(n);
 }
 
 // Allgather and Gather stack one input per rank into y. Checked on every rank,
@@ -88,15 +86,13 @@ ffi::Error CheckCounts(const char* op, MPI_Comm comm, const char* name,
   if (counts.size() != static_cast<size_t>(size)) {
     return Invalid(op, comm,
                    std::string(name) + " has " + std::to_string(counts.size()) +
-                       " entries, expected one per rank (" +
-                       std::to_string(size) + ")");
+                       " entries, expected one per rank (" + std::to_string(size) + ")");
   }
   for (size_t r = 0; r < counts.size(); ++r) {
     if (counts[r] < 0) {
       return Invalid(op, comm,
                      std::string(name) + "[" + std::to_string(r) + "] is " +
-                         std::to_string(counts[r]) +
-                         ", expected a count of rows >= 0");
+                         std::to_string(counts[r]) + ", expected a count of rows >= 0");
     }
   }
   return ffi::Error::Success();
@@ -110,16 +106,15 @@ size_t Sum(ffi::Span<const int64_t> counts) {
 
 // "sum(<name>) <rows> x row <n>", how a *v op's buffer size is made.
 std::string RowsOf(const char* name, size_t rows, size_t row) {
-  return std::string(name) + " " + std::to_string(rows) + " rows x " +
-         std::to_string(row) + " elements";
+  return std::string(name) + " " + std::to_string(rows) + " rows x " + std::to_string(row) +
+         " elements";
 }
 
 // The checks every *v op with one counts attribute makes: `counts` is valid,
 // `whole` holds sum(counts) rows and `own` this rank's count of them.
 // `whole_is_output` says which of x and y `whole` is.
-ffi::Error CheckRows(const char* op, MPI_Comm comm,
-                     ffi::Span<const int64_t> counts, const ffi::AnyBuffer& x,
-                     const ffi::AnyBuffer& y, bool whole_is_output) {
+ffi::Error CheckRows(const char* op, MPI_Comm comm, ffi::Span<const int64_t> counts,
+                     const ffi::AnyBuffer& x, const ffi::AnyBuffer& y, bool whole_is_output) {
   JAXCOMM_RETURN_IF_ERROR(CheckCounts(op, comm, "counts", counts, CommSize(comm)));
   const ffi::AnyBuffer& whole = whole_is_output ? y : x;
   const size_t row = RowElements(whole.dimensions());
@@ -131,8 +126,7 @@ ffi::Error CheckRows(const char* op, MPI_Comm comm,
     JAXCOMM_RETURN_IF_ERROR(CheckOutput(op, comm, x, y, all * row, all_rows));
     return CheckElements(op, comm, "input", x.element_count(), own * row, own_rows);
   }
-  JAXCOMM_RETURN_IF_ERROR(
-      CheckElements(op, comm, "input", x.element_count(), all * row, all_rows));
+  JAXCOMM_RETURN_IF_ERROR(CheckElements(op, comm, "input", x.element_count(), all * row, all_rows));
   return CheckOutput(op, comm, x, y, own * row, own_rows);
 }
 
@@ -152,8 +146,7 @@ class PeerBlocks {
 
   // Appends the next peer's block: `count` elements of `base`, starting
   // `offset` elements into the buffer.
-  ffi::Error Add(MPI_Datatype base, size_t offset, size_t count,
-                 MPI_Comm comm) {
+  ffi::Error Add(MPI_Datatype base, size_t offset, size_t count, MPI_Comm comm) {
     MPI_Datatype type = base;
     if (count > 0) {
       LargeType span;
@@ -163,8 +156,8 @@ class PeerBlocks {
       const int length = span.count();
       const MPI_Aint displacement = static_cast<MPI_Aint>(offset) * extent;
       owned_.push_back(MPI_DATATYPE_NULL);
-      JAXCOMM_MPI_CHECK(MPI_Type_create_hindexed, 1, &length, &displacement,
-                        span.type(), &owned_.back());
+      JAXCOMM_MPI_CHECK(MPI_Type_create_hindexed, 1, &length, &displacement, span.type(),
+                        &owned_.back());
       JAXCOMM_MPI_CHECK(MPI_Type_commit, &owned_.back());
       type = owned_.back();
     }
@@ -187,21 +180,18 @@ class PeerBlocks {
 // datatypes carry the offsets as MPI_Aint. It stays a collective, so unlike
 // point-to-point messages (every tag belongs to the user) it can never match
 // the user's own sends and receives on this communicator.
-ffi::Error Alltoallw(const ffi::AnyBuffer& x, const void* in,
-                     const PeerBlocks& send, void* out, const PeerBlocks& recv,
-                     MPI_Comm comm) {
+ffi::Error Alltoallw(const ffi::AnyBuffer& x, const void* in, const PeerBlocks& send, void* out,
+                     const PeerBlocks& recv, MPI_Comm comm) {
   if (DebugEnabled()) {
     DebugLog(comm, "MPI_Alltoallw " + Elements(x.element_count(), x.element_type()));
   }
-  JAXCOMM_MPI_CHECK(MPI_Alltoallw, in, send.counts(), send.displs(),
-                    send.types(), out, recv.counts(), recv.displs(), recv.types(),
-                    comm);
+  JAXCOMM_MPI_CHECK(MPI_Alltoallw, in, send.counts(), send.displs(), send.types(), out,
+                    recv.counts(), recv.displs(), recv.types(), comm);
   return ffi::Error::Success();
 }
 
 // The pointers MPI moves `x` and `y` through, ready for the MPI calls.
-ffi::Error Buffers(Memory& memory, ffi::AnyBuffer& x, ffi::AnyBuffer& y,
-                   void** in, void** out) {
+ffi::Error Buffers(Memory& memory, ffi::AnyBuffer& x, ffi::AnyBuffer& y, void** in, void** out) {
   JAXCOMM_RETURN_IF_ERROR(memory.Read(x, in));
   JAXCOMM_RETURN_IF_ERROR(memory.Output(y, out));
   return memory.Ready();
@@ -217,68 +207,60 @@ ffi::Error AllgatherImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Resu
       AnnounceCollective(comm_handle, comm, Collective{"allgather", x.element_type(), Count(x)}));
   JAXCOMM_RETURN_IF_ERROR(CheckStacked("allgather", comm, x, *y));
   LargeType block;
-  JAXCOMM_RETURN_IF_ERROR(
-      LargeType::Make(x.element_type(), x.element_count(), comm, &block));
+  JAXCOMM_RETURN_IF_ERROR(LargeType::Make(x.element_type(), x.element_count(), comm, &block));
   void *in, *out;
   JAXCOMM_RETURN_IF_ERROR(Buffers(memory, x, *y, &in, &out));
   if (DebugEnabled()) {
     DebugLog(comm, "MPI_Allgather " + Elements(x.element_count(), x.element_type()));
   }
-  JAXCOMM_MPI_CHECK(MPI_Allgather, in, block.count(), block.type(),
-                    out, block.count(), block.type(), comm);
+  JAXCOMM_MPI_CHECK(MPI_Allgather, in, block.count(), block.type(), out, block.count(),
+                    block.type(), comm);
   return memory.Finish();
 }
 
 ffi::Error GatherImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
-                      ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle,
-                      int64_t root) {
+                      ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle, int64_t root) {
   MPI_Comm comm;
   JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "gather", &comm));
-  JAXCOMM_RETURN_IF_ERROR(
-      AnnounceCollective(comm_handle, comm, Collective{"gather", x.element_type(), Count(x), root}));
+  JAXCOMM_RETURN_IF_ERROR(AnnounceCollective(
+      comm_handle, comm, Collective{"gather", x.element_type(), Count(x), root}));
   JAXCOMM_RETURN_IF_ERROR(CheckStacked("gather", comm, x, *y));
   LargeType block;
-  JAXCOMM_RETURN_IF_ERROR(
-      LargeType::Make(x.element_type(), x.element_count(), comm, &block));
+  JAXCOMM_RETURN_IF_ERROR(LargeType::Make(x.element_type(), x.element_count(), comm, &block));
   void *in, *out;
   JAXCOMM_RETURN_IF_ERROR(Buffers(memory, x, *y, &in, &out));
   if (DebugEnabled()) {
     DebugLog(comm, "MPI_Gather root " + std::to_string(root) + " " +
                        Elements(x.element_count(), x.element_type()));
   }
-  JAXCOMM_MPI_CHECK(MPI_Gather, in, block.count(), block.type(),
-                    out, block.count(), block.type(),
+  JAXCOMM_MPI_CHECK(MPI_Gather, in, block.count(), block.type(), out, block.count(), block.type(),
                     static_cast<int>(root), comm);
   if (CommRank(comm) != root) JAXCOMM_RETURN_IF_ERROR(memory.Zero(*y));
   return memory.Finish();
 }
 
 ffi::Error ScatterImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
-                       ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle,
-                       int64_t root) {
+                       ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle, int64_t root) {
   MPI_Comm comm;
   JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "scatter", &comm));
-  JAXCOMM_RETURN_IF_ERROR(
-      AnnounceCollective(comm_handle, comm, Collective{"scatter", x.element_type(), Count(x), root}));
+  JAXCOMM_RETURN_IF_ERROR(AnnounceCollective(
+      comm_handle, comm, Collective{"scatter", x.element_type(), Count(x), root}));
   const int size = CommSize(comm);
   // The output's element type; its count is the block size.
-  JAXCOMM_RETURN_IF_ERROR(CheckOutput("scatter", comm, x, *y, y->element_count(),
-                                      [] { return std::string(); }));
   JAXCOMM_RETURN_IF_ERROR(
-      CheckElements("scatter", comm, "input", x.element_count(),
-                    size * y->element_count(),
+      CheckOutput("scatter", comm, x, *y, y->element_count(), [] { return std::string(); }));
+  JAXCOMM_RETURN_IF_ERROR(
+      CheckElements("scatter", comm, "input", x.element_count(), size * y->element_count(),
                     [&] { return PerRank(size, "output", y->element_count()); }));
   LargeType block;
-  JAXCOMM_RETURN_IF_ERROR(
-      LargeType::Make(x.element_type(), y->element_count(), comm, &block));
+  JAXCOMM_RETURN_IF_ERROR(LargeType::Make(x.element_type(), y->element_count(), comm, &block));
   void *in, *out;
   JAXCOMM_RETURN_IF_ERROR(Buffers(memory, x, *y, &in, &out));
   if (DebugEnabled()) {
     DebugLog(comm, "MPI_Scatter root " + std::to_string(root) + " " +
                        Elements(x.element_count(), x.element_type()));
   }
-  JAXCOMM_MPI_CHECK(MPI_Scatter, in, block.count(), block.type(),
-                    out, block.count(), block.type(),
+  JAXCOMM_MPI_CHECK(MPI_Scatter, in, block.count(), block.type(), out, block.count(), block.type(),
                     static_cast<int>(root), comm);
   return memory.Finish();
 }
@@ -294,10 +276,10 @@ ffi::Error AlltoallImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Resul
     return Invalid("alltoall", comm,
                    "input has " + std::to_string(x.element_count()) +
                        " elements, expected a multiple of the communicator "
-                       "size " + std::to_string(size));
+                       "size " +
+                       std::to_string(size));
   }
-  JAXCOMM_RETURN_IF_ERROR(CheckOutput("alltoall", comm, x, *y, x.element_count(),
-                                      LikeTheInput));
+  JAXCOMM_RETURN_IF_ERROR(CheckOutput("alltoall", comm, x, *y, x.element_count(), LikeTheInput));
   LargeType block;
   JAXCOMM_RETURN_IF_ERROR(
       LargeType::Make(x.element_type(), x.element_count() / size, comm, &block));
@@ -306,8 +288,8 @@ ffi::Error AlltoallImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Resul
   if (DebugEnabled()) {
     DebugLog(comm, "MPI_Alltoall " + Elements(x.element_count(), x.element_type()));
   }
-  JAXCOMM_MPI_CHECK(MPI_Alltoall, in, block.count(), block.type(),
-                    out, block.count(), block.type(), comm);
+  JAXCOMM_MPI_CHECK(MPI_Alltoall, in, block.count(), block.type(), out, block.count(), block.type(),
+                    comm);
   return memory.Finish();
 }
 
@@ -317,8 +299,8 @@ ffi::Error AllgathervImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Res
                           ffi::Span<const int64_t> counts) {
   MPI_Comm comm;
   JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "allgatherv", &comm));
-  JAXCOMM_RETURN_IF_ERROR(
-      AnnounceCollective(comm_handle, comm, Collective{"allgatherv", x.element_type(), -1, -1, -1, counts}));
+  JAXCOMM_RETURN_IF_ERROR(AnnounceCollective(
+      comm_handle, comm, Collective{"allgatherv", x.element_type(), -1, -1, -1, counts}));
   JAXCOMM_RETURN_IF_ERROR(CheckRows("allgatherv", comm, counts, x, *y, true));
   MPI_Datatype dtype;
   JAXCOMM_RETURN_IF_ERROR(MpiDatatype(x.element_type(), &dtype));
@@ -329,10 +311,8 @@ ffi::Error AllgathervImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Res
     if (DebugEnabled()) {
       DebugLog(comm, "MPI_Allgatherv " + Elements(x.element_count(), x.element_type()));
     }
-    JAXCOMM_MPI_CHECK(MPI_Allgatherv, in,
-                      static_cast<int>(x.element_count()), dtype,
-                      out, blocks.IntCounts(),
-                      blocks.IntDispls(), dtype, comm);
+    JAXCOMM_MPI_CHECK(MPI_Allgatherv, in, static_cast<int>(x.element_count()), dtype, out,
+                      blocks.IntCounts(), blocks.IntDispls(), dtype, comm);
     return memory.Finish();
   }
   // Each rank broadcasts its block in turn, which needs no displacement
@@ -341,8 +321,8 @@ ffi::Error AllgathervImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Res
   // MPI_Bcast works in place: this rank's block goes to the output first.
   const int rank = CommRank(comm);
   JAXCOMM_RETURN_IF_ERROR(memory.Output(*y, &out));
-  JAXCOMM_RETURN_IF_ERROR(memory.Preload(
-      *y, blocks.displs[rank] * ffi::ByteWidth(y->element_type()), x));
+  JAXCOMM_RETURN_IF_ERROR(
+      memory.Preload(*y, blocks.displs[rank] * ffi::ByteWidth(y->element_type()), x));
   JAXCOMM_RETURN_IF_ERROR(memory.Ready());
   for (size_t r = 0; r < blocks.counts.size(); ++r) {
     // Every rank knows every count, so all skip the same empty broadcasts.
@@ -353,9 +333,8 @@ ffi::Error AllgathervImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Res
       DebugLog(comm, "MPI_Bcast root " + std::to_string(r) + " " +
                          Elements(blocks.counts[r], x.element_type()));
     }
-    JAXCOMM_MPI_CHECK(MPI_Bcast,
-                      ElementAt(out, y->element_type(), blocks.displs[r]),
-                      block.count(), block.type(), static_cast<int>(r), comm);
+    JAXCOMM_MPI_CHECK(MPI_Bcast, ElementAt(out, y->element_type(), blocks.displs[r]), block.count(),
+                      block.type(), static_cast<int>(r), comm);
   }
   return memory.Finish();
 }
@@ -365,8 +344,8 @@ ffi::Error GathervImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Result
                        ffi::Span<const int64_t> counts, int64_t root) {
   MPI_Comm comm;
   JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "gatherv", &comm));
-  JAXCOMM_RETURN_IF_ERROR(
-      AnnounceCollective(comm_handle, comm, Collective{"gatherv", x.element_type(), -1, root, -1, counts}));
+  JAXCOMM_RETURN_IF_ERROR(AnnounceCollective(
+      comm_handle, comm, Collective{"gatherv", x.element_type(), -1, root, -1, counts}));
   JAXCOMM_RETURN_IF_ERROR(CheckRows("gatherv", comm, counts, x, *y, true));
   MPI_Datatype dtype;
   JAXCOMM_RETURN_IF_ERROR(MpiDatatype(x.element_type(), &dtype));
@@ -379,18 +358,15 @@ ffi::Error GathervImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Result
       DebugLog(comm, "MPI_Gatherv root " + std::to_string(root) + " " +
                          Elements(x.element_count(), x.element_type()));
     }
-    JAXCOMM_MPI_CHECK(MPI_Gatherv, in,
-                      static_cast<int>(x.element_count()), dtype,
-                      out, blocks.IntCounts(),
-                      blocks.IntDispls(), dtype, static_cast<int>(root),
-                      comm);
+    JAXCOMM_MPI_CHECK(MPI_Gatherv, in, static_cast<int>(x.element_count()), dtype, out,
+                      blocks.IntCounts(), blocks.IntDispls(), dtype, static_cast<int>(root), comm);
   } else {
     PeerBlocks send, recv;
     for (size_t p = 0; p < blocks.counts.size(); ++p) {
       const bool to_root = static_cast<int64_t>(p) == root;
       JAXCOMM_RETURN_IF_ERROR(send.Add(dtype, 0, to_root ? x.element_count() : 0, comm));
-      JAXCOMM_RETURN_IF_ERROR(recv.Add(dtype, blocks.displs[p],
-                                       rank == root ? blocks.counts[p] : 0, comm));
+      JAXCOMM_RETURN_IF_ERROR(
+          recv.Add(dtype, blocks.displs[p], rank == root ? blocks.counts[p] : 0, comm));
     }
     JAXCOMM_RETURN_IF_ERROR(Alltoallw(x, in, send, out, recv, comm));
   }
@@ -403,8 +379,8 @@ ffi::Error ScattervImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Resul
                         ffi::Span<const int64_t> counts, int64_t root) {
   MPI_Comm comm;
   JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "scatterv", &comm));
-  JAXCOMM_RETURN_IF_ERROR(
-      AnnounceCollective(comm_handle, comm, Collective{"scatterv", x.element_type(), -1, root, -1, counts}));
+  JAXCOMM_RETURN_IF_ERROR(AnnounceCollective(
+      comm_handle, comm, Collective{"scatterv", x.element_type(), -1, root, -1, counts}));
   JAXCOMM_RETURN_IF_ERROR(CheckRows("scatterv", comm, counts, x, *y, false));
   MPI_Datatype dtype;
   JAXCOMM_RETURN_IF_ERROR(MpiDatatype(x.element_type(), &dtype));
@@ -416,18 +392,16 @@ ffi::Error ScattervImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Resul
       DebugLog(comm, "MPI_Scatterv root " + std::to_string(root) + " " +
                          Elements(x.element_count(), x.element_type()));
     }
-    JAXCOMM_MPI_CHECK(MPI_Scatterv, in, blocks.IntCounts(),
-                      blocks.IntDispls(), dtype, out,
-                      static_cast<int>(y->element_count()), dtype,
-                      static_cast<int>(root), comm);
+    JAXCOMM_MPI_CHECK(MPI_Scatterv, in, blocks.IntCounts(), blocks.IntDispls(), dtype, out,
+                      static_cast<int>(y->element_count()), dtype, static_cast<int>(root), comm);
     return memory.Finish();
   }
   const int rank = CommRank(comm);
   PeerBlocks send, recv;
   for (size_t p = 0; p < blocks.counts.size(); ++p) {
     const bool from_root = static_cast<int64_t>(p) == root;
-    JAXCOMM_RETURN_IF_ERROR(send.Add(dtype, blocks.displs[p],
-                                     rank == root ? blocks.counts[p] : 0, comm));
+    JAXCOMM_RETURN_IF_ERROR(
+        send.Add(dtype, blocks.displs[p], rank == root ? blocks.counts[p] : 0, comm));
     JAXCOMM_RETURN_IF_ERROR(recv.Add(dtype, 0, from_root ? y->element_count() : 0, comm));
   }
   JAXCOMM_RETURN_IF_ERROR(Alltoallw(x, in, send, out, recv, comm));
@@ -439,23 +413,22 @@ ffi::Error ScattervImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Resul
 // take the same path.
 ffi::Error AlltoallvImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
                          ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle,
-                         ffi::Span<const int64_t> sendcounts,
-                         ffi::Span<const int64_t> recvcounts, int64_t max_rows) {
+                         ffi::Span<const int64_t> sendcounts, ffi::Span<const int64_t> recvcounts,
+                         int64_t max_rows) {
   MPI_Comm comm;
   JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "alltoallv", &comm));
-  JAXCOMM_RETURN_IF_ERROR(
-      AnnounceCollective(comm_handle, comm, Collective{"alltoallv", x.element_type(), -1, -1, -1, ffi::Span<const int64_t>(&max_rows, 1)}));
+  JAXCOMM_RETURN_IF_ERROR(AnnounceCollective(comm_handle, comm,
+                                             Collective{"alltoallv", x.element_type(), -1, -1, -1,
+                                                        ffi::Span<const int64_t>(&max_rows, 1)}));
   const int size = CommSize(comm);
   JAXCOMM_RETURN_IF_ERROR(CheckCounts("alltoallv", comm, "sendcounts", sendcounts, size));
   JAXCOMM_RETURN_IF_ERROR(CheckCounts("alltoallv", comm, "recvcounts", recvcounts, size));
   const size_t row = RowElements(x.dimensions());
   const size_t sent = Sum(sendcounts), received = Sum(recvcounts);
-  JAXCOMM_RETURN_IF_ERROR(
-      CheckElements("alltoallv", comm, "input", x.element_count(), sent * row,
-                    [&] { return RowsOf("sum(sendcounts)", sent, row); }));
-  JAXCOMM_RETURN_IF_ERROR(
-      CheckOutput("alltoallv", comm, x, *y, received * row,
-                  [&] { return RowsOf("sum(recvcounts)", received, row); }));
+  JAXCOMM_RETURN_IF_ERROR(CheckElements("alltoallv", comm, "input", x.element_count(), sent * row,
+                                        [&] { return RowsOf("sum(sendcounts)", sent, row); }));
+  JAXCOMM_RETURN_IF_ERROR(CheckOutput("alltoallv", comm, x, *y, received * row,
+                                      [&] { return RowsOf("sum(recvcounts)", received, row); }));
   MPI_Datatype dtype;
   JAXCOMM_RETURN_IF_ERROR(MpiDatatype(x.element_type(), &dtype));
   const Blocks& send_blocks = Blocks::Of(0, sendcounts, row);
@@ -470,8 +443,7 @@ ffi::Error AlltoallvImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Resu
   }
   if (max_rows < 0 || static_cast<size_t>(max_rows) * row < largest) {
     return Invalid("alltoallv", comm,
-                   "max_rows is " + std::to_string(max_rows) +
-                       ", expected at least " +
+                   "max_rows is " + std::to_string(max_rows) + ", expected at least " +
                        std::to_string(row == 0 ? 0 : largest / row) +
                        " (the largest count or displacement, in rows)");
   }
@@ -481,18 +453,14 @@ ffi::Error AlltoallvImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Resu
     if (DebugEnabled()) {
       DebugLog(comm, "MPI_Alltoallv " + Elements(x.element_count(), x.element_type()));
     }
-    JAXCOMM_MPI_CHECK(MPI_Alltoallv, in, send_blocks.IntCounts(),
-                      send_blocks.IntDispls(), dtype, out,
-                      recv_blocks.IntCounts(), recv_blocks.IntDispls(),
-                      dtype, comm);
+    JAXCOMM_MPI_CHECK(MPI_Alltoallv, in, send_blocks.IntCounts(), send_blocks.IntDispls(), dtype,
+                      out, recv_blocks.IntCounts(), recv_blocks.IntDispls(), dtype, comm);
     return memory.Finish();
   }
   PeerBlocks send, recv;
   for (size_t p = 0; p < sendcounts.size(); ++p) {
-    JAXCOMM_RETURN_IF_ERROR(
-        send.Add(dtype, send_blocks.displs[p], send_blocks.counts[p], comm));
-    JAXCOMM_RETURN_IF_ERROR(
-        recv.Add(dtype, recv_blocks.displs[p], recv_blocks.counts[p], comm));
+    JAXCOMM_RETURN_IF_ERROR(send.Add(dtype, send_blocks.displs[p], send_blocks.counts[p], comm));
+    JAXCOMM_RETURN_IF_ERROR(recv.Add(dtype, recv_blocks.displs[p], recv_blocks.counts[p], comm));
   }
   JAXCOMM_RETURN_IF_ERROR(Alltoallw(x, in, send, out, recv, comm));
   return memory.Finish();

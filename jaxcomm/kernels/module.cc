@@ -67,24 +67,19 @@ struct OnPlatform {
     return Outcome(Impl(memory, args...));
   }
 };
-auto PlatformBinding() {
-  return xla::ffi::Ffi::Bind().Attr<int64_t>("site");
-}
+auto PlatformBinding() { return xla::ffi::Ffi::Bind().Attr<int64_t>("site"); }
 #elif defined(JAXCOMM_CUDA)
 template <auto Impl>
 struct OnPlatform {
   template <typename... Args>
-  xla::ffi::Error operator()(cudaStream_t stream, int64_t site,
-                             Args... args) const {
+  xla::ffi::Error operator()(cudaStream_t stream, int64_t site, Args... args) const {
     jaxcomm::CallScope scope(site);
     jaxcomm::CudaMemory memory(stream);
     return Outcome(Impl(memory, args...));
   }
 };
 auto PlatformBinding() {
-  return xla::ffi::Ffi::Bind()
-      .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-      .Attr<int64_t>("site");
+  return xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t> >().Attr<int64_t>("site");
 }
 #else
 template <auto Impl>
@@ -96,16 +91,13 @@ struct OnPlatform {
     return Outcome(Impl(memory, args...));
   }
 };
-auto PlatformBinding() {
-  return xla::ffi::Ffi::Bind().Attr<int64_t>("site");
-}
+auto PlatformBinding() { return xla::ffi::Ffi::Bind().Attr<int64_t>("site"); }
 #endif
 
 }  // namespace
 
-#define JAXCOMM_OP(name, Name, buffers, attributes)                  \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommHandler##Name,                \
-                                OnPlatform<&jaxcomm::Name##Impl>{},  \
+#define JAXCOMM_OP(name, Name, buffers, attributes)                                       \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommHandler##Name, OnPlatform<&jaxcomm::Name##Impl>{}, \
                                 jaxcomm::bindings::Name(PlatformBinding()));
 #include "ops.def"
 #undef JAXCOMM_OP
@@ -130,8 +122,7 @@ PYBIND11_MODULE(JAXCOMM_MODULE, m) {
   m.def("registrations", []() {
     py::dict targets;
 #define JAXCOMM_OP(name, Name, buffers, attributes) \
-  targets["jaxcomm_" #name] =                       \
-      py::capsule(reinterpret_cast<void*>(JaxcommHandler##Name));
+  targets["jaxcomm_" #name] = py::capsule(reinterpret_cast<void*>(JaxcommHandler##Name));
 #include "ops.def"
 #undef JAXCOMM_OP
     return targets;
@@ -142,12 +133,11 @@ PYBIND11_MODULE(JAXCOMM_MODULE, m) {
         py::dict targets;
 #define I64(name) attrs.append(py::make_tuple(#name, "int64"));
 #define I64S(name) attrs.append(py::make_tuple(#name, "int64[]"));
-#define JAXCOMM_OP(name, Name, buffers, attributes) \
-  {                                                   \
-    py::list attrs;                                   \
-    I64(site)                                         \
-    attributes                                        \
-    targets["jaxcomm_" #name] = py::tuple(attrs);     \
+#define JAXCOMM_OP(name, Name, buffers, attributes)          \
+  {                                                          \
+    py::list attrs;                                          \
+    I64(site)                                                \
+    attributes targets["jaxcomm_" #name] = py::tuple(attrs); \
   }
 #include "ops.def"
 #undef JAXCOMM_OP
@@ -164,10 +154,8 @@ PYBIND11_MODULE(JAXCOMM_MODULE, m) {
   m.def("set_cuda_aware", &jaxcomm::SetCudaAware, py::arg("mode"),
         "Data path of device buffers: 1 straight to MPI, 0 host staging, -1 "
         "as the MPI library says (the default).");
-  m.def("cuda_aware", &jaxcomm::CudaAware,
-        "Whether device buffers go straight to MPI now.");
-  m.def("staging_bytes", &jaxcomm::StagingBytes,
-        "Pinned host memory held for staging, in bytes.");
+  m.def("cuda_aware", &jaxcomm::CudaAware, "Whether device buffers go straight to MPI now.");
+  m.def("staging_bytes", &jaxcomm::StagingBytes, "Pinned host memory held for staging, in bytes.");
   m.def("free_staging", &jaxcomm::FreeStaging,
         "Release the pinned staging memory no call or request is using.");
   m.def("staging_held", &jaxcomm::StagingHeld,
@@ -197,19 +185,16 @@ PYBIND11_MODULE(JAXCOMM_MODULE, m) {
         "Make the kernels refuse a 'comm' attribute value from now on.");
   m.def(
       "fortran_handle",
-      [](int64_t handle) {
-        return static_cast<int64_t>(jaxcomm::FortranHandle(handle));
-      },
+      [](int64_t handle) { return static_cast<int64_t>(jaxcomm::FortranHandle(handle)); },
       py::arg("handle"), "The Fortran handle inside a 'comm' attribute value.");
   m.def(
       "reduce_op",
       [](int64_t code, const std::string& dtype) {
         namespace ffi = xla::ffi;
         for (ffi::DataType type :
-             {ffi::DataType::S8, ffi::DataType::S16, ffi::DataType::S32,
-              ffi::DataType::S64, ffi::DataType::U8, ffi::DataType::U16,
-              ffi::DataType::U32, ffi::DataType::U64, ffi::DataType::F16,
-              ffi::DataType::BF16, ffi::DataType::F32, ffi::DataType::F64,
+             {ffi::DataType::S8, ffi::DataType::S16, ffi::DataType::S32, ffi::DataType::S64,
+              ffi::DataType::U8, ffi::DataType::U16, ffi::DataType::U32, ffi::DataType::U64,
+              ffi::DataType::F16, ffi::DataType::BF16, ffi::DataType::F32, ffi::DataType::F64,
               ffi::DataType::C64, ffi::DataType::C128, ffi::DataType::PRED}) {
           if (dtype == jaxcomm::DtypeName(type)) {
             MPI_Op op;
@@ -234,8 +219,7 @@ PYBIND11_MODULE(JAXCOMM_MODULE, m) {
           if (jaxcomm::Watching()) {
             jaxcomm::Watch("JaxComm creation (MPI_Comm_dup, collective) at " +
                            jaxcomm::SiteText(site) + " on a communicator of " +
-                           std::to_string(jaxcomm::CommSize(comm)) +
-                           " ranks (rank " +
+                           std::to_string(jaxcomm::CommSize(comm)) + " ranks (rank " +
                            std::to_string(jaxcomm::CommRank(comm)) + " there)");
           }
           rc = MPI_Comm_dup(comm, &dup);
@@ -266,12 +250,9 @@ PYBIND11_MODULE(JAXCOMM_MODULE, m) {
         "Turn the collective mismatch checker on or off.");
   m.def("set_timeout", &jaxcomm::SetTimeout, py::arg("seconds"),
         "Abort the job when one call takes longer (0: no watchdog).");
-  m.def("calls_in_flight", &jaxcomm::CallsInFlight,
-        "How many handler calls are running now.");
-  m.def("latest_site", &jaxcomm::LatestSite,
-        "The call site of the latest handler call to start.");
-  m.def("monitor_flags", &jaxcomm::MonitorFlags,
-        "1: checking calls, 2: watching them (bits).");
+  m.def("calls_in_flight", &jaxcomm::CallsInFlight, "How many handler calls are running now.");
+  m.def("latest_site", &jaxcomm::LatestSite, "The call site of the latest handler call to start.");
+  m.def("monitor_flags", &jaxcomm::MonitorFlags, "1: checking calls, 2: watching them (bits).");
   m.def(
       "set_check_comm",
       [](int64_t handle, int64_t check) {
@@ -301,8 +282,7 @@ PYBIND11_MODULE(JAXCOMM_MODULE, m) {
       },
       "Nonblocking requests started and not completed by a wait, not yet "
       "reported: [(slot, serial, description)].");
-  m.def("mark_request_reported", &jaxcomm::MarkRequestReported,
-        py::arg("slot"), py::arg("serial"),
+  m.def("mark_request_reported", &jaxcomm::MarkRequestReported, py::arg("slot"), py::arg("serial"),
         "Leave a request out of unfinished_requests() from now on.");
   m.def("set_max_count", &jaxcomm::SetMaxCount, py::arg("count"),
         "Cap the count of one MPI call (tests use small caps to exercise the "

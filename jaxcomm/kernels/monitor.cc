@@ -109,8 +109,7 @@ void WatchdogLoop() {
     const auto now = std::chrono::steady_clock::now();
     for (const Watched& slot : dog.slots) {
       if (!slot.busy) continue;
-      const double waited =
-          std::chrono::duration<double>(now - slot.start).count();
+      const double waited = std::chrono::duration<double>(now - slot.start).count();
       if (waited <= dog.timeout_s) continue;
       std::fprintf(stderr,
                    "jaxcomm watchdog: rank %d has waited %.1f s in %s, longer "
@@ -231,8 +230,7 @@ Signature CollectiveSignature(const Collective& call) {
   return s;
 }
 
-ffi::Error FindCheckComm(int64_t handle, const char* op, MPI_Comm comm,
-                         MPI_Comm* out) {
+ffi::Error FindCheckComm(int64_t handle, const char* op, MPI_Comm comm, MPI_Comm* out) {
   CheckCommTable& table = TheCheckComms();
   std::lock_guard<std::mutex> lock(table.mutex);
   auto it = table.comms.find(handle);
@@ -246,8 +244,8 @@ ffi::Error FindCheckComm(int64_t handle, const char* op, MPI_Comm comm,
   return ffi::Error::Success();
 }
 
-Signature PointToPointSignature(const PointToPoint& call, int64_t count,
-                                int64_t tag, const std::string& site) {
+Signature PointToPointSignature(const PointToPoint& call, int64_t count, int64_t tag,
+                                const std::string& site) {
   Signature s;
   std::memset(&s, 0, sizeof s);
   CopyText(s.op, sizeof s.op, call.op);
@@ -307,9 +305,7 @@ void SetTimeout(double seconds) {
 
 int CallsInFlight() { return calls_in_flight.load(std::memory_order_relaxed); }
 
-std::string LatestSite() {
-  return SiteTextOf(latest_site.load(std::memory_order_relaxed));
-}
+std::string LatestSite() { return SiteTextOf(latest_site.load(std::memory_order_relaxed)); }
 
 int64_t RegisterSite(const std::string& text) {
   Sites& sites = TheSites();
@@ -348,23 +344,20 @@ CallScope::~CallScope() {
   watch_slot = -1;
 }
 
-ffi::Error AnnounceCollectiveSlow(int64_t handle, MPI_Comm comm,
-                                  const Collective& call) {
+ffi::Error AnnounceCollectiveSlow(int64_t handle, MPI_Comm comm, const Collective& call) {
   const int flags = MonitorFlags();
   const Signature mine = CollectiveSignature(call);
   if (flags & kWatchCalls) {
-    WatchSlot(Describe(mine) + " on a communicator of " +
-          std::to_string(CommSize(comm)) + " ranks (rank " +
-          std::to_string(CommRank(comm)) + " there)");
+    WatchSlot(Describe(mine) + " on a communicator of " + std::to_string(CommSize(comm)) +
+              " ranks (rank " + std::to_string(CommRank(comm)) + " there)");
   }
   if (!(flags & kCheckCalls)) return ffi::Error::Success();
   MPI_Comm check;
   JAXCOMM_RETURN_IF_ERROR(FindCheckComm(handle, call.op, comm, &check));
   const int size = CommSize(comm);
   std::vector<Signature> all(size);
-  JAXCOMM_MPI_CHECK(MPI_Allgather, &mine, static_cast<int>(sizeof mine),
-                    MPI_BYTE, all.data(), static_cast<int>(sizeof mine),
-                    MPI_BYTE, check);
+  JAXCOMM_MPI_CHECK(MPI_Allgather, &mine, static_cast<int>(sizeof mine), MPI_BYTE, all.data(),
+                    static_cast<int>(sizeof mine), MPI_BYTE, check);
   bool agree = true;
   for (const Signature& other : all) {
     agree = agree && std::memcmp(&other, &mine, kAgreedBytes) == 0;
@@ -379,9 +372,8 @@ ffi::Error AnnounceCollectiveSlow(int64_t handle, MPI_Comm comm,
     if (groups.find(text) == groups.end()) order.push_back(text);
     groups[text].push_back(r);
   }
-  std::string text = "jaxcomm: collective mismatch on a communicator of " +
-                     std::to_string(size) + " ranks (this is rank " +
-                     std::to_string(CommRank(comm)) + "): ";
+  std::string text = "jaxcomm: collective mismatch on a communicator of " + std::to_string(size) +
+                     " ranks (this is rank " + std::to_string(CommRank(comm)) + "): ";
   for (size_t i = 0; i < order.size(); ++i) {
     if (i > 0) text += "; ";
     text += RankList(groups[order[i]]) + " called " + order[i];
@@ -389,9 +381,8 @@ ffi::Error AnnounceCollectiveSlow(int64_t handle, MPI_Comm comm,
   return Mismatch(text + ". No rank made the call.");
 }
 
-ffi::Error AnnouncePointToPointSlow(int64_t handle, MPI_Comm comm,
-                                    PointToPoint& call, int64_t* source,
-                                    int64_t* tag) {
+ffi::Error AnnouncePointToPointSlow(int64_t handle, MPI_Comm comm, PointToPoint& call,
+                                    int64_t* source, int64_t* tag) {
   const int flags = MonitorFlags();
   const bool sends = call.dest != kNoPeer && call.dest != MPI_PROC_NULL;
   const bool receives = *source != kNoPeer && *source != MPI_PROC_NULL;
@@ -411,9 +402,8 @@ ffi::Error AnnouncePointToPointSlow(int64_t handle, MPI_Comm comm,
               Elements(call.count, call.dtype) + ")";
     }
     if (receives) {
-      what += std::string(sends ? " and" : "") + " from " + peer(*source) +
-              " (" + tag_text(*tag) + ", up to " +
-              Elements(call.capacity, call.dtype) + ")";
+      what += std::string(sends ? " and" : "") + " from " + peer(*source) + " (" + tag_text(*tag) +
+              ", up to " + Elements(call.capacity, call.dtype) + ")";
     }
     WatchSlot(what + " at " + site + " on rank " + std::to_string(rank));
   }
@@ -426,42 +416,35 @@ ffi::Error AnnouncePointToPointSlow(int64_t handle, MPI_Comm comm,
     // received this rank's message (receives ordered by tag). Its peer may
     // be itself, so the signature goes out without waiting either.
     pending_signature = PointToPointSignature(call, call.count, call.sendtag, site);
-    JAXCOMM_MPI_CHECK(MPI_Isend, &pending_signature,
-                      static_cast<int>(sizeof pending_signature), MPI_BYTE,
-                      static_cast<int>(call.dest),
-                      static_cast<int>(call.sendtag), check,
+    JAXCOMM_MPI_CHECK(MPI_Isend, &pending_signature, static_cast<int>(sizeof pending_signature),
+                      MPI_BYTE, static_cast<int>(call.dest), static_cast<int>(call.sendtag), check,
                       &pending_request);
     call.signature_pending = true;
     return ffi::Error::Success();
   }
   if (sends) {
-    const Signature out =
-        PointToPointSignature(call, call.count, call.sendtag, site);
+    const Signature out = PointToPointSignature(call, call.count, call.sendtag, site);
     // A blocking send: a signature is small enough to go out at once, as
     // small messages do (the data message relies on the same).
     JAXCOMM_MPI_CHECK(MPI_Send, &out, static_cast<int>(sizeof out), MPI_BYTE,
-                      static_cast<int>(call.dest),
-                      static_cast<int>(call.sendtag), check);
+                      static_cast<int>(call.dest), static_cast<int>(call.sendtag), check);
     return ffi::Error::Success();
   }
   return ReceiveSignatureSlow(handle, comm, call, source, tag);
 }
 
-ffi::Error ReceiveSignatureSlow(int64_t handle, MPI_Comm comm,
-                                PointToPoint& call, int64_t* source,
+ffi::Error ReceiveSignatureSlow(int64_t handle, MPI_Comm comm, PointToPoint& call, int64_t* source,
                                 int64_t* tag) {
   call.signature_pending = false;
   MPI_Comm check;
   JAXCOMM_RETURN_IF_ERROR(FindCheckComm(handle, call.op, comm, &check));
   const std::string site = SiteTextOf(current_site);
   const int rank = CommRank(comm);
-  const Signature expected =
-      PointToPointSignature(call, call.capacity, *tag, site);
+  const Signature expected = PointToPointSignature(call, call.capacity, *tag, site);
   Signature in;
   MPI_Status status;
-  JAXCOMM_MPI_CHECK(MPI_Recv, &in, static_cast<int>(sizeof in), MPI_BYTE,
-                    static_cast<int>(*source), static_cast<int>(*tag), check,
-                    &status);
+  JAXCOMM_MPI_CHECK(MPI_Recv, &in, static_cast<int>(sizeof in), MPI_BYTE, static_cast<int>(*source),
+                    static_cast<int>(*tag), check, &status);
   if (pending_request != MPI_REQUEST_NULL) {
     JAXCOMM_MPI_CHECK(MPI_Wait, &pending_request, MPI_STATUS_IGNORE);
   }
@@ -476,58 +459,48 @@ ffi::Error ReceiveSignatureSlow(int64_t handle, MPI_Comm comm,
   call.dropped_dtype = static_cast<ffi::DataType>(in.dtype);
   call.dropped_count = in.count;
   const auto elements = [](const Signature& s) {
-    return Elements(static_cast<size_t>(s.count),
-                    static_cast<ffi::DataType>(s.dtype));
+    return Elements(static_cast<size_t>(s.count), static_cast<ffi::DataType>(s.dtype));
   };
-  return Mismatch("jaxcomm: point-to-point mismatch on rank " +
-                  std::to_string(rank) + ": rank " + std::to_string(*source) +
-                  " called " + in.op + " sending " + elements(in) + " (tag " +
-                  std::to_string(in.tag) + ") at " + in.site + "; rank " +
-                  std::to_string(rank) + " called " + call.op +
-                  " receiving up to " + elements(expected) + " at " + site +
-                  ". The message was discarded.");
+  return Mismatch("jaxcomm: point-to-point mismatch on rank " + std::to_string(rank) + ": rank " +
+                  std::to_string(*source) + " called " + in.op + " sending " + elements(in) +
+                  " (tag " + std::to_string(in.tag) + ") at " + in.site + "; rank " +
+                  std::to_string(rank) + " called " + call.op + " receiving up to " +
+                  elements(expected) + " at " + site + ". The message was discarded.");
 }
 
-ffi::Error PostSignatureSend(int64_t handle, MPI_Comm comm, const char* op,
-                             ffi::DataType dtype, int64_t count, int64_t dest,
-                             int64_t tag, void* signature,
+ffi::Error PostSignatureSend(int64_t handle, MPI_Comm comm, const char* op, ffi::DataType dtype,
+                             int64_t count, int64_t dest, int64_t tag, void* signature,
                              MPI_Request* request) {
   MPI_Comm check;
   JAXCOMM_RETURN_IF_ERROR(FindCheckComm(handle, op, comm, &check));
   PointToPoint call{op, dtype, dest, tag, count};
-  const Signature out =
-      PointToPointSignature(call, count, tag, SiteTextOf(current_site));
+  const Signature out = PointToPointSignature(call, count, tag, SiteTextOf(current_site));
   std::memcpy(signature, &out, sizeof out);
-  JAXCOMM_MPI_CHECK(MPI_Isend, signature, static_cast<int>(kSignatureBytes),
-                    MPI_BYTE, static_cast<int>(dest), static_cast<int>(tag),
-                    check, request);
+  JAXCOMM_MPI_CHECK(MPI_Isend, signature, static_cast<int>(kSignatureBytes), MPI_BYTE,
+                    static_cast<int>(dest), static_cast<int>(tag), check, request);
   return ffi::Error::Success();
 }
 
-ffi::Error PostSignatureReceive(int64_t handle, MPI_Comm comm, const char* op,
-                                int64_t source, int64_t tag, void* signature,
-                                MPI_Request* request) {
+ffi::Error PostSignatureReceive(int64_t handle, MPI_Comm comm, const char* op, int64_t source,
+                                int64_t tag, void* signature, MPI_Request* request) {
   MPI_Comm check;
   JAXCOMM_RETURN_IF_ERROR(FindCheckComm(handle, op, comm, &check));
-  JAXCOMM_MPI_CHECK(MPI_Irecv, signature, static_cast<int>(kSignatureBytes),
-                    MPI_BYTE, static_cast<int>(source), static_cast<int>(tag),
-                    check, request);
+  JAXCOMM_MPI_CHECK(MPI_Irecv, signature, static_cast<int>(kSignatureBytes), MPI_BYTE,
+                    static_cast<int>(source), static_cast<int>(tag), check, request);
   return ffi::Error::Success();
 }
 
-ffi::Error ReceiveSignatureNow(int64_t handle, MPI_Comm comm, const char* op,
-                               int64_t source, int64_t tag, void* signature) {
+ffi::Error ReceiveSignatureNow(int64_t handle, MPI_Comm comm, const char* op, int64_t source,
+                               int64_t tag, void* signature) {
   MPI_Comm check;
   JAXCOMM_RETURN_IF_ERROR(FindCheckComm(handle, op, comm, &check));
-  JAXCOMM_MPI_CHECK(MPI_Recv, signature, static_cast<int>(kSignatureBytes),
-                    MPI_BYTE, static_cast<int>(source), static_cast<int>(tag),
-                    check, MPI_STATUS_IGNORE);
+  JAXCOMM_MPI_CHECK(MPI_Recv, signature, static_cast<int>(kSignatureBytes), MPI_BYTE,
+                    static_cast<int>(source), static_cast<int>(tag), check, MPI_STATUS_IGNORE);
   return ffi::Error::Success();
 }
 
-ffi::Error CheckSignature(MPI_Comm comm, const void* signature, int64_t source,
-                          const char* op, ffi::DataType dtype,
-                          int64_t capacity, int64_t site) {
+ffi::Error CheckSignature(MPI_Comm comm, const void* signature, int64_t source, const char* op,
+                          ffi::DataType dtype, int64_t capacity, int64_t site) {
   Signature in;
   std::memcpy(&in, signature, sizeof in);
   if (in.dtype == static_cast<int32_t>(dtype) && in.count <= capacity) {
@@ -537,13 +510,11 @@ ffi::Error CheckSignature(MPI_Comm comm, const void* signature, int64_t source,
   const auto elements = [](int64_t count, int32_t type) {
     return Elements(static_cast<size_t>(count), static_cast<ffi::DataType>(type));
   };
-  return Mismatch("jaxcomm: point-to-point mismatch on rank " +
-                  std::to_string(rank) + ": rank " + std::to_string(source) +
-                  " called " + in.op + " sending " +
-                  elements(in.count, in.dtype) + " (tag " +
-                  std::to_string(in.tag) + ") at " + in.site + "; rank " +
-                  std::to_string(rank) + " called " + op + " receiving up to " +
-                  elements(capacity, static_cast<int32_t>(dtype)) + " at " +
+  return Mismatch("jaxcomm: point-to-point mismatch on rank " + std::to_string(rank) + ": rank " +
+                  std::to_string(source) + " called " + in.op + " sending " +
+                  elements(in.count, in.dtype) + " (tag " + std::to_string(in.tag) + ") at " +
+                  in.site + "; rank " + std::to_string(rank) + " called " + op +
+                  " receiving up to " + elements(capacity, static_cast<int32_t>(dtype)) + " at " +
                   SiteTextOf(site) + ".");
 }
 

@@ -155,25 +155,22 @@ std::string Describe(const Slot& slot) {
 }
 
 ffi::Error NotUnderWay(const char* op, int32_t index, uint32_t serial) {
-  return ffi::Error(
-      ffi::ErrorCode::kFailedPrecondition,
-      std::string("jaxcomm: ") + op + " on world rank " +
-          std::to_string(WorldRank()) + ": request (slot " +
-          std::to_string(index) + ", serial " + std::to_string(serial) +
-          ") is not under way: it was waited already, or comes from another "
-          "run of a compiled function");
+  return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
+                    std::string("jaxcomm: ") + op + " on world rank " +
+                        std::to_string(WorldRank()) + ": request (slot " + std::to_string(index) +
+                        ", serial " + std::to_string(serial) +
+                        ") is not under way: it was waited already, or comes from another "
+                        "run of a compiled function");
 }
 
 // The handle's (slot, serial): the bits of two int32 in a float32[2] (only
 // ever copied, never computed on), in the platform's memory.
-ffi::Error ReadHandle(Memory& memory, const char* op,
-                      const ffi::AnyBuffer& handle, int32_t* index,
+ffi::Error ReadHandle(Memory& memory, const char* op, const ffi::AnyBuffer& handle, int32_t* index,
                       uint32_t* serial) {
-  if (handle.element_type() != ffi::DataType::F32 ||
-      handle.element_count() != 2) {
-    return ffi::Error::InvalidArgument(
-        std::string("jaxcomm: ") + op + ": a request handle is 2 float32, got " +
-        Elements(handle.element_count(), handle.element_type()));
+  if (handle.element_type() != ffi::DataType::F32 || handle.element_count() != 2) {
+    return ffi::Error::InvalidArgument(std::string("jaxcomm: ") + op +
+                                       ": a request handle is 2 float32, got " +
+                                       Elements(handle.element_count(), handle.element_type()));
   }
   const void* data;
   JAXCOMM_RETURN_IF_ERROR(memory.HostInput(handle, &data));
@@ -186,8 +183,7 @@ ffi::Error ReadHandle(Memory& memory, const char* op,
 }
 
 // Reaches the handle's buffer when Memory::Finish() runs.
-ffi::Error WriteHandle(Memory& memory, ffi::AnyBuffer& handle, int32_t index,
-                       uint32_t serial) {
+ffi::Error WriteHandle(Memory& memory, ffi::AnyBuffer& handle, int32_t index, uint32_t serial) {
   void* data;
   JAXCOMM_RETURN_IF_ERROR(memory.HostOutput(handle, &data));
   const int32_t fields[2] = {index, static_cast<int32_t>(serial)};
@@ -215,12 +211,10 @@ struct SlotGuard {
 // Takes a slot for a request of `kind` described by the other arguments and
 // writes its handle; the caller then holds its buffers and makes the MPI
 // call into slot->data.
-ffi::Error Begin(Memory& memory, Kind kind, const char* op,
-                 int64_t comm_handle, MPI_Comm comm, int64_t peer, int64_t tag,
-                 const ffi::AnyBuffer& x, ffi::AnyBuffer& handle,
+ffi::Error Begin(Memory& memory, Kind kind, const char* op, int64_t comm_handle, MPI_Comm comm,
+                 int64_t peer, int64_t tag, const ffi::AnyBuffer& x, ffi::AnyBuffer& handle,
                  int32_t* index, Slot** slot) {
-  if (handle.element_type() != ffi::DataType::F32 ||
-      handle.element_count() != 2) {
+  if (handle.element_type() != ffi::DataType::F32 || handle.element_count() != 2) {
     return Invalid(op, comm, "the request handle output must be 2 float32");
   }
   uint32_t serial = 0;
@@ -250,8 +244,9 @@ ffi::Error Begin(Memory& memory, Kind kind, const char* op,
 ffi::Error OneCount(const char* op, MPI_Comm comm, size_t count) {
   if (count <= MaxCount()) return ffi::Error::Success();
   return Invalid(op, comm,
-                 std::to_string(count) + " elements are more than one "
-                 "nonblocking reduction can take (" +
+                 std::to_string(count) +
+                     " elements are more than one "
+                     "nonblocking reduction can take (" +
                      std::to_string(MaxCount()) + "); use the blocking form");
 }
 
@@ -282,18 +277,17 @@ void MarkRequestReported(int64_t index, int64_t serial) {
 
 // Starts ----------------------------------------------------------------------
 
-ffi::Error IsendImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x,
-                     ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> handle,
-                     int64_t comm_handle, int64_t dest, int64_t tag) {
+ffi::Error IsendImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
+                     ffi::Result<ffi::AnyBuffer> handle, int64_t comm_handle, int64_t dest,
+                     int64_t tag) {
   MPI_Comm comm;
   JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "isend", &comm));
   LargeType type;
-  JAXCOMM_RETURN_IF_ERROR(
-      LargeType::Make(x.element_type(), x.element_count(), comm, &type));
+  JAXCOMM_RETURN_IF_ERROR(LargeType::Make(x.element_type(), x.element_count(), comm, &type));
   int32_t index;
   Slot* slot;
-  JAXCOMM_RETURN_IF_ERROR(Begin(memory, Kind::kSend, "isend", comm_handle,
-                                comm, dest, tag, x, *handle, &index, &slot));
+  JAXCOMM_RETURN_IF_ERROR(
+      Begin(memory, Kind::kSend, "isend", comm_handle, comm, dest, tag, x, *handle, &index, &slot));
   SlotGuard guard{memory, index};
   const void* in;
   JAXCOMM_RETURN_IF_ERROR(memory.HoldInput(x, &in, &slot->send));
@@ -301,29 +295,27 @@ ffi::Error IsendImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x,
   if ((MonitorFlags() & kCheckCalls) && dest != MPI_PROC_NULL) {
     // Checking: the signature goes out ahead of the message, as for send,
     // but without waiting: the receive may be this rank's own, posted later.
-    JAXCOMM_RETURN_IF_ERROR(PostSignatureSend(
-        comm_handle, comm, "isend", x.element_type(), Count(x), dest, tag,
-        slot->signature_bytes, &slot->signature));
+    JAXCOMM_RETURN_IF_ERROR(PostSignatureSend(comm_handle, comm, "isend", x.element_type(),
+                                              Count(x), dest, tag, slot->signature_bytes,
+                                              &slot->signature));
     slot->check = Check::kPosted;
   }
   if (DebugEnabled()) {
-    DebugLog(comm, "MPI_Isend -> " + PeerText(dest) + " tag " +
-                       std::to_string(tag) + " " +
+    DebugLog(comm, "MPI_Isend -> " + PeerText(dest) + " tag " + std::to_string(tag) + " " +
                        Elements(x.element_count(), x.element_type()));
   }
   // MPI may free the datatype now (LargeType does): the send completes
   // normally (MPI 4.1, section 5.1.10).
-  JAXCOMM_MPI_CHECK(MPI_Isend, in, type.count(), type.type(),
-                    static_cast<int>(dest), static_cast<int>(tag), comm,
-                    &slot->data);
+  JAXCOMM_MPI_CHECK(MPI_Isend, in, type.count(), type.type(), static_cast<int>(dest),
+                    static_cast<int>(tag), comm, &slot->data);
   guard.keep = true;
   return memory.Finish();
 }
 
 ffi::Error IrecvImpl(Memory& memory, ffi::Token, ffi::AnyBuffer template_buffer,
                      ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> handle,
-                     ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle,
-                     int64_t source, int64_t tag) {
+                     ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle, int64_t source,
+                     int64_t tag) {
   MPI_Comm comm;
   JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "irecv", &comm));
   if (y->element_type() != template_buffer.element_type() ||
@@ -331,13 +323,11 @@ ffi::Error IrecvImpl(Memory& memory, ffi::Token, ffi::AnyBuffer template_buffer,
     return Invalid("irecv", comm, "the result buffer does not match the template");
   }
   LargeType type;
-  JAXCOMM_RETURN_IF_ERROR(
-      LargeType::Make(y->element_type(), y->element_count(), comm, &type));
+  JAXCOMM_RETURN_IF_ERROR(LargeType::Make(y->element_type(), y->element_count(), comm, &type));
   int32_t index;
   Slot* slot;
-  JAXCOMM_RETURN_IF_ERROR(Begin(memory, Kind::kReceive, "irecv", comm_handle,
-                                comm, source, tag, template_buffer, *handle,
-                                &index, &slot));
+  JAXCOMM_RETURN_IF_ERROR(Begin(memory, Kind::kReceive, "irecv", comm_handle, comm, source, tag,
+                                template_buffer, *handle, &index, &slot));
   SlotGuard guard{memory, index};
   void* out;
   JAXCOMM_RETURN_IF_ERROR(memory.HoldOutput(*y, &out, &slot->recv));
@@ -348,38 +338,31 @@ ffi::Error IrecvImpl(Memory& memory, ffi::Token, ffi::AnyBuffer template_buffer,
   if (checked && source != MPI_ANY_SOURCE && tag != MPI_ANY_TAG) {
     // Posted now, in the order receives are posted, so that it pairs with
     // the signature of exactly the message the data receive will match.
-    JAXCOMM_RETURN_IF_ERROR(PostSignatureReceive(comm_handle, comm, "irecv",
-                                                 source, tag,
-                                                 slot->signature_bytes,
-                                                 &slot->signature));
+    JAXCOMM_RETURN_IF_ERROR(PostSignatureReceive(comm_handle, comm, "irecv", source, tag,
+                                                 slot->signature_bytes, &slot->signature));
     slot->check = Check::kPosted;
   } else if (checked) {
     slot->check = Check::kAtWait;
   }
   if (DebugEnabled()) {
     DebugLog(comm, "MPI_Irecv <- " + PeerText(source) + " tag " +
-                       (tag == MPI_ANY_TAG ? std::string("any") : std::to_string(tag)) +
-                       " " + Elements(y->element_count(), y->element_type()));
+                       (tag == MPI_ANY_TAG ? std::string("any") : std::to_string(tag)) + " " +
+                       Elements(y->element_count(), y->element_type()));
   }
-  JAXCOMM_MPI_CHECK(MPI_Irecv, out, type.count(), type.type(),
-                    static_cast<int>(source), static_cast<int>(tag), comm,
-                    &slot->data);
+  JAXCOMM_MPI_CHECK(MPI_Irecv, out, type.count(), type.type(), static_cast<int>(source),
+                    static_cast<int>(tag), comm, &slot->data);
   guard.keep = true;
   return memory.Finish();
 }
 
-ffi::Error IallreduceImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x,
-                          ffi::Result<ffi::Token>,
-                          ffi::Result<ffi::AnyBuffer> handle,
-                          ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle,
-                          int64_t op) {
+ffi::Error IallreduceImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
+                          ffi::Result<ffi::AnyBuffer> handle, ffi::Result<ffi::AnyBuffer> y,
+                          int64_t comm_handle, int64_t op) {
   MPI_Comm comm;
   JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "iallreduce", &comm));
   JAXCOMM_RETURN_IF_ERROR(AnnounceCollective(
-      comm_handle, comm,
-      Collective{"iallreduce", x.element_type(), Count(x), -1, op}));
-  JAXCOMM_RETURN_IF_ERROR(
-      CheckOutput("iallreduce", comm, x, *y, x.element_count(), LikeTheInput));
+      comm_handle, comm, Collective{"iallreduce", x.element_type(), Count(x), -1, op}));
+  JAXCOMM_RETURN_IF_ERROR(CheckOutput("iallreduce", comm, x, *y, x.element_count(), LikeTheInput));
   JAXCOMM_RETURN_IF_ERROR(OneCount("iallreduce", comm, x.element_count()));
   MPI_Datatype dtype;
   MPI_Op mpi_op;
@@ -389,9 +372,8 @@ ffi::Error IallreduceImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x,
   if (IsOwnReduceOp(op, x.element_type())) memory.RequireHost();
   int32_t index;
   Slot* slot;
-  JAXCOMM_RETURN_IF_ERROR(Begin(memory, Kind::kCollective, "iallreduce",
-                                comm_handle, comm, kNoPeer, 0, x, *handle,
-                                &index, &slot));
+  JAXCOMM_RETURN_IF_ERROR(Begin(memory, Kind::kCollective, "iallreduce", comm_handle, comm, kNoPeer,
+                                0, x, *handle, &index, &slot));
   SlotGuard guard{memory, index};
   const void* in;
   void* out;
@@ -402,30 +384,26 @@ ffi::Error IallreduceImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x,
     DebugLog(comm, std::string("MPI_Iallreduce op ") + ReduceOpName(op) + " " +
                        Elements(x.element_count(), x.element_type()));
   }
-  JAXCOMM_MPI_CHECK(MPI_Iallreduce, in, out, static_cast<int>(x.element_count()),
-                    dtype, mpi_op, comm, &slot->data);
+  JAXCOMM_MPI_CHECK(MPI_Iallreduce, in, out, static_cast<int>(x.element_count()), dtype, mpi_op,
+                    comm, &slot->data);
   guard.keep = true;
   return memory.Finish();
 }
 
-ffi::Error IbcastImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x,
-                      ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> handle,
-                      ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle,
-                      int64_t root) {
+ffi::Error IbcastImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
+                      ffi::Result<ffi::AnyBuffer> handle, ffi::Result<ffi::AnyBuffer> y,
+                      int64_t comm_handle, int64_t root) {
   MPI_Comm comm;
   JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "ibcast", &comm));
   JAXCOMM_RETURN_IF_ERROR(AnnounceCollective(
       comm_handle, comm, Collective{"ibcast", x.element_type(), Count(x), root}));
-  JAXCOMM_RETURN_IF_ERROR(
-      CheckOutput("ibcast", comm, x, *y, x.element_count(), LikeTheInput));
+  JAXCOMM_RETURN_IF_ERROR(CheckOutput("ibcast", comm, x, *y, x.element_count(), LikeTheInput));
   LargeType type;
-  JAXCOMM_RETURN_IF_ERROR(
-      LargeType::Make(x.element_type(), x.element_count(), comm, &type));
+  JAXCOMM_RETURN_IF_ERROR(LargeType::Make(x.element_type(), x.element_count(), comm, &type));
   int32_t index;
   Slot* slot;
-  JAXCOMM_RETURN_IF_ERROR(Begin(memory, Kind::kCollective, "ibcast",
-                                comm_handle, comm, root, 0, x, *handle, &index,
-                                &slot));
+  JAXCOMM_RETURN_IF_ERROR(Begin(memory, Kind::kCollective, "ibcast", comm_handle, comm, root, 0, x,
+                                *handle, &index, &slot));
   SlotGuard guard{memory, index};
   void* out;
   JAXCOMM_RETURN_IF_ERROR(memory.HoldOutput(*y, &out, &slot->recv));
@@ -439,8 +417,8 @@ ffi::Error IbcastImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x,
     DebugLog(comm, "MPI_Ibcast root " + std::to_string(root) + " " +
                        Elements(x.element_count(), x.element_type()));
   }
-  JAXCOMM_MPI_CHECK(MPI_Ibcast, out, type.count(), type.type(),
-                    static_cast<int>(root), comm, &slot->data);
+  JAXCOMM_MPI_CHECK(MPI_Ibcast, out, type.count(), type.type(), static_cast<int>(root), comm,
+                    &slot->data);
   guard.keep = true;
   return memory.Finish();
 }
@@ -448,41 +426,39 @@ ffi::Error IbcastImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x,
 namespace {
 
 // MPI_Iallgather and MPI_Ialltoall: `blocks` blocks of y, one per rank.
-using BlockCall = int (*)(const void*, int, MPI_Datatype, void*, int,
-                          MPI_Datatype, MPI_Comm, MPI_Request*);
+using BlockCall = int (*)(const void*, int, MPI_Datatype, void*, int, MPI_Datatype, MPI_Comm,
+                          MPI_Request*);
 
-ffi::Error StartBlocks(Memory& memory, const char* op, const char* function,
-                       BlockCall call, ffi::AnyBuffer& x, ffi::AnyBuffer& handle,
-                       ffi::AnyBuffer& y, int64_t comm_handle, bool gather) {
+ffi::Error StartBlocks(Memory& memory, const char* op, const char* function, BlockCall call,
+                       ffi::AnyBuffer& x, ffi::AnyBuffer& handle, ffi::AnyBuffer& y,
+                       int64_t comm_handle, bool gather) {
   MPI_Comm comm;
   JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, op, &comm));
-  JAXCOMM_RETURN_IF_ERROR(AnnounceCollective(
-      comm_handle, comm, Collective{op, x.element_type(), Count(x)}));
+  JAXCOMM_RETURN_IF_ERROR(
+      AnnounceCollective(comm_handle, comm, Collective{op, x.element_type(), Count(x)}));
   const size_t size = static_cast<size_t>(CommSize(comm));
   size_t block_count;
   if (gather) {
     block_count = x.element_count();
-    JAXCOMM_RETURN_IF_ERROR(CheckOutput(op, comm, x, y, size * block_count, [&] {
-      return std::to_string(size) + " times the input";
-    }));
+    JAXCOMM_RETURN_IF_ERROR(CheckOutput(op, comm, x, y, size * block_count,
+                                        [&] { return std::to_string(size) + " times the input"; }));
   } else {
     if (x.element_count() % size != 0) {
       return Invalid(op, comm,
                      "input has " + std::to_string(x.element_count()) +
                          " elements, expected a multiple of the communicator "
-                         "size " + std::to_string(size));
+                         "size " +
+                         std::to_string(size));
     }
     block_count = x.element_count() / size;
-    JAXCOMM_RETURN_IF_ERROR(
-        CheckOutput(op, comm, x, y, x.element_count(), LikeTheInput));
+    JAXCOMM_RETURN_IF_ERROR(CheckOutput(op, comm, x, y, x.element_count(), LikeTheInput));
   }
   LargeType block;
-  JAXCOMM_RETURN_IF_ERROR(
-      LargeType::Make(x.element_type(), block_count, comm, &block));
+  JAXCOMM_RETURN_IF_ERROR(LargeType::Make(x.element_type(), block_count, comm, &block));
   int32_t index;
   Slot* slot;
-  JAXCOMM_RETURN_IF_ERROR(Begin(memory, Kind::kCollective, op, comm_handle,
-                                comm, kNoPeer, 0, x, handle, &index, &slot));
+  JAXCOMM_RETURN_IF_ERROR(Begin(memory, Kind::kCollective, op, comm_handle, comm, kNoPeer, 0, x,
+                                handle, &index, &slot));
   SlotGuard guard{memory, index};
   const void* in;
   void* out;
@@ -490,11 +466,10 @@ ffi::Error StartBlocks(Memory& memory, const char* op, const char* function,
   JAXCOMM_RETURN_IF_ERROR(memory.HoldOutput(y, &out, &slot->recv));
   JAXCOMM_RETURN_IF_ERROR(memory.Ready());
   if (DebugEnabled()) {
-    DebugLog(comm, std::string(function) + " " +
-                       Elements(x.element_count(), x.element_type()));
+    DebugLog(comm, std::string(function) + " " + Elements(x.element_count(), x.element_type()));
   }
-  const int rc = call(in, block.count(), block.type(), out, block.count(),
-                      block.type(), comm, &slot->data);
+  const int rc =
+      call(in, block.count(), block.type(), out, block.count(), block.type(), comm, &slot->data);
   if (rc != MPI_SUCCESS) return MpiFailure(function, rc, comm);
   guard.keep = true;
   return memory.Finish();
@@ -502,20 +477,18 @@ ffi::Error StartBlocks(Memory& memory, const char* op, const char* function,
 
 }  // namespace
 
-ffi::Error IallgatherImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x,
-                          ffi::Result<ffi::Token>,
-                          ffi::Result<ffi::AnyBuffer> handle,
-                          ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle) {
-  return StartBlocks(memory, "iallgather", "MPI_Iallgather", MPI_Iallgather, x,
-                     *handle, *y, comm_handle, true);
+ffi::Error IallgatherImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
+                          ffi::Result<ffi::AnyBuffer> handle, ffi::Result<ffi::AnyBuffer> y,
+                          int64_t comm_handle) {
+  return StartBlocks(memory, "iallgather", "MPI_Iallgather", MPI_Iallgather, x, *handle, *y,
+                     comm_handle, true);
 }
 
-ffi::Error IalltoallImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x,
-                         ffi::Result<ffi::Token>,
-                         ffi::Result<ffi::AnyBuffer> handle,
-                         ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle) {
-  return StartBlocks(memory, "ialltoall", "MPI_Ialltoall", MPI_Ialltoall, x,
-                     *handle, *y, comm_handle, false);
+ffi::Error IalltoallImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
+                         ffi::Result<ffi::AnyBuffer> handle, ffi::Result<ffi::AnyBuffer> y,
+                         int64_t comm_handle) {
+  return StartBlocks(memory, "ialltoall", "MPI_Ialltoall", MPI_Ialltoall, x, *handle, *y,
+                     comm_handle, false);
 }
 
 // Waits -----------------------------------------------------------------------
@@ -523,12 +496,11 @@ ffi::Error IalltoallImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x,
 namespace {
 
 ffi::Error Moved(const Slot& slot, const char* which) {
-  return ffi::Error(
-      ffi::ErrorCode::kInternal,
-      std::string("jaxcomm: wait on world rank ") + std::to_string(WorldRank()) +
-          ": the " + which + " buffer of " + Describe(slot) +
-          " is not the one the start was given (XLA copied it in "
-          "between); please report this as a jaxcomm bug");
+  return ffi::Error(ffi::ErrorCode::kInternal,
+                    std::string("jaxcomm: wait on world rank ") + std::to_string(WorldRank()) +
+                        ": the " + which + " buffer of " + Describe(slot) +
+                        " is not the one the start was given (XLA copied it in "
+                        "between); please report this as a jaxcomm bug");
 }
 
 // Completes the request behind `handle`: waits for it, checks that `send`
@@ -536,16 +508,14 @@ ffi::Error Moved(const Slot& slot, const char* which) {
 // receive's message against its signature, and gives `out` (null: none) what
 // MPI received, zeros where no message filled it.
 ffi::Error Complete(Memory& memory, const char* op, const ffi::AnyBuffer& handle,
-                    const ffi::AnyBuffer* send, ffi::AnyBuffer* recv,
-                    ffi::AnyBuffer* out) {
+                    const ffi::AnyBuffer* send, ffi::AnyBuffer* recv, ffi::AnyBuffer* out) {
   int32_t index = 0;
   uint32_t serial = 0;
   JAXCOMM_RETURN_IF_ERROR(ReadHandle(memory, op, handle, &index, &serial));
   Table& table = TheTable();
   {
     std::lock_guard<std::mutex> lock(table.mutex);
-    if (index < 0 || index >= table.chunk_count * kChunkSlots ||
-        !SlotAt(table, index).busy ||
+    if (index < 0 || index >= table.chunk_count * kChunkSlots || !SlotAt(table, index).busy ||
         SlotAt(table, index).serial != serial) {
       return NotUnderWay(op, index, serial);
     }
@@ -553,8 +523,8 @@ ffi::Error Complete(Memory& memory, const char* op, const ffi::AnyBuffer& handle
   Slot& slot = SlotAt(table, index);
   SlotGuard guard{memory, index};
   if (Watching()) {
-    Watch("wait for " + Describe(slot) + ", at " + SiteText(CurrentSite()) +
-          " on world rank " + std::to_string(WorldRank()));
+    Watch("wait for " + Describe(slot) + ", at " + SiteText(CurrentSite()) + " on world rank " +
+          std::to_string(WorldRank()));
   }
   MPI_Comm comm = slot.comm;
   MPI_Status status;
@@ -567,14 +537,12 @@ ffi::Error Complete(Memory& memory, const char* op, const ffi::AnyBuffer& handle
       JAXCOMM_MPI_CHECK(MPI_Wait, &slot.signature, MPI_STATUS_IGNORE);
       signed_message = true;
     } else if (status.MPI_SOURCE != MPI_PROC_NULL) {
-      JAXCOMM_RETURN_IF_ERROR(ReceiveSignatureNow(
-          slot.comm_handle, comm, op, status.MPI_SOURCE, status.MPI_TAG,
-          slot.signature_bytes));
+      JAXCOMM_RETURN_IF_ERROR(ReceiveSignatureNow(slot.comm_handle, comm, op, status.MPI_SOURCE,
+                                                  status.MPI_TAG, slot.signature_bytes));
       signed_message = true;
     }
     if (signed_message) {
-      JAXCOMM_RETURN_IF_ERROR(CheckSignature(comm, slot.signature_bytes,
-                                             status.MPI_SOURCE, "irecv",
+      JAXCOMM_RETURN_IF_ERROR(CheckSignature(comm, slot.signature_bytes, status.MPI_SOURCE, "irecv",
                                              slot.dtype, slot.count, slot.site));
     }
   }
@@ -582,12 +550,10 @@ ffi::Error Complete(Memory& memory, const char* op, const ffi::AnyBuffer& handle
     JAXCOMM_MPI_CHECK(MPI_Wait, &slot.signature, MPI_STATUS_IGNORE);
   }
   if (rc != MPI_SUCCESS) return MpiFailure("MPI_Wait", rc, comm);
-  if (send != nullptr && send->size_bytes() > 0 &&
-      send->untyped_data() != slot.send.buffer) {
+  if (send != nullptr && send->size_bytes() > 0 && send->untyped_data() != slot.send.buffer) {
     return Moved(slot, "send");
   }
-  if (recv != nullptr && recv->size_bytes() > 0 &&
-      recv->untyped_data() != slot.recv.buffer) {
+  if (recv != nullptr && recv->size_bytes() > 0 && recv->untyped_data() != slot.recv.buffer) {
     return Moved(slot, "receive");
   }
   size_t filled = slot.recv.bytes;
@@ -613,22 +579,20 @@ ffi::Error Complete(Memory& memory, const char* op, const ffi::AnyBuffer& handle
 
 }  // namespace
 
-ffi::Error WaitSendImpl(Memory& memory, ffi::Token, ffi::AnyBuffer handle,
-                        ffi::AnyBuffer x, ffi::Result<ffi::Token>, int64_t) {
+ffi::Error WaitSendImpl(Memory& memory, ffi::Token, ffi::AnyBuffer handle, ffi::AnyBuffer x,
+                        ffi::Result<ffi::Token>, int64_t) {
   return Complete(memory, "wait", handle, &x, nullptr, nullptr);
 }
 
 // The result is the receive buffer in place (the lowering aliases them);
 // without the alias, MPI's data is moved to the result.
-ffi::Error WaitRecvImpl(Memory& memory, ffi::Token, ffi::AnyBuffer handle,
-                        ffi::AnyBuffer y, ffi::Result<ffi::Token>,
-                        ffi::Result<ffi::AnyBuffer> y_out, int64_t) {
+ffi::Error WaitRecvImpl(Memory& memory, ffi::Token, ffi::AnyBuffer handle, ffi::AnyBuffer y,
+                        ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> y_out, int64_t) {
   return Complete(memory, "wait", handle, nullptr, &y, &*y_out);
 }
 
-ffi::Error WaitExchangeImpl(Memory& memory, ffi::Token, ffi::AnyBuffer handle,
-                            ffi::AnyBuffer x, ffi::AnyBuffer y,
-                            ffi::Result<ffi::Token>,
+ffi::Error WaitExchangeImpl(Memory& memory, ffi::Token, ffi::AnyBuffer handle, ffi::AnyBuffer x,
+                            ffi::AnyBuffer y, ffi::Result<ffi::Token>,
                             ffi::Result<ffi::AnyBuffer> y_out, int64_t) {
   return Complete(memory, "wait", handle, &x, &y, &*y_out);
 }
@@ -636,9 +600,8 @@ ffi::Error WaitExchangeImpl(Memory& memory, ffi::Token, ffi::AnyBuffer handle,
 // JaxComm.during: no MPI call. The arrays are only operands, so XLA computes
 // them before this call; the int32 1 it writes is a value XLA cannot know
 // before it runs, so whatever is computed from it comes after.
-ffi::Error FenceImpl(Memory& memory, ffi::Token, ffi::RemainingArgs,
-                     ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> one,
-                     int64_t) {
+ffi::Error FenceImpl(Memory& memory, ffi::Token, ffi::RemainingArgs, ffi::Result<ffi::Token>,
+                     ffi::Result<ffi::AnyBuffer> one, int64_t) {
   if (one->element_type() != ffi::DataType::S32 || one->element_count() != 1) {
     return ffi::Error::InvalidArgument("jaxcomm: fence: the output must be one int32");
   }

@@ -25,17 +25,14 @@ std::string Peer(int64_t rank) {
   return std::to_string(rank);
 }
 
-std::string Tag(int64_t tag) {
-  return tag == MPI_ANY_TAG ? "any" : std::to_string(tag);
-}
+std::string Tag(int64_t tag) { return tag == MPI_ANY_TAG ? "any" : std::to_string(tag); }
 
 // Fails unless `envelope` (`what` it is, for the message) holds the three
 // int32 or int64 fields of an envelope.
-ffi::Error CheckEnvelope(const char* op, MPI_Comm comm,
-                         const ffi::AnyBuffer& envelope, const char* what) {
+ffi::Error CheckEnvelope(const char* op, MPI_Comm comm, const ffi::AnyBuffer& envelope,
+                         const char* what) {
   const ffi::DataType type = envelope.element_type();
-  if ((type == ffi::DataType::S32 || type == ffi::DataType::S64) &&
-      envelope.element_count() == 3) {
+  if ((type == ffi::DataType::S32 || type == ffi::DataType::S64) && envelope.element_count() == 3) {
     return ffi::Error::Success();
   }
   return Invalid(op, comm,
@@ -48,13 +45,10 @@ ffi::Error CheckEnvelope(const char* op, MPI_Comm comm,
 // integers. Checked before any MPI call, so a mismatch never overwrites
 // memory XLA did not give us.
 ffi::Error CheckOutputs(const char* op, MPI_Comm comm, const ffi::AnyBuffer& in,
-                        const ffi::AnyBuffer& y,
-                        const ffi::AnyBuffer& envelope) {
-  if (y.element_type() != in.element_type() ||
-      y.element_count() != in.element_count()) {
+                        const ffi::AnyBuffer& y, const ffi::AnyBuffer& envelope) {
+  if (y.element_type() != in.element_type() || y.element_count() != in.element_count()) {
     return Invalid(op, comm,
-                   "the result buffer holds " +
-                       Elements(y.element_count(), y.element_type()) +
+                   "the result buffer holds " + Elements(y.element_count(), y.element_type()) +
                        " but the message buffer " +
                        Elements(in.element_count(), in.element_type()));
   }
@@ -71,25 +65,21 @@ int64_t EnvelopeAt(ffi::DataType type, const void* data, int i) {
 // message filled (all of it for MPI_PROC_NULL; XLA's buffers hold garbage
 // and jaxcomm documents zeros), writes (source, tag, count) to `fields_out`,
 // the host memory of `envelope`, and finishes the call.
-ffi::Error FinishReceive(Memory& memory, const char* op, MPI_Comm comm,
-                         const MPI_Status& status, MPI_Datatype type,
-                         size_t capacity, ffi::AnyBuffer& y,
+ffi::Error FinishReceive(Memory& memory, const char* op, MPI_Comm comm, const MPI_Status& status,
+                         MPI_Datatype type, size_t capacity, ffi::AnyBuffer& y,
                          ffi::AnyBuffer& envelope, void* fields_out) {
   MPI_Count basic = 0;
   JAXCOMM_MPI_CHECK(MPI_Get_elements_x, &status, type, &basic);
-  if (basic == MPI_UNDEFINED || basic < 0 ||
-      static_cast<size_t>(basic) > capacity) {
+  if (basic == MPI_UNDEFINED || basic < 0 || static_cast<size_t>(basic) > capacity) {
     return Invalid(op, comm,
                    "received a message that is not a whole number of " +
                        std::string(DtypeName(y.element_type())) + " elements");
   }
   const size_t count = static_cast<size_t>(basic);
   if (count < capacity) {
-    JAXCOMM_RETURN_IF_ERROR(
-        memory.ZeroFrom(y, count * ffi::ByteWidth(y.element_type())));
+    JAXCOMM_RETURN_IF_ERROR(memory.ZeroFrom(y, count * ffi::ByteWidth(y.element_type())));
   }
-  const int64_t fields[3] = {status.MPI_SOURCE, status.MPI_TAG,
-                             static_cast<int64_t>(count)};
+  const int64_t fields[3] = {status.MPI_SOURCE, status.MPI_TAG, static_cast<int64_t>(count)};
   if (envelope.element_type() == ffi::DataType::S32) {
     if (count > static_cast<size_t>(INT32_MAX)) {
       return Invalid(op, comm,
@@ -107,41 +97,33 @@ ffi::Error FinishReceive(Memory& memory, const char* op, MPI_Comm comm,
 
 // A cotangent going back to a receive from MPI_PROC_NULL, whose status
 // tag is MPI_ANY_TAG, still needs a valid tag.
-int SendTag(int64_t dest, int64_t tag) {
-  return dest == MPI_PROC_NULL ? 0 : static_cast<int>(tag);
-}
+int SendTag(int64_t dest, int64_t tag) { return dest == MPI_PROC_NULL ? 0 : static_cast<int>(tag); }
 
 // Takes the message the checker refused (PointToPoint::recv_dropped) from
 // (source, tag) into scratch memory, so that its sender, which does not know,
 // is not left waiting.
-ffi::Error ReceiveDropped(const PointToPoint& call, MPI_Comm comm,
-                          int64_t source, int64_t tag) {
-  std::vector<char> bytes(static_cast<size_t>(call.dropped_count) *
-                              ffi::ByteWidth(call.dropped_dtype) +
-                          1);
+ffi::Error ReceiveDropped(const PointToPoint& call, MPI_Comm comm, int64_t source, int64_t tag) {
+  std::vector<char> bytes(
+      static_cast<size_t>(call.dropped_count) * ffi::ByteWidth(call.dropped_dtype) + 1);
   LargeType type;
-  JAXCOMM_RETURN_IF_ERROR(LargeType::Make(
-      call.dropped_dtype, static_cast<size_t>(call.dropped_count), comm, &type));
-  JAXCOMM_MPI_CHECK(MPI_Recv, bytes.data(), type.count(), type.type(),
-                    static_cast<int>(source), static_cast<int>(tag), comm,
-                    MPI_STATUS_IGNORE);
+  JAXCOMM_RETURN_IF_ERROR(
+      LargeType::Make(call.dropped_dtype, static_cast<size_t>(call.dropped_count), comm, &type));
+  JAXCOMM_MPI_CHECK(MPI_Recv, bytes.data(), type.count(), type.type(), static_cast<int>(source),
+                    static_cast<int>(tag), comm, MPI_STATUS_IGNORE);
   return ffi::Error::Success();
 }
 
 }  // namespace
 
-ffi::Error SendImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x,
-                    ffi::Result<ffi::Token>, int64_t comm_handle, int64_t dest,
-                    int64_t tag) {
+ffi::Error SendImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
+                    int64_t comm_handle, int64_t dest, int64_t tag) {
   MPI_Comm comm;
   JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "send", &comm));
   PointToPoint call{"send", x.element_type(), dest, tag, Count(x)};
   int64_t no_source = kNoPeer, no_tag = 0;
-  JAXCOMM_RETURN_IF_ERROR(
-      AnnouncePointToPoint(comm_handle, comm, call, &no_source, &no_tag));
+  JAXCOMM_RETURN_IF_ERROR(AnnouncePointToPoint(comm_handle, comm, call, &no_source, &no_tag));
   LargeType type;
-  JAXCOMM_RETURN_IF_ERROR(
-      LargeType::Make(x.element_type(), x.element_count(), comm, &type));
+  JAXCOMM_RETURN_IF_ERROR(LargeType::Make(x.element_type(), x.element_count(), comm, &type));
   const void* in;
   JAXCOMM_RETURN_IF_ERROR(memory.Input(x, &in));
   JAXCOMM_RETURN_IF_ERROR(memory.Ready());
@@ -149,30 +131,26 @@ ffi::Error SendImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x,
     DebugLog(comm, "MPI_Send -> " + Peer(dest) + " tag " + Tag(tag) + " " +
                        Elements(x.element_count(), x.element_type()));
   }
-  JAXCOMM_MPI_CHECK(MPI_Send, in, type.count(), type.type(),
-                    static_cast<int>(dest), static_cast<int>(tag), comm);
+  JAXCOMM_MPI_CHECK(MPI_Send, in, type.count(), type.type(), static_cast<int>(dest),
+                    static_cast<int>(tag), comm);
   return memory.Finish();
 }
 
 ffi::Error RecvImpl(Memory& memory, ffi::Token, ffi::AnyBuffer template_buffer,
                     ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> y,
-                    ffi::Result<ffi::AnyBuffer> envelope, int64_t comm_handle,
-                    int64_t source, int64_t tag) {
+                    ffi::Result<ffi::AnyBuffer> envelope, int64_t comm_handle, int64_t source,
+                    int64_t tag) {
   MPI_Comm comm;
   JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "recv", &comm));
-  PointToPoint call{"recv", template_buffer.element_type(), kNoPeer, 0, 0,
-                    Count(template_buffer)};
-  const ffi::Error checked =
-      AnnouncePointToPoint(comm_handle, comm, call, &source, &tag);
+  PointToPoint call{"recv", template_buffer.element_type(), kNoPeer, 0, 0, Count(template_buffer)};
+  const ffi::Error checked = AnnouncePointToPoint(comm_handle, comm, call, &source, &tag);
   if (call.recv_dropped) {
     JAXCOMM_RETURN_IF_ERROR(ReceiveDropped(call, comm, source, tag));
   }
   JAXCOMM_RETURN_IF_ERROR(checked);
-  JAXCOMM_RETURN_IF_ERROR(
-      CheckOutputs("MPI_Recv", comm, template_buffer, *y, *envelope));
+  JAXCOMM_RETURN_IF_ERROR(CheckOutputs("MPI_Recv", comm, template_buffer, *y, *envelope));
   LargeType type;
-  JAXCOMM_RETURN_IF_ERROR(
-      LargeType::Make(y->element_type(), y->element_count(), comm, &type));
+  JAXCOMM_RETURN_IF_ERROR(LargeType::Make(y->element_type(), y->element_count(), comm, &type));
   void *out, *fields;
   JAXCOMM_RETURN_IF_ERROR(memory.Output(*y, &out));
   JAXCOMM_RETURN_IF_ERROR(memory.HostOutput(*envelope, &fields));
@@ -182,31 +160,25 @@ ffi::Error RecvImpl(Memory& memory, ffi::Token, ffi::AnyBuffer template_buffer,
                        Elements(y->element_count(), y->element_type()));
   }
   MPI_Status status;
-  JAXCOMM_MPI_CHECK(MPI_Recv, out, type.count(), type.type(),
-                    static_cast<int>(source), static_cast<int>(tag), comm,
-                    &status);
-  return FinishReceive(memory, "MPI_Recv", comm, status, type.type(),
-                       y->element_count(), *y, *envelope, fields);
+  JAXCOMM_MPI_CHECK(MPI_Recv, out, type.count(), type.type(), static_cast<int>(source),
+                    static_cast<int>(tag), comm, &status);
+  return FinishReceive(memory, "MPI_Recv", comm, status, type.type(), y->element_count(), *y,
+                       *envelope, fields);
 }
 
 namespace {
 
 // MPI_Sendrecv of `x` to (dest, sendtag) and into `y` from (source,
 // recvtag); shared by the plain and the addressed handler.
-ffi::Error Exchange(Memory& memory, int64_t comm_handle, MPI_Comm comm,
-                    ffi::AnyBuffer& x, ffi::AnyBuffer& y,
-                    ffi::AnyBuffer& envelope, int64_t source, int64_t dest,
+ffi::Error Exchange(Memory& memory, int64_t comm_handle, MPI_Comm comm, ffi::AnyBuffer& x,
+                    ffi::AnyBuffer& y, ffi::AnyBuffer& envelope, int64_t source, int64_t dest,
                     int64_t sendtag, int64_t recvtag) {
   JAXCOMM_RETURN_IF_ERROR(CheckOutputs("MPI_Sendrecv", comm, x, y, envelope));
-  PointToPoint call{"sendrecv", x.element_type(), dest, SendTag(dest, sendtag),
-                    Count(x), Count(y)};
-  const ffi::Error checked =
-      AnnouncePointToPoint(comm_handle, comm, call, &source, &recvtag);
+  PointToPoint call{"sendrecv", x.element_type(), dest, SendTag(dest, sendtag), Count(x), Count(y)};
+  const ffi::Error checked = AnnouncePointToPoint(comm_handle, comm, call, &source, &recvtag);
   LargeType send, recv;
-  JAXCOMM_RETURN_IF_ERROR(
-      LargeType::Make(x.element_type(), x.element_count(), comm, &send));
-  JAXCOMM_RETURN_IF_ERROR(
-      LargeType::Make(y.element_type(), y.element_count(), comm, &recv));
+  JAXCOMM_RETURN_IF_ERROR(LargeType::Make(x.element_type(), x.element_count(), comm, &send));
+  JAXCOMM_RETURN_IF_ERROR(LargeType::Make(y.element_type(), y.element_count(), comm, &recv));
   const void* in;
   void *out, *fields;
   JAXCOMM_RETURN_IF_ERROR(memory.Input(x, &in));
@@ -218,67 +190,58 @@ ffi::Error Exchange(Memory& memory, int64_t comm_handle, MPI_Comm comm,
     // Checking: this rank's message goes out before it waits for the
     // signature of the one it receives (see AnnouncePointToPoint).
     MPI_Request request;
-    JAXCOMM_MPI_CHECK(MPI_Isend, in, send.count(), send.type(),
-                      static_cast<int>(dest), SendTag(dest, sendtag), comm,
-                      &request);
-    const ffi::Error fits =
-        ReceiveSignature(comm_handle, comm, call, &source, &recvtag);
+    JAXCOMM_MPI_CHECK(MPI_Isend, in, send.count(), send.type(), static_cast<int>(dest),
+                      SendTag(dest, sendtag), comm, &request);
+    const ffi::Error fits = ReceiveSignature(comm_handle, comm, call, &source, &recvtag);
     MPI_Status status;
     if (call.recv_dropped) {
       JAXCOMM_RETURN_IF_ERROR(ReceiveDropped(call, comm, source, recvtag));
     } else if (fits.success()) {
-      JAXCOMM_MPI_CHECK(MPI_Recv, out, recv.count(), recv.type(),
-                        static_cast<int>(source), static_cast<int>(recvtag),
-                        comm, &status);
+      JAXCOMM_MPI_CHECK(MPI_Recv, out, recv.count(), recv.type(), static_cast<int>(source),
+                        static_cast<int>(recvtag), comm, &status);
     }
     JAXCOMM_MPI_CHECK(MPI_Wait, &request, MPI_STATUS_IGNORE);
     JAXCOMM_RETURN_IF_ERROR(fits);
-    return FinishReceive(memory, "MPI_Sendrecv", comm, status, recv.type(),
-                         y.element_count(), y, envelope, fields);
+    return FinishReceive(memory, "MPI_Sendrecv", comm, status, recv.type(), y.element_count(), y,
+                         envelope, fields);
   }
   if (DebugEnabled()) {
-    DebugLog(comm, "MPI_Sendrecv -> " + Peer(dest) + " tag " + Tag(sendtag) +
-                       " " + Elements(x.element_count(), x.element_type()) +
-                       " <- " + Peer(source) + " tag " + Tag(recvtag) + " " +
+    DebugLog(comm, "MPI_Sendrecv -> " + Peer(dest) + " tag " + Tag(sendtag) + " " +
+                       Elements(x.element_count(), x.element_type()) + " <- " + Peer(source) +
+                       " tag " + Tag(recvtag) + " " +
                        Elements(y.element_count(), y.element_type()));
   }
   MPI_Status status;
-  JAXCOMM_MPI_CHECK(MPI_Sendrecv, in, send.count(), send.type(),
-                    static_cast<int>(dest), SendTag(dest, sendtag), out,
-                    recv.count(), recv.type(), static_cast<int>(source),
-                    static_cast<int>(recvtag), comm, &status);
-  return FinishReceive(memory, "MPI_Sendrecv", comm, status, recv.type(),
-                       y.element_count(), y, envelope, fields);
+  JAXCOMM_MPI_CHECK(MPI_Sendrecv, in, send.count(), send.type(), static_cast<int>(dest),
+                    SendTag(dest, sendtag), out, recv.count(), recv.type(),
+                    static_cast<int>(source), static_cast<int>(recvtag), comm, &status);
+  return FinishReceive(memory, "MPI_Sendrecv", comm, status, recv.type(), y.element_count(), y,
+                       envelope, fields);
 }
 
 }  // namespace
 
 ffi::Error SendrecvImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
-                        ffi::Result<ffi::AnyBuffer> y,
-                        ffi::Result<ffi::AnyBuffer> envelope,
-                        int64_t comm_handle, int64_t source, int64_t dest,
-                        int64_t sendtag, int64_t recvtag) {
+                        ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> envelope,
+                        int64_t comm_handle, int64_t source, int64_t dest, int64_t sendtag,
+                        int64_t recvtag) {
   MPI_Comm comm;
   JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "sendrecv", &comm));
-  return Exchange(memory, comm_handle, comm, x, *y, *envelope, source, dest,
-                  sendtag, recvtag);
+  return Exchange(memory, comm_handle, comm, x, *y, *envelope, source, dest, sendtag, recvtag);
 }
 
 // MPI_Sendrecv whose receiving (or sending) side takes its peer and tag
 // from `address`, the envelope of an earlier receive: the derivative
 // messages of a wildcard receive travel on the path its primal took.
 ffi::Error SendrecvAddressedImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x,
-                                 ffi::AnyBuffer address,
-                                 ffi::Result<ffi::Token>,
+                                 ffi::AnyBuffer address, ffi::Result<ffi::Token>,
                                  ffi::Result<ffi::AnyBuffer> y,
-                                 ffi::Result<ffi::AnyBuffer> envelope,
-                                 int64_t comm_handle, int64_t source,
-                                 int64_t dest, int64_t sendtag,
-                                 int64_t recvtag, int64_t addressed) {
+                                 ffi::Result<ffi::AnyBuffer> envelope, int64_t comm_handle,
+                                 int64_t source, int64_t dest, int64_t sendtag, int64_t recvtag,
+                                 int64_t addressed) {
   MPI_Comm comm;
   JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "sendrecv", &comm));
-  JAXCOMM_RETURN_IF_ERROR(
-      CheckEnvelope("MPI_Sendrecv", comm, address, "the address operand"));
+  JAXCOMM_RETURN_IF_ERROR(CheckEnvelope("MPI_Sendrecv", comm, address, "the address operand"));
   const void* fields;
   JAXCOMM_RETURN_IF_ERROR(memory.HostInput(address, &fields));
   JAXCOMM_RETURN_IF_ERROR(memory.Ready());
@@ -291,11 +254,9 @@ ffi::Error SendrecvAddressedImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x,
     dest = peer;
     sendtag = tag;
   } else {
-    return Invalid("MPI_Sendrecv", comm,
-                   "unknown addressing mode " + std::to_string(addressed));
+    return Invalid("MPI_Sendrecv", comm, "unknown addressing mode " + std::to_string(addressed));
   }
-  return Exchange(memory, comm_handle, comm, x, *y, *envelope, source, dest,
-                  sendtag, recvtag);
+  return Exchange(memory, comm_handle, comm, x, *y, *envelope, source, dest, sendtag, recvtag);
 }
 
 // status= inside compiled code: the MPI_Status of an mpi4py MPI.Status
@@ -304,12 +265,11 @@ ffi::Error SendrecvAddressedImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x,
 // code runs. The fields are those an eager call sets from Python: source,
 // tag, no error, and the count in bytes (`itemsize` bytes an element).
 ffi::Error WriteStatusImpl(Memory& memory, ffi::Token, ffi::AnyBuffer envelope,
-                           ffi::Result<ffi::Token>, int64_t comm_handle,
-                           int64_t address, int64_t itemsize) {
+                           ffi::Result<ffi::Token>, int64_t comm_handle, int64_t address,
+                           int64_t itemsize) {
   MPI_Comm comm;
   JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "status", &comm));
-  JAXCOMM_RETURN_IF_ERROR(
-      CheckEnvelope("status", comm, envelope, "the envelope operand"));
+  JAXCOMM_RETURN_IF_ERROR(CheckEnvelope("status", comm, envelope, "the envelope operand"));
   const void* fields;
   JAXCOMM_RETURN_IF_ERROR(memory.HostInput(envelope, &fields));
   JAXCOMM_RETURN_IF_ERROR(memory.Ready());

@@ -5,11 +5,10 @@
 namespace jaxcomm {
 namespace {
 
-using ElementwiseCall = int (*)(const void*, void*, int, MPI_Datatype, MPI_Op,
-                                MPI_Comm);
+using ElementwiseCall = int (*)(const void*, void*, int, MPI_Datatype, MPI_Op, MPI_Comm);
 
-ffi::Error ReductionTypes(ffi::DataType type, int64_t op, MPI_Comm comm,
-                          MPI_Datatype* dtype, MPI_Op* mpi_op) {
+ffi::Error ReductionTypes(ffi::DataType type, int64_t op, MPI_Comm comm, MPI_Datatype* dtype,
+                          MPI_Op* mpi_op) {
   JAXCOMM_RETURN_IF_ERROR(MpiDatatype(type, dtype));
   return MpiReduceOp(op, type, comm, mpi_op);
 }
@@ -22,8 +21,8 @@ std::string OpText(const char* function, int64_t op) {
 // XLA gave y x's buffer (the lowering of allreduce, scan and exscan aliases
 // them, so a loop's carry is reduced where it is). jaxcomm's own ops run on
 // the host, so their buffers are there whatever the data path.
-ffi::Error ReductionBuffers(Memory& memory, int64_t op, ffi::AnyBuffer& x,
-                            ffi::AnyBuffer& y, void** send, void** recv) {
+ffi::Error ReductionBuffers(Memory& memory, int64_t op, ffi::AnyBuffer& x, ffi::AnyBuffer& y,
+                            void** send, void** recv) {
   if (IsOwnReduceOp(op, x.element_type())) memory.RequireHost();
   if (SameBuffer(x, y)) {
     *send = MPI_IN_PLACE;
@@ -38,12 +37,10 @@ ffi::Error ReductionBuffers(Memory& memory, int64_t op, ffi::AnyBuffer& x,
 // Allreduce, Scan and Exscan combine element i of every rank's x into element
 // i of y. Predefined reductions take no derived datatypes, so large arrays
 // reduce in independent pieces of at most MaxCount() elements.
-ffi::Error ElementwiseReduction(Memory& memory, ElementwiseCall call,
-                                const char* function, const char* name,
-                                ffi::AnyBuffer x, ffi::AnyBuffer& y,
+ffi::Error ElementwiseReduction(Memory& memory, ElementwiseCall call, const char* function,
+                                const char* name, ffi::AnyBuffer x, ffi::AnyBuffer& y,
                                 MPI_Comm comm, int64_t op) {
-  JAXCOMM_RETURN_IF_ERROR(
-      CheckOutput(name, comm, x, y, x.element_count(), LikeTheInput));
+  JAXCOMM_RETURN_IF_ERROR(CheckOutput(name, comm, x, y, x.element_count(), LikeTheInput));
   const ffi::DataType type = x.element_type();
   MPI_Datatype dtype;
   MPI_Op mpi_op;
@@ -54,9 +51,8 @@ ffi::Error ElementwiseReduction(Memory& memory, ElementwiseCall call,
     if (DebugEnabled()) {
       DebugLog(comm, OpText(function, op) + " " + Elements(count, type));
     }
-    const int rc = call(ArgumentAt(send, type, offset),
-                        ElementAt(recv, type, offset), count, dtype, mpi_op,
-                        comm);
+    const int rc = call(ArgumentAt(send, type, offset), ElementAt(recv, type, offset), count, dtype,
+                        mpi_op, comm);
     if (rc != MPI_SUCCESS) return MpiFailure(function, rc, comm);
     return ffi::Error::Success();
   });
@@ -65,49 +61,46 @@ ffi::Error ElementwiseReduction(Memory& memory, ElementwiseCall call,
 // Reduces `total` elements from `send` on every rank into `recv` on `root`,
 // in pieces of at most MaxCount() elements. `recv` is only written on root;
 // `send` may be MPI_IN_PLACE there, and `recv` null elsewhere.
-ffi::Error ChunkedReduce(MPI_Comm comm, void* send, void* recv, size_t total,
-                         ffi::DataType type, int64_t op, int root) {
+ffi::Error ChunkedReduce(MPI_Comm comm, void* send, void* recv, size_t total, ffi::DataType type,
+                         int64_t op, int root) {
   MPI_Datatype dtype;
   MPI_Op mpi_op;
   JAXCOMM_RETURN_IF_ERROR(ReductionTypes(type, op, comm, &dtype, &mpi_op));
   return ForEachChunk(total, [&](size_t offset, int count) {
     if (DebugEnabled()) {
-      DebugLog(comm, OpText("MPI_Reduce", op) + " root " +
-                         std::to_string(root) + " " + Elements(count, type));
+      DebugLog(comm, OpText("MPI_Reduce", op) + " root " + std::to_string(root) + " " +
+                         Elements(count, type));
     }
-    JAXCOMM_MPI_CHECK(MPI_Reduce, ArgumentAt(send, type, offset),
-                      ArgumentAt(recv, type, offset), count, dtype, mpi_op, root,
-                      comm);
+    JAXCOMM_MPI_CHECK(MPI_Reduce, ArgumentAt(send, type, offset), ArgumentAt(recv, type, offset),
+                      count, dtype, mpi_op, root, comm);
     return ffi::Error::Success();
   });
 }
 
 }  // namespace
 
-ffi::Error AllreduceImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x,
-                         ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> y,
-                         int64_t comm_handle, int64_t op) {
+ffi::Error AllreduceImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
+                         ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle, int64_t op) {
   MPI_Comm comm;
   JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "allreduce", &comm));
+  JAXCOMM_RETURN_IF_ERROR(AnnounceCollective(
+      comm_handle, comm, Collective{"allreduce", x.element_type(), Count(x), -1, op}));
   JAXCOMM_RETURN_IF_ERROR(
-      AnnounceCollective(comm_handle, comm, Collective{"allreduce", x.element_type(), Count(x), -1, op}));
-  JAXCOMM_RETURN_IF_ERROR(ElementwiseReduction(
-      memory, MPI_Allreduce, "MPI_Allreduce", "allreduce", x, *y, comm, op));
+      ElementwiseReduction(memory, MPI_Allreduce, "MPI_Allreduce", "allreduce", x, *y, comm, op));
   return memory.Finish();
 }
 
 // MPI leaves the output of non-root ranks undefined; jaxcomm documents zeros.
 // Only the root's output is an MPI buffer: where XLA gave it the input's
 // buffer (the lowering aliases them) the root reduces in place.
-ffi::Error ReduceImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x,
-                      ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> y,
-                      int64_t comm_handle, int64_t op, int64_t root) {
+ffi::Error ReduceImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
+                      ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle, int64_t op,
+                      int64_t root) {
   MPI_Comm comm;
   JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "reduce", &comm));
-  JAXCOMM_RETURN_IF_ERROR(
-      AnnounceCollective(comm_handle, comm, Collective{"reduce", x.element_type(), Count(x), root, op}));
-  JAXCOMM_RETURN_IF_ERROR(CheckOutput("reduce", comm, x, *y, x.element_count(),
-                                      LikeTheInput));
+  JAXCOMM_RETURN_IF_ERROR(AnnounceCollective(
+      comm_handle, comm, Collective{"reduce", x.element_type(), Count(x), root, op}));
+  JAXCOMM_RETURN_IF_ERROR(CheckOutput("reduce", comm, x, *y, x.element_count(), LikeTheInput));
   const bool is_root = CommRank(comm) == root;
   void* send;
   void* recv = nullptr;
@@ -118,57 +111,50 @@ ffi::Error ReduceImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x,
     JAXCOMM_RETURN_IF_ERROR(memory.Read(x, &send));
     JAXCOMM_RETURN_IF_ERROR(memory.Ready());
   }
-  JAXCOMM_RETURN_IF_ERROR(ChunkedReduce(comm, send, recv, x.element_count(),
-                                        x.element_type(), op,
+  JAXCOMM_RETURN_IF_ERROR(ChunkedReduce(comm, send, recv, x.element_count(), x.element_type(), op,
                                         static_cast<int>(root)));
   if (!is_root) JAXCOMM_RETURN_IF_ERROR(memory.Zero(*y));
   return memory.Finish();
 }
 
-ffi::Error ScanImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x,
-                    ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> y,
-                    int64_t comm_handle, int64_t op) {
+ffi::Error ScanImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
+                    ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle, int64_t op) {
   MPI_Comm comm;
   JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "scan", &comm));
+  JAXCOMM_RETURN_IF_ERROR(AnnounceCollective(
+      comm_handle, comm, Collective{"scan", x.element_type(), Count(x), -1, op}));
   JAXCOMM_RETURN_IF_ERROR(
-      AnnounceCollective(comm_handle, comm, Collective{"scan", x.element_type(), Count(x), -1, op}));
-  JAXCOMM_RETURN_IF_ERROR(ElementwiseReduction(memory, MPI_Scan, "MPI_Scan",
-                                               "scan", x, *y, comm, op));
+      ElementwiseReduction(memory, MPI_Scan, "MPI_Scan", "scan", x, *y, comm, op));
   return memory.Finish();
 }
 
 // MPI leaves rank 0's output undefined; jaxcomm documents zeros.
-ffi::Error ExscanImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x,
-                      ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> y,
-                      int64_t comm_handle, int64_t op) {
+ffi::Error ExscanImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
+                      ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle, int64_t op) {
   MPI_Comm comm;
   JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "exscan", &comm));
+  JAXCOMM_RETURN_IF_ERROR(AnnounceCollective(
+      comm_handle, comm, Collective{"exscan", x.element_type(), Count(x), -1, op}));
   JAXCOMM_RETURN_IF_ERROR(
-      AnnounceCollective(comm_handle, comm, Collective{"exscan", x.element_type(), Count(x), -1, op}));
-  JAXCOMM_RETURN_IF_ERROR(ElementwiseReduction(
-      memory, MPI_Exscan, "MPI_Exscan", "exscan", x, *y, comm, op));
+      ElementwiseReduction(memory, MPI_Exscan, "MPI_Exscan", "exscan", x, *y, comm, op));
   if (CommRank(comm) == 0) JAXCOMM_RETURN_IF_ERROR(memory.Zero(*y));
   return memory.Finish();
 }
 
-ffi::Error ReduceScatterImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x,
-                             ffi::Result<ffi::Token>,
-                             ffi::Result<ffi::AnyBuffer> y,
-                             int64_t comm_handle, int64_t op) {
+ffi::Error ReduceScatterImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
+                             ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle, int64_t op) {
   MPI_Comm comm;
   JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "reduce_scatter", &comm));
-  JAXCOMM_RETURN_IF_ERROR(
-      AnnounceCollective(comm_handle, comm, Collective{"reduce_scatter", x.element_type(), Count(x), -1, op}));
+  JAXCOMM_RETURN_IF_ERROR(AnnounceCollective(
+      comm_handle, comm, Collective{"reduce_scatter", x.element_type(), Count(x), -1, op}));
   const ffi::DataType type = x.element_type();
   int size;
   JAXCOMM_MPI_CHECK(MPI_Comm_size, comm, &size);
   // The block size is the output's; MPI reads `size` of them from x.
   const size_t block = y->element_count();
   JAXCOMM_RETURN_IF_ERROR(CheckElements(
-      "reduce_scatter", comm, "input", x.element_count(),
-      block * static_cast<size_t>(size), [&] {
-        return "communicator size " + std::to_string(size) + " x output " +
-               std::to_string(block);
+      "reduce_scatter", comm, "input", x.element_count(), block * static_cast<size_t>(size), [&] {
+        return "communicator size " + std::to_string(size) + " x output " + std::to_string(block);
       }));
   MPI_Datatype dtype;
   MPI_Op mpi_op;
@@ -180,17 +166,16 @@ ffi::Error ReduceScatterImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x,
     // each block would need a strided derived datatype, which predefined
     // reductions do not accept: each block is reduced onto its owner instead.
     for (int r = 0; r < size; ++r) {
-      JAXCOMM_RETURN_IF_ERROR(ChunkedReduce(comm, ElementAt(send, type, r * block),
-                                            recv, block, type, op, r));
+      JAXCOMM_RETURN_IF_ERROR(
+          ChunkedReduce(comm, ElementAt(send, type, r * block), recv, block, type, op, r));
     }
     return memory.Finish();
   }
   if (DebugEnabled()) {
-    DebugLog(comm, OpText("MPI_Reduce_scatter_block", op) + " " +
-                       Elements(block, type));
+    DebugLog(comm, OpText("MPI_Reduce_scatter_block", op) + " " + Elements(block, type));
   }
-  JAXCOMM_MPI_CHECK(MPI_Reduce_scatter_block, send, recv,
-                    static_cast<int>(block), dtype, mpi_op, comm);
+  JAXCOMM_MPI_CHECK(MPI_Reduce_scatter_block, send, recv, static_cast<int>(block), dtype, mpi_op,
+                    comm);
   return memory.Finish();
 }
 

@@ -125,9 +125,7 @@ def _ordered_ffi_lowering(target, attrs, in_place, aliases, ctx, *args, **params
         # Looked up here, not when the primitive is made: a test lowers
         # without the alias to check that the kernels do not depend on it.
         aliases = _ARRAY_IN_PLACE
-    lowering = jax.ffi.ffi_lowering(
-        target, has_side_effect=True, operand_output_aliases=aliases
-    )
+    lowering = jax.ffi.ffi_lowering(target, has_side_effect=True, operand_output_aliases=aliases)
     token_out, *results = lowering(
         token_ctx,
         token,

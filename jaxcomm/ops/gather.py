@@ -208,9 +208,7 @@ def _scatterv_transpose(ct, aval, *, counts, root, rank, comm):
 def _alltoallv_transpose(ct, aval, *, sendcounts, recvcounts, max_rows, comm):
     # The transposed matrix has the same entries and swaps rows with columns,
     # so max_rows carries over.
-    return alltoallv(
-        ct, sendcounts=recvcounts, recvcounts=sendcounts, max_rows=max_rows, comm=comm
-    )
+    return alltoallv(ct, sendcounts=recvcounts, recvcounts=sendcounts, max_rows=max_rows, comm=comm)
 
 
 def_linear(allgather_p, _allgather_transpose)

@@ -76,8 +76,10 @@ wait_exchange_p = comm_primitive(
 )
 # JaxComm.during: operands waited for, an int32 1 out (no MPI call).
 fence_p = comm_primitive(
-    "fence", lambda *avals, **_: [jax.core.ShapedArray((), np.dtype(np.int32))],
-    "jaxcomm_fence", ("comm",),
+    "fence",
+    lambda *avals, **_: [jax.core.ShapedArray((), np.dtype(np.int32))],
+    "jaxcomm_fence",
+    ("comm",),
 )
 
 STARTS = (isend_p, irecv_p, iallreduce_p, ibcast_p, iallgather_p, ialltoall_p)
@@ -102,8 +104,17 @@ class Request:
     """
 
     __slots__ = (
-        "_op", "_wait", "_start", "_handle", "_send", "_recv", "_comm", "_waited",
-        "_traced", "_finalizer", "__weakref__",
+        "_op",
+        "_wait",
+        "_start",
+        "_handle",
+        "_send",
+        "_recv",
+        "_comm",
+        "_waited",
+        "_traced",
+        "_finalizer",
+        "__weakref__",
     )
 
     def __init__(self, op, wait, start, handle, send, recv, comm):
@@ -226,9 +237,7 @@ def wait(request):
             f"this {request._op} request was waited already: wait for each request once"
         )
     traced = request._traced
-    if isinstance(request._handle, jax.core.Tracer) and not _compat.tracer_is_live(
-        request._handle
-    ):
+    if isinstance(request._handle, jax.core.Tracer) and not _compat.tracer_is_live(request._handle):
         raise RuntimeError(
             f"this {request._op} request was started inside a traced function (jax.jit, "
             "a loop body, a cond branch) that has finished: wait for it there"
@@ -244,9 +253,7 @@ def wait(request):
         request._finalizer.detach()
         _eager_requests.discard(request)
     buffers = [b for b in (request._send, request._recv) if b is not None]
-    outs = request._wait.bind(
-        request._handle, *buffers, comm=request._comm, start=request._start
-    )
+    outs = request._wait.bind(request._handle, *buffers, comm=request._comm, start=request._start)
     # The request no longer holds the buffers: MPI is done with them.
     request._send = request._recv = None
     if request._wait is wait_send_p:

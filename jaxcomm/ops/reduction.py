@@ -39,9 +39,7 @@ reduce_p = comm_primitive(
     "reduce", same_as_input, "jaxcomm_reduce", ("comm", "op", "root"), in_place=True
 )
 scan_p = comm_primitive("scan", same_as_input, "jaxcomm_scan", ("comm", "op"), in_place=True)
-exscan_p = comm_primitive(
-    "exscan", same_as_input, "jaxcomm_exscan", ("comm", "op"), in_place=True
-)
+exscan_p = comm_primitive("exscan", same_as_input, "jaxcomm_exscan", ("comm", "op"), in_place=True)
 # The kernel reads the block size off its output; size and tiled only shape it.
 reduce_scatter_p = comm_primitive(
     "reduce_scatter", _reduce_scatter_abstract_eval, "jaxcomm_reduce_scatter", ("comm", "op")

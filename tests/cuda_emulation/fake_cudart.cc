@@ -33,9 +33,7 @@ cudaError_t cudaGetDevice(int* device) {
   return cudaSuccess;
 }
 
-cudaError_t cudaSetDevice(int device) {
-  return device == 0 ? cudaSuccess : cudaErrorInvalidDevice;
-}
+cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : cudaErrorInvalidDevice; }
 
 cudaError_t cudaStreamGetDevice(cudaStream_t, int* device) {
   *device = 0;
@@ -60,8 +58,8 @@ cudaError_t cudaFreeHost(void* data) {
   return cudaSuccess;
 }
 
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes,
-                            enum cudaMemcpyKind, cudaStream_t) {
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, enum cudaMemcpyKind,
+                            cudaStream_t) {
   std::memmove(dst, src, bytes);
   return cudaSuccess;
 }

@@ -68,7 +68,9 @@ def sdist() -> bytes:
     links = re.findall(r'href="([^"#]*' + re.escape(name) + r')[^"]*"', page)
     if not links:
         raise SystemExit(f"{name} is not on {INDEX}/mpi4jax/")
-    data = urllib.request.urlopen(urllib.parse.urljoin(f"{INDEX}/mpi4jax/", links[0]), timeout=120).read()
+    data = urllib.request.urlopen(
+        urllib.parse.urljoin(f"{INDEX}/mpi4jax/", links[0]), timeout=120
+    ).read()
     digest = hashlib.sha256(data).hexdigest()
     if digest != SHA256:
         raise SystemExit(f"{name}: sha256 {digest}, expected {SHA256}")
@@ -83,7 +85,11 @@ def main(argv):
     try:
         with tarfile.open(fileobj=io.BytesIO(sdist()), mode="r:gz") as archive:
             top = f"mpi4jax-{VERSION}/"
-            members = [m for m in archive.getmembers() if m.name.startswith((top + "tests/", top + "examples/"))]
+            members = [
+                m
+                for m in archive.getmembers()
+                if m.name.startswith((top + "tests/", top + "examples/"))
+            ]
             archive.extractall(work, members=members, filter="data")
         root = work / f"mpi4jax-{VERSION}"
         for name in INTERNAL_FILES:
@@ -92,10 +98,25 @@ def main(argv):
         (work / "shim" / "mpi4jax.py").write_text(SHIM)
         left_out = INTERNAL_TESTS + DELIBERATE + (NOT_FOR_3_RANKS if ranks == 3 else [])
         deselect = [arg for test in left_out for arg in ("--deselect", f"tests/{test}")]
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(work / "shim"), os.environ.get("PYTHONPATH", "")]))
+        env = dict(
+            os.environ,
+            PYTHONPATH=os.pathsep.join([str(work / "shim"), os.environ.get("PYTHONPATH", "")]),
+        )
         mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or "mpiexec"
-        command = [mpiexec, "-n", str(ranks), sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
-        print(f"mpi4jax {VERSION}'s tests against jaxcomm.compat.mpi4jax on {ranks} ranks", flush=True)
+        command = [
+            mpiexec,
+            "-n",
+            str(ranks),
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+        ]
+        print(
+            f"mpi4jax {VERSION}'s tests against jaxcomm.compat.mpi4jax on {ranks} ranks", flush=True
+        )
         return subprocess.run([*command, *deselect, *extra, "tests"], cwd=root, env=env).returncode
     finally:
         shutil.rmtree(work, ignore_errors=True)
