@@ -244,7 +244,7 @@ def _received(
     """
     if status is not None:
         if isinstance(result, jax.core.Tracer):
-            ops.write_status(envelope, status, itemsize=result.dtype.itemsize, comm=handle)
+            ops.write_status(envelope, status, itemsize=result.dtype.itemsize, handle=handle)
         else:
             source, tag, count = np.asarray(envelope).tolist()
             status.Set_source(source)
@@ -775,7 +775,7 @@ class JaxComm:
         """
         handle = self._live()
         leaves, treedef, code = _reduction_leaves(x, op)
-        return _tree_call(leaves, treedef, "allreduce", op=code, comm=handle)
+        return _tree_call(leaves, treedef, "allreduce", op=code, handle=handle)
 
     @_jitted_when_eager
     def reduce(self, x: Any, op: MPI.Op = MPI.SUM, root: int = 0) -> Any:
@@ -804,7 +804,7 @@ class JaxComm:
         handle = self._live()
         leaves, treedef, code = _reduction_leaves(x, op)
         root = self._root(root)
-        return _tree_call(leaves, treedef, "reduce", op=code, root=root, comm=handle)
+        return _tree_call(leaves, treedef, "reduce", op=code, root=root, handle=handle)
 
     @_jitted_when_eager
     def scan(self, x: ArrayLike, op: MPI.Op = MPI.SUM) -> jax.Array:
@@ -827,7 +827,7 @@ class JaxComm:
         """
         handle = self._live()
         x, code = _reduction_operand(x, op)
-        return ops.scan(x, op=code, comm=handle)
+        return ops.scan(x, op=code, handle=handle)
 
     @_jitted_when_eager
     def exscan(self, x: ArrayLike, op: MPI.Op = MPI.SUM) -> jax.Array:
@@ -851,7 +851,7 @@ class JaxComm:
         """
         handle = self._live()
         x, code = _reduction_operand(x, op)
-        return ops.exscan(x, op=code, comm=handle)
+        return ops.exscan(x, op=code, handle=handle)
 
     @_jitted_when_eager
     def reduce_scatter(
@@ -897,7 +897,7 @@ class JaxComm:
                 f"for reduce_scatter, got shape {x.shape}; pass tiled=True to split a "
                 "longer axis"
             )
-        return ops.reduce_scatter(x, op=code, size=size, tiled=tiled, comm=handle)
+        return ops.reduce_scatter(x, op=code, size=size, tiled=tiled, handle=handle)
 
     @_jitted_when_eager
     def bcast(self, x: Any, root: int = 0) -> Any:
@@ -922,7 +922,7 @@ class JaxComm:
         """
         handle = self._live()
         leaves, treedef = _leaves(x, "x")
-        return _tree_call(leaves, treedef, "bcast", root=self._root(root), comm=handle)
+        return _tree_call(leaves, treedef, "bcast", root=self._root(root), handle=handle)
 
     @_jitted_when_eager
     def barrier(self) -> None:
@@ -933,7 +933,7 @@ class JaxComm:
         calls.
         """
         handle = self._live()
-        ops.barrier(comm=handle)
+        ops.barrier(handle=handle)
 
     @_jitted_when_eager
     def allgather(self, x: Any, *, tiled: bool = False) -> Any:
@@ -968,7 +968,12 @@ class JaxComm:
         handle = self._live()
         leaves, treedef = _stackable_leaves(x, tiled)
         return _tree_call(
-            leaves, treedef, "allgather", _static_bool(tiled, "tiled"), size=self._size, comm=handle
+            leaves,
+            treedef,
+            "allgather",
+            _static_bool(tiled, "tiled"),
+            size=self._size,
+            handle=handle,
         )
 
     @_jitted_when_eager
@@ -1011,7 +1016,7 @@ class JaxComm:
             _static_bool(tiled, "tiled"),
             root=self._root(root),
             size=self._size,
-            comm=handle,
+            handle=handle,
         )
 
     @_jitted_when_eager
@@ -1050,7 +1055,7 @@ class JaxComm:
         x = _as_array(x, "x")
         tiled = _static_bool(tiled, "tiled")
         self._split_rows(x, tiled)
-        return ops.scatter(x, root=self._root(root), size=self._size, tiled=tiled, comm=handle)
+        return ops.scatter(x, root=self._root(root), size=self._size, tiled=tiled, handle=handle)
 
     @_jitted_when_eager
     def alltoall(self, x: ArrayLike, *, tiled: bool = False) -> jax.Array:
@@ -1083,7 +1088,7 @@ class JaxComm:
         handle = self._live()
         x = _as_array(x, "x")
         self._split_rows(x, _static_bool(tiled, "tiled"))
-        return ops.alltoall(x, comm=handle)
+        return ops.alltoall(x, handle=handle)
 
     @_jitted_when_eager
     def allgatherv(self, x: ArrayLike, counts: Any) -> jax.Array:
@@ -1118,7 +1123,7 @@ class JaxComm:
         x = _as_array(x, "x")
         counts = self._counts(counts, "counts")
         self._own_rows(x, counts)
-        return ops.allgatherv(x, counts=counts, comm=handle)
+        return ops.allgatherv(x, counts=counts, handle=handle)
 
     @_jitted_when_eager
     def gatherv(self, x: ArrayLike, counts: Any, root: int = 0) -> jax.Array:
@@ -1154,7 +1159,7 @@ class JaxComm:
         x = _as_array(x, "x")
         counts = self._counts(counts, "counts")
         self._own_rows(x, counts)
-        return ops.gatherv(x, counts=counts, root=self._root(root), comm=handle)
+        return ops.gatherv(x, counts=counts, root=self._root(root), handle=handle)
 
     @_jitted_when_eager
     def scatterv(self, x: ArrayLike, counts: Any, root: int = 0) -> jax.Array:
@@ -1191,7 +1196,7 @@ class JaxComm:
         rows = _leading_axis(x, "to split among the ranks")
         if rows != sum(counts):
             raise ValueError(f"x has {rows} rows, but counts add up to {sum(counts)}")
-        return ops.scatterv(x, counts=counts, root=self._root(root), rank=self._rank, comm=handle)
+        return ops.scatterv(x, counts=counts, root=self._root(root), rank=self._rank, handle=handle)
 
     @_jitted_when_eager
     def alltoallv(self, x: ArrayLike, counts: Any) -> jax.Array:
@@ -1241,7 +1246,7 @@ class JaxComm:
         # Counts and displacements, in rows, of every rank's sends and receives.
         columns = [[row[j] for row in matrix] for j in range(self._size)]
         max_rows = max(max(max(block), sum(block) - block[-1]) for block in (*matrix, *columns))
-        return ops.alltoallv(x, sendcounts=send, recvcounts=recv, max_rows=max_rows, comm=handle)
+        return ops.alltoallv(x, sendcounts=send, recvcounts=recv, max_rows=max_rows, handle=handle)
 
     # Point to point ----------------------------------------------------------
 
@@ -1263,7 +1268,7 @@ class JaxComm:
         """
         handle = self._live()
         x = _as_array(x, "x")
-        ops.send(x, dest=self._peer(dest, "dest"), tag=self._tag(tag, "tag"), comm=handle)
+        ops.send(x, dest=self._peer(dest, "dest"), tag=self._tag(tag, "tag"), handle=handle)
 
     @_jitted_when_eager
     def recv(
@@ -1324,7 +1329,7 @@ class JaxComm:
             _template(x, "x"),
             source=self._peer(source, "source", any_source=True),
             tag=self._tag(tag, "tag", any_tag=True),
-            comm=handle,
+            handle=handle,
         )
         return _received(result, envelope, status, return_status, handle)
 
@@ -1385,7 +1390,7 @@ class JaxComm:
             dest=self._peer(dest, "dest"),
             sendtag=self._tag(sendtag, "sendtag"),
             recvtag=self._tag(recvtag, "recvtag", any_tag=True),
-            comm=handle,
+            handle=handle,
         )
         return _received(result, envelope, status, return_status, handle)
 
@@ -1427,7 +1432,7 @@ class JaxComm:
             x,
             dest=self._peer(dest, "dest"),
             tag=self._tag(tag, "tag"),
-            comm=handle,
+            handle=handle,
         )
 
     def irecv(self, x: Any, source: int = MPI.ANY_SOURCE, tag: int = MPI.ANY_TAG) -> Request:
@@ -1460,7 +1465,7 @@ class JaxComm:
             _template(x, "x"),
             source=self._peer(source, "source", any_source=True),
             tag=self._tag(tag, "tag", any_tag=True),
-            comm=handle,
+            handle=handle,
         )
 
     def iallreduce(self, x: ArrayLike, op: MPI.Op = MPI.SUM) -> Request:
@@ -1490,7 +1495,7 @@ class JaxComm:
         """
         handle = self._live()
         x, code = _reduction_operand(_held(x, "x"), op)
-        return nonblocking.start(nonblocking.iallreduce_p, x, op=code, comm=handle)
+        return nonblocking.start(nonblocking.iallreduce_p, x, op=code, handle=handle)
 
     def ibcast(self, x: ArrayLike, root: int = 0) -> Request:
         """Start broadcasting root's ``x`` to every rank; :meth:`wait` returns it.
@@ -1511,7 +1516,7 @@ class JaxComm:
         """
         handle = self._live()
         x = _held(x, "x")
-        return nonblocking.start(nonblocking.ibcast_p, x, root=self._root(root), comm=handle)
+        return nonblocking.start(nonblocking.ibcast_p, x, root=self._root(root), handle=handle)
 
     def iallgather(self, x: ArrayLike, *, tiled: bool = False) -> Request:
         """Start collecting ``x`` from every rank on every rank; :meth:`wait` returns it.
@@ -1537,7 +1542,7 @@ class JaxComm:
         if tiled:
             _leading_axis(x, "to concatenate along with tiled=True")
         return nonblocking.start(
-            nonblocking.iallgather_p, x, size=self._size, tiled=tiled, comm=handle
+            nonblocking.iallgather_p, x, size=self._size, tiled=tiled, handle=handle
         )
 
     def ialltoall(self, x: ArrayLike, *, tiled: bool = False) -> Request:
@@ -1560,7 +1565,7 @@ class JaxComm:
         handle = self._live()
         x = _held(x, "x")
         self._split_rows(x, _static_bool(tiled, "tiled"))
-        return nonblocking.start(nonblocking.ialltoall_p, x, comm=handle)
+        return nonblocking.start(nonblocking.ialltoall_p, x, handle=handle)
 
     def during(self, requests: Sequence[Request], fn: Any, *args: Any, **kwargs: Any) -> Any:
         """Run ``fn(*args, **kwargs)`` while ``requests`` are under way, and return its result.

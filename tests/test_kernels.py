@@ -141,7 +141,7 @@ def _size_cases(size):
 def test_kernels_refuse_buffers_that_do_not_match_their_attributes(jc, case):
     prim, x, params = _size_cases(jc.size)[case]
     op = prim.name
-    step = jax.jit(lambda x: prim.bind(x, comm=jc._handle, **params))
+    step = jax.jit(lambda x: prim.bind(x, handle=jc._handle, **params))
     with pytest.raises(RUNTIME_ERRORS, match=rf"jaxcomm: {op} on rank {jc.rank}: .* expected"):
         jax.block_until_ready(step(jnp.asarray(x)))
     not_reported_again()
@@ -151,7 +151,7 @@ def test_kernels_refuse_buffers_that_do_not_match_their_attributes(jc, case):
 
 @pytest.mark.mpi(min_size=2)
 def test_alltoall_refuses_blocks_that_do_not_split(jc):
-    step = jax.jit(lambda x: jaxcomm.ops.alltoall_p.bind(x, comm=jc._handle))
+    step = jax.jit(lambda x: jaxcomm.ops.alltoall_p.bind(x, handle=jc._handle))
     with pytest.raises(RUNTIME_ERRORS, match=rf"jaxcomm: alltoall on rank {jc.rank}: .* expected"):
         jax.block_until_ready(step(jnp.arange(jc.size + 1.0)))
     not_reported_again()

@@ -282,8 +282,8 @@ def test_wait_refuses_buffers_the_start_was_not_given(jc):
     # MPI use memory XLA no longer owns.
     @jax.jit
     def program(x):
-        (handle,) = nonblocking.isend_p.bind(x, dest=MPI.PROC_NULL, tag=0, comm=jc._handle)
-        nonblocking.wait_send_p.bind(handle, x + 1, comm=jc._handle)
+        (handle,) = nonblocking.isend_p.bind(x, dest=MPI.PROC_NULL, tag=0, handle=jc._handle)
+        nonblocking.wait_send_p.bind(handle, x + 1, handle=jc._handle)
         return x
 
     with pytest.raises(RUNTIME_ERRORS, match="not the one the start was given"):
@@ -603,7 +603,7 @@ def test_gpu_staging_is_held_from_the_start_to_the_wait(jc):
             receiving = jc.irecv(x, source=left, tag=21)
             sending = jc.isend(x, right, tag=21)
             reducing = jc.iallreduce(x)
-            jax.block_until_ready([r._handle for r in (receiving, sending, reducing)])
+            jax.block_until_ready([r._id for r in (receiving, sending, reducing)])
             # One block for the receive, one for the send, two for the reduction.
             assert kernels.staging_held() == held + 4
             y, none, reduced = jc.waitall([receiving, sending, reducing])
@@ -650,7 +650,7 @@ def test_gpu_staging_is_held_from_the_start_to_the_wait(jc):
         # The direct path (CUDA-aware MPI) holds nothing: MPI uses the buffers.
         jaxcomm.set_cuda_aware(True)
         requests = [jc.irecv(x, source=left, tag=23), jc.isend(x, right, tag=23)]
-        jax.block_until_ready([r._handle for r in requests])
+        jax.block_until_ready([r._id for r in requests])
         assert kernels.staging_held() == held
         np.testing.assert_array_equal(jc.waitall(requests)[0], expected)
     finally:

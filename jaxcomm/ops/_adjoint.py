@@ -41,15 +41,15 @@ def register(kind, local, collective):
     _KINDS[kind] = (local, collective)
 
 
-def replicated_adjoint(ct, *, kind, comm, **params):
+def replicated_adjoint(ct, *, kind, handle, **params):
     """This rank's cotangent of its input to the replicated collective ``kind``."""
-    (y,) = replicated_adjoint_p.bind(ct, kind=kind, comm=comm, **params)
+    (y,) = replicated_adjoint_p.bind(ct, kind=kind, handle=handle, **params)
     return y
 
 
-def _local(ct, *, kind, comm, **params):
+def _local(ct, *, kind, handle, **params):
     local, _ = _KINDS[kind]
-    return [local(ct, rank_of(comm), **params)]
+    return [local(ct, rank_of(handle), **params)]
 
 
 def _abstract_eval(aval, **params):

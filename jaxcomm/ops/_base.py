@@ -172,52 +172,52 @@ def no_output(*avals, **_):
 # and PROD rules) travels on a second private communicator of each JaxComm,
 # so that a derivative message can never match one of the program's own.
 
-# The "comm" param of each JaxComm's communicator (from _runtime.register_comm)
+# The "handle" param of each JaxComm's communicator (from _runtime.register_comm)
 # -> its derivative communicator's; derivative communicators map to
 # themselves, so higher-order derivative traffic stays on them.
 _derivative_comms = {}
 
 
-def register_derivative_comm(comm, derivative):
-    """Route the derivative traffic of communicator ``comm`` to ``derivative`` (handles)."""
-    _derivative_comms[comm] = derivative
+def register_derivative_comm(handle, derivative):
+    """Route the derivative traffic of communicator ``handle`` to ``derivative`` (handles)."""
+    _derivative_comms[handle] = derivative
     _derivative_comms[derivative] = derivative
 
 
-def unregister_derivative_comm(comm):
-    """Forget ``comm``'s derivative communicator (before it is freed) and return its handle."""
-    derivative = _derivative_comms.pop(comm)
+def unregister_derivative_comm(handle):
+    """Forget ``handle``'s derivative communicator (before it is freed) and return its handle."""
+    derivative = _derivative_comms.pop(handle)
     _derivative_comms.pop(derivative)
     return derivative
 
 
-def derivative_comm(comm):
-    """The communicator (handle) that derivative traffic of ``comm`` travels on."""
-    return _derivative_comms.get(comm, comm)
+def derivative_comm(handle):
+    """The communicator (handle) that derivative traffic of ``handle`` travels on."""
+    return _derivative_comms.get(handle, handle)
 
 
-def rank_of(comm):
-    """This process's rank in the communicator of a primitive's ``comm`` param."""
-    return mpi_comm(comm).Get_rank()
+def rank_of(handle):
+    """This process's rank in the communicator of a primitive's ``handle`` param."""
+    return mpi_comm(handle).Get_rank()
 
 
-def size_of(comm):
-    """The number of processes in the communicator of a primitive's ``comm`` param."""
-    return mpi_comm(comm).Get_size()
+def size_of(handle):
+    """The number of processes in the communicator of a primitive's ``handle`` param."""
+    return mpi_comm(handle).Get_size()
 
 
-def linear_jvp(prim, primals, tangents, *, comm, **params):
+def linear_jvp(prim, primals, tangents, *, handle, **params):
     """JVP of a primitive linear in its operands: the tangents take the same op."""
     tangents = [ad.instantiate_zeros(t) for t in tangents]
     return (
-        prim.bind(*primals, comm=comm, **params),
-        prim.bind(*tangents, comm=derivative_comm(comm), **params),
+        prim.bind(*primals, handle=handle, **params),
+        prim.bind(*tangents, handle=derivative_comm(handle), **params),
     )
 
 
-def _transpose_with(transposed, cts, x, *, comm, **params):
+def _transpose_with(transposed, cts, x, *, handle, **params):
     ct = batched_alike(ad.instantiate_zeros(cts[0]))
-    return [transposed(ct, x.aval, comm=derivative_comm(comm), **params)]
+    return [transposed(ct, x.aval, handle=derivative_comm(handle), **params)]
 
 
 def def_linear(prim, transposed):
@@ -228,7 +228,7 @@ def def_linear(prim, transposed):
         transposed: ``transposed(ct, aval, **params)`` maps the cotangent of
             the single output to the cotangent of the operand, whose abstract
             value is ``aval``; it runs on every rank and may communicate (on
-            the derivative communicator it is passed as ``comm``).
+            the derivative communicator it is passed as ``handle``).
     """
     ad.primitive_jvps[prim] = partial(linear_jvp, prim)
     ad.primitive_transposes[prim] = partial(_transpose_with, transposed)

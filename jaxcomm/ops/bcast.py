@@ -8,16 +8,16 @@ from ._batching import batch_whole, flat
 
 # MPI_Bcast works in place: with the input's buffer the root sends from where
 # its data already is.
-bcast_p = comm_primitive("bcast", same_as_input, "jaxcomm_bcast", ("comm", "root"), in_place=True)
+bcast_p = comm_primitive("bcast", same_as_input, "jaxcomm_bcast", ("handle", "root"), in_place=True)
 
 
-def bcast(x, *, root, comm, replicated=True):
+def bcast(x, *, root, handle, replicated=True):
     """Bind ``bcast_p``: ``MPI_Bcast`` of root's ``x``.
 
     ``replicated`` picks the transpose (see ``_bcast_transpose``); it does not
     change what the call computes.
     """
-    (y,) = bcast_p.bind(x, root=root, comm=comm, replicated=replicated)
+    (y,) = bcast_p.bind(x, root=root, handle=handle, replicated=replicated)
     return y
 
 
@@ -36,14 +36,16 @@ def _root_keeps(ct, rank, *, root):
     return ct if rank == root else jnp.zeros_like(ct)
 
 
-def _bcast_transpose(ct, aval, *, root, comm, replicated):
+def _bcast_transpose(ct, aval, *, root, handle, replicated):
     if replicated:
-        return replicated_adjoint(ct, kind="bcast", root=root, comm=comm)
+        return replicated_adjoint(ct, kind="bcast", root=root, handle=handle)
     # reduction.py imports this module for reduce's transpose.
     from .reduction import SUM, reduce
 
-    return reduce(ct, op=SUM, root=root, comm=comm)
+    return reduce(ct, op=SUM, root=root, handle=handle)
 
 
-register("bcast", _root_keeps, lambda ct, aval, *, root, comm: bcast(ct, root=root, comm=comm))
+register(
+    "bcast", _root_keeps, lambda ct, aval, *, root, handle: bcast(ct, root=root, handle=handle)
+)
 def_linear(bcast_p, _bcast_transpose)

@@ -43,74 +43,74 @@ def _received_rows(aval, *, recvcounts, **_):
     return _rows(aval, sum(recvcounts))
 
 
-allgather_p = comm_primitive("allgather", _stacked, "jaxcomm_allgather", ("comm",))
-gather_p = comm_primitive("gather", _stacked, "jaxcomm_gather", ("comm", "root"))
-scatter_p = comm_primitive("scatter", _split, "jaxcomm_scatter", ("comm", "root"))
+allgather_p = comm_primitive("allgather", _stacked, "jaxcomm_allgather", ("handle",))
+gather_p = comm_primitive("gather", _stacked, "jaxcomm_gather", ("handle", "root"))
+scatter_p = comm_primitive("scatter", _split, "jaxcomm_scatter", ("handle", "root"))
 # alltoall's output could take its input's buffer, but MPI_Alltoall's in-place
 # form exchanges through a temporary copy (MPICH: MPI_Sendrecv_replace per
 # peer), so it keeps a buffer of its own; so do the ops whose output is not
 # shaped like their input.
-alltoall_p = comm_primitive("alltoall", same_as_input, "jaxcomm_alltoall", ("comm",))
-allgatherv_p = comm_primitive("allgatherv", _all_rows, "jaxcomm_allgatherv", ("comm", "counts"))
-gatherv_p = comm_primitive("gatherv", _all_rows, "jaxcomm_gatherv", ("comm", "counts", "root"))
-scatterv_p = comm_primitive("scatterv", _own_rows, "jaxcomm_scatterv", ("comm", "counts", "root"))
+alltoall_p = comm_primitive("alltoall", same_as_input, "jaxcomm_alltoall", ("handle",))
+allgatherv_p = comm_primitive("allgatherv", _all_rows, "jaxcomm_allgatherv", ("handle", "counts"))
+gatherv_p = comm_primitive("gatherv", _all_rows, "jaxcomm_gatherv", ("handle", "counts", "root"))
+scatterv_p = comm_primitive("scatterv", _own_rows, "jaxcomm_scatterv", ("handle", "counts", "root"))
 alltoallv_p = comm_primitive(
     "alltoallv",
     _received_rows,
     "jaxcomm_alltoallv",
-    ("comm", "sendcounts", "recvcounts", "max_rows"),
+    ("handle", "sendcounts", "recvcounts", "max_rows"),
 )
 
 
-def allgather(x, *, size, tiled, comm, replicated=True):
+def allgather(x, *, size, tiled, handle, replicated=True):
     """Bind ``allgather_p``: ``MPI_Allgather`` of ``x``, stacked or concatenated.
 
     ``replicated`` picks the transpose (see ``_allgather_transpose``).
     """
-    (y,) = allgather_p.bind(x, size=size, tiled=tiled, comm=comm, replicated=replicated)
+    (y,) = allgather_p.bind(x, size=size, tiled=tiled, handle=handle, replicated=replicated)
     return y
 
 
-def gather(x, *, root, size, tiled, comm):
+def gather(x, *, root, size, tiled, handle):
     """Bind ``gather_p``: ``MPI_Gather`` to ``root``; zeros elsewhere."""
-    (y,) = gather_p.bind(x, root=root, size=size, tiled=tiled, comm=comm)
+    (y,) = gather_p.bind(x, root=root, size=size, tiled=tiled, handle=handle)
     return y
 
 
-def scatter(x, *, root, size, tiled, comm):
+def scatter(x, *, root, size, tiled, handle):
     """Bind ``scatter_p``: ``MPI_Scatter`` of root's ``x`` along its leading axis."""
-    (y,) = scatter_p.bind(x, root=root, size=size, tiled=tiled, comm=comm)
+    (y,) = scatter_p.bind(x, root=root, size=size, tiled=tiled, handle=handle)
     return y
 
 
-def alltoall(x, *, comm):
+def alltoall(x, *, handle):
     """Bind ``alltoall_p``: ``MPI_Alltoall`` of ``size`` equal leading-axis blocks."""
-    (y,) = alltoall_p.bind(x, comm=comm)
+    (y,) = alltoall_p.bind(x, handle=handle)
     return y
 
 
-def allgatherv(x, *, counts, comm, replicated=True):
+def allgatherv(x, *, counts, handle, replicated=True):
     """Bind ``allgatherv_p``: ``MPI_Allgatherv``; ``counts`` holds every rank's rows.
 
     ``replicated`` picks the transpose (see ``_allgatherv_transpose``).
     """
-    (y,) = allgatherv_p.bind(x, counts=counts, comm=comm, replicated=replicated)
+    (y,) = allgatherv_p.bind(x, counts=counts, handle=handle, replicated=replicated)
     return y
 
 
-def gatherv(x, *, counts, root, comm):
+def gatherv(x, *, counts, root, handle):
     """Bind ``gatherv_p``: ``MPI_Gatherv`` to ``root``; zeros elsewhere."""
-    (y,) = gatherv_p.bind(x, counts=counts, root=root, comm=comm)
+    (y,) = gatherv_p.bind(x, counts=counts, root=root, handle=handle)
     return y
 
 
-def scatterv(x, *, counts, root, rank, comm):
+def scatterv(x, *, counts, root, rank, handle):
     """Bind ``scatterv_p``: ``MPI_Scatterv``; this ``rank`` gets ``counts[rank]`` rows."""
-    (y,) = scatterv_p.bind(x, counts=counts, root=root, rank=rank, comm=comm)
+    (y,) = scatterv_p.bind(x, counts=counts, root=root, rank=rank, handle=handle)
     return y
 
 
-def alltoallv(x, *, sendcounts, recvcounts, max_rows, comm):
+def alltoallv(x, *, sendcounts, recvcounts, max_rows, handle):
     """Bind ``alltoallv_p``: ``MPI_Alltoallv``.
 
     ``sendcounts`` and ``recvcounts`` are this rank's row and column of the
@@ -118,7 +118,7 @@ def alltoallv(x, *, sendcounts, recvcounts, max_rows, comm):
     anywhere in it, so that every rank picks the same large-count path.
     """
     (y,) = alltoallv_p.bind(
-        x, sendcounts=sendcounts, recvcounts=recvcounts, max_rows=max_rows, comm=comm
+        x, sendcounts=sendcounts, recvcounts=recvcounts, max_rows=max_rows, handle=handle
     )
     return y
 
@@ -155,60 +155,62 @@ def _rank_rows(ct, rank, *, counts):
     return ct[start : start + counts[rank]]
 
 
-def _allgather_transpose(ct, aval, *, size, tiled, comm, replicated):
+def _allgather_transpose(ct, aval, *, size, tiled, handle, replicated):
     if replicated:
-        return replicated_adjoint(ct, kind="allgather", size=size, tiled=tiled, comm=comm)
+        return replicated_adjoint(ct, kind="allgather", size=size, tiled=tiled, handle=handle)
     # reduction.py imports this module for reduce_scatter's transpose.
     from .reduction import SUM, reduce_scatter
 
-    return reduce_scatter(ct, op=SUM, size=size, tiled=tiled, comm=comm)
+    return reduce_scatter(ct, op=SUM, size=size, tiled=tiled, handle=handle)
 
 
-def _allgatherv_transpose(ct, aval, *, counts, comm, replicated):
+def _allgatherv_transpose(ct, aval, *, counts, handle, replicated):
     if replicated:
-        return replicated_adjoint(ct, kind="allgatherv", counts=counts, comm=comm)
+        return replicated_adjoint(ct, kind="allgatherv", counts=counts, handle=handle)
     from .reduction import SUM, allreduce
 
-    total = allreduce(ct, op=SUM, comm=comm, replicated=False)
-    return _rank_rows(total, rank_of(comm), counts=counts)
+    total = allreduce(ct, op=SUM, handle=handle, replicated=False)
+    return _rank_rows(total, rank_of(handle), counts=counts)
 
 
 register(
     "allgather",
     _own_block,
-    lambda ct, aval, *, size, tiled, comm: allgather(ct, size=size, tiled=tiled, comm=comm),
+    lambda ct, aval, *, size, tiled, handle: allgather(ct, size=size, tiled=tiled, handle=handle),
 )
 register(
     "allgatherv",
     _rank_rows,
-    lambda ct, aval, *, counts, comm: allgatherv(ct, counts=counts, comm=comm),
+    lambda ct, aval, *, counts, handle: allgatherv(ct, counts=counts, handle=handle),
 )
 
 
-def _gather_transpose(ct, aval, *, root, size, tiled, comm):
-    return scatter(ct, root=root, size=size, tiled=tiled, comm=comm)
+def _gather_transpose(ct, aval, *, root, size, tiled, handle):
+    return scatter(ct, root=root, size=size, tiled=tiled, handle=handle)
 
 
-def _scatter_transpose(ct, aval, *, root, size, tiled, comm):
-    return gather(ct, root=root, size=size, tiled=tiled, comm=comm)
+def _scatter_transpose(ct, aval, *, root, size, tiled, handle):
+    return gather(ct, root=root, size=size, tiled=tiled, handle=handle)
 
 
-def _alltoall_transpose(ct, aval, *, comm):
-    return alltoall(ct, comm=comm)
+def _alltoall_transpose(ct, aval, *, handle):
+    return alltoall(ct, handle=handle)
 
 
-def _gatherv_transpose(ct, aval, *, counts, root, comm):
-    return scatterv(ct, counts=counts, root=root, rank=rank_of(comm), comm=comm)
+def _gatherv_transpose(ct, aval, *, counts, root, handle):
+    return scatterv(ct, counts=counts, root=root, rank=rank_of(handle), handle=handle)
 
 
-def _scatterv_transpose(ct, aval, *, counts, root, rank, comm):
-    return gatherv(ct, counts=counts, root=root, comm=comm)
+def _scatterv_transpose(ct, aval, *, counts, root, rank, handle):
+    return gatherv(ct, counts=counts, root=root, handle=handle)
 
 
-def _alltoallv_transpose(ct, aval, *, sendcounts, recvcounts, max_rows, comm):
+def _alltoallv_transpose(ct, aval, *, sendcounts, recvcounts, max_rows, handle):
     # The transposed matrix has the same entries and swaps rows with columns,
     # so max_rows carries over.
-    return alltoallv(ct, sendcounts=recvcounts, recvcounts=sendcounts, max_rows=max_rows, comm=comm)
+    return alltoallv(
+        ct, sendcounts=recvcounts, recvcounts=sendcounts, max_rows=max_rows, handle=handle
+    )
 
 
 def_linear(allgather_p, _allgather_transpose)

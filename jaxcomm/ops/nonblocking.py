@@ -2,9 +2,9 @@
 
 A start (``isend_p``, ``irecv_p``, ``iallreduce_p``, ``ibcast_p``,
 ``iallgather_p``, ``ialltoall_p``) makes the ``MPI_I*`` call and returns a
-request handle (a slot of the kernels' request table and its serial, as the
+request id (a slot of the kernels' request table and its serial, as the
 bits of a float32[2]) and, where MPI fills one, the receive buffer. A wait
-(``wait_send_p``, ``wait_recv_p``, ``wait_exchange_p``) takes the handle and
+(``wait_send_p``, ``wait_recv_p``, ``wait_exchange_p``) takes the request id and
 every buffer the operation uses, calls ``MPI_Wait`` and returns the receive
 buffer aliased in place. Both carry jaxcomm's ordered effect, so starts and
 waits run in program order with every other jaxcomm call. Because the wait
@@ -36,50 +36,52 @@ from .p2p import _wildcard
 from .reduction import SUM, _contribution, allreduce
 
 
-def _handle_aval():
-    # A float type: a tangent or cotangent of a handle is then another
-    # request's handle (see the derivative rules at the end).
+def _request_id_aval():
+    # A float type: a tangent or cotangent of a request_id is then another
+    # request's request_id (see the derivative rules at the end).
     return jax.core.ShapedArray((2,), np.dtype(np.float32))
 
 
 def _send_start(aval, **_):
-    return [_handle_aval()]
+    return [_request_id_aval()]
 
 
 def _receive_start(aval, **_):
-    return [_handle_aval(), jax.core.ShapedArray(aval.shape, aval.dtype)]
+    return [_request_id_aval(), jax.core.ShapedArray(aval.shape, aval.dtype)]
 
 
 def _gather_start(aval, *, size, tiled, **_):
     shape = (size * aval.shape[0], *aval.shape[1:]) if tiled else (size, *aval.shape)
-    return [_handle_aval(), jax.core.ShapedArray(shape, aval.dtype)]
+    return [_request_id_aval(), jax.core.ShapedArray(shape, aval.dtype)]
 
 
-def _received(handle, *buffers, **_):
+def _received(request_id, *buffers, **_):
     y = buffers[-1]
     return [jax.core.ShapedArray(y.shape, y.dtype)]
 
 
-isend_p = comm_primitive("isend", _send_start, "jaxcomm_isend", ("comm", "dest", "tag"))
-irecv_p = comm_primitive("irecv", _receive_start, "jaxcomm_irecv", ("comm", "source", "tag"))
-iallreduce_p = comm_primitive("iallreduce", _receive_start, "jaxcomm_iallreduce", ("comm", "op"))
-ibcast_p = comm_primitive("ibcast", _receive_start, "jaxcomm_ibcast", ("comm", "root"))
-iallgather_p = comm_primitive("iallgather", _gather_start, "jaxcomm_iallgather", ("comm",))
-ialltoall_p = comm_primitive("ialltoall", _receive_start, "jaxcomm_ialltoall", ("comm",))
+isend_p = comm_primitive("isend", _send_start, "jaxcomm_isend", ("handle", "dest", "tag"))
+irecv_p = comm_primitive("irecv", _receive_start, "jaxcomm_irecv", ("handle", "source", "tag"))
+iallreduce_p = comm_primitive("iallreduce", _receive_start, "jaxcomm_iallreduce", ("handle", "op"))
+ibcast_p = comm_primitive("ibcast", _receive_start, "jaxcomm_ibcast", ("handle", "root"))
+iallgather_p = comm_primitive("iallgather", _gather_start, "jaxcomm_iallgather", ("handle",))
+ialltoall_p = comm_primitive("ialltoall", _receive_start, "jaxcomm_ialltoall", ("handle",))
 
-# Operands (handle, send) / (handle, receive) / (handle, send, receive); the
+# Operands (request_id, send) / (request_id, receive) / (request_id, send, receive); the
 # result takes the receive buffer's place.
-wait_send_p = comm_primitive("wait_send", no_output, "jaxcomm_wait_send", ("comm",))
-wait_recv_p = comm_primitive("wait_recv", _received, "jaxcomm_wait_recv", ("comm",), aliases={1: 0})
+wait_send_p = comm_primitive("wait_send", no_output, "jaxcomm_wait_send", ("handle",))
+wait_recv_p = comm_primitive(
+    "wait_recv", _received, "jaxcomm_wait_recv", ("handle",), aliases={1: 0}
+)
 wait_exchange_p = comm_primitive(
-    "wait_exchange", _received, "jaxcomm_wait_exchange", ("comm",), aliases={2: 0}
+    "wait_exchange", _received, "jaxcomm_wait_exchange", ("handle",), aliases={2: 0}
 )
 # JaxComm.during: operands waited for, an int32 1 out (no MPI call).
 fence_p = comm_primitive(
     "fence",
     lambda *avals, **_: [jax.core.ShapedArray((), np.dtype(np.int32))],
     "jaxcomm_fence",
-    ("comm",),
+    ("handle",),
 )
 
 STARTS = (isend_p, irecv_p, iallreduce_p, ibcast_p, iallgather_p, ialltoall_p)
@@ -107,24 +109,24 @@ class Request:
         "_op",
         "_wait",
         "_start",
-        "_handle",
+        "_id",
         "_send",
         "_recv",
-        "_comm",
+        "_handle",
         "_waited",
         "_traced",
         "_finalizer",
         "__weakref__",
     )
 
-    def __init__(self, op, wait, start, handle, send, recv, comm):
+    def __init__(self, op, wait, start, request_id, send, recv, handle):
         self._op = op
         self._wait = wait
         self._start = start
-        self._handle = handle
+        self._id = request_id
         self._send = send
         self._recv = recv
-        self._comm = comm
+        self._handle = handle
         self._waited = False
         self._traced = True
         self._finalizer = None
@@ -171,7 +173,7 @@ def _orphaned(buffers):
 def _eager_keys():
     keys = set()
     for request in list(_eager_requests):
-        slot, serial = np.asarray(request._handle).view(np.int32).tolist()
+        slot, serial = np.asarray(request._id).view(np.int32).tolist()
         keys.add((slot, serial & 0xFFFFFFFF))
     return keys
 
@@ -180,8 +182,8 @@ _runtime.eager_request_keys = _eager_keys
 
 
 def _describe(prim, params):
-    """The wait's ``start`` param: the start primitive and its params but ``comm``."""
-    return (prim.name, tuple(sorted((k, v) for k, v in params.items() if k != "comm")))
+    """The wait's ``start`` param: the start primitive and its params but ``handle``."""
+    return (prim.name, tuple(sorted((k, v) for k, v in params.items() if k != "handle")))
 
 
 def start(prim, x, **params):
@@ -201,21 +203,21 @@ def start(prim, x, **params):
         # the start and the wait must see the same buffer.
         x = jax.lax.optimization_barrier(x)
     outs = prim.bind(x, **params)
-    handle, recv = outs[0], (outs[1] if len(outs) > 1 else None)
+    request_id, recv = outs[0], (outs[1] if len(outs) > 1 else None)
     send = None if prim is irecv_p else x
     request = Request(
         prim.name,
         _WAIT_OF.get(prim, wait_exchange_p),
         _describe(prim, params),
-        handle,
+        request_id,
         send,
         recv,
-        params["comm"],
+        params["handle"],
     )
     request._traced = tracing
     if not tracing:
         _eager_requests.add(request)
-        request._finalizer = weakref.finalize(request, _orphaned, (handle, send, recv))
+        request._finalizer = weakref.finalize(request, _orphaned, (request_id, send, recv))
     return request
 
 
@@ -237,7 +239,7 @@ def wait(request):
             f"this {request._op} request was waited already: wait for each request once"
         )
     traced = request._traced
-    if isinstance(request._handle, jax.core.Tracer) and not _compat.tracer_is_live(request._handle):
+    if isinstance(request._id, jax.core.Tracer) and not _compat.tracer_is_live(request._id):
         raise RuntimeError(
             f"this {request._op} request was started inside a traced function (jax.jit, "
             "a loop body, a cond branch) that has finished: wait for it there"
@@ -253,7 +255,7 @@ def wait(request):
         request._finalizer.detach()
         _eager_requests.discard(request)
     buffers = [b for b in (request._send, request._recv) if b is not None]
-    outs = request._wait.bind(request._handle, *buffers, comm=request._comm, start=request._start)
+    outs = request._wait.bind(request._id, *buffers, handle=request._handle, start=request._start)
     # The request no longer holds the buffers: MPI is done with them.
     request._send = request._recv = None
     if request._wait is wait_send_p:
@@ -280,13 +282,13 @@ def during(requests, fn, *args, **kwargs):
     # jaxcomm call and returns a 1 XLA cannot know in advance: fn's inputs are
     # selected by it, so fn runs after the starts. A second fence takes fn's
     # outputs as operands, and the waits are ordered after it.
-    comm = requests[0]._comm
-    (one,) = fence_p.bind(comm=comm)
+    handle = requests[0]._handle
+    (one,) = fence_p.bind(handle=handle)
     ready = one == 1
     args, kwargs = jax.tree_util.tree_map(partial(_after, ready), (args, kwargs))
     out = fn(*args, **kwargs)
     arrays = [leaf for leaf in jax.tree_util.tree_leaves(out) if isinstance(leaf, jax.Array)]
-    fence_p.bind(*arrays, comm=comm)
+    fence_p.bind(*arrays, handle=handle)
     return out
 
 
@@ -306,15 +308,15 @@ def _after(ready, leaf):
 
 
 @partial(jax.jit, static_argnums=(0, 1, 2), donate_argnums=(4,))
-def _donating_wait(prim, comm, start, handle, recv, *send):
-    return prim.bind(handle, *send, recv, comm=comm, start=start)
+def _donating_wait(prim, handle, start, request_id, recv, *send):
+    return prim.bind(request_id, *send, recv, handle=handle, start=start)
 
 
-def _wait_impl(prim, handle, *buffers, comm, start):
+def _wait_impl(prim, request_id, *buffers, handle, start):
     if prim is wait_send_p:
-        return _compat.apply_primitive(prim, handle, *buffers, comm=comm, start=start)
+        return _compat.apply_primitive(prim, request_id, *buffers, handle=handle, start=start)
     *send, recv = buffers
-    return _donating_wait(prim, comm, start, handle, recv, *send)
+    return _donating_wait(prim, handle, start, request_id, recv, *send)
 
 
 # Set while an eager start or wait runs: its computation holds the start or
@@ -345,20 +347,20 @@ def _check_requests(jaxpr):
     waited = set()
     for eqn in jaxpr.eqns:
         if eqn.primitive in WAITS:
-            handle = eqn.invars[0]
-            if handle not in starts:
+            request_id = eqn.invars[0]
+            if request_id not in starts:
                 raise RuntimeError(
                     "jaxcomm: a request is waited in another traced function than the "
                     "one that started it (a loop body, a cond branch or a nested jit "
                     f"waits a request started outside it, at {_where(eqn)}): start and "
                     "wait each request in the same function"
                 )
-            if handle in waited:
+            if request_id in waited:
                 raise RuntimeError(
-                    f"jaxcomm: a {starts[handle].primitive.name} request is waited twice "
+                    f"jaxcomm: a {starts[request_id].primitive.name} request is waited twice "
                     f"(at {_where(eqn)})"
                 )
-            waited.add(handle)
+            waited.add(request_id)
             for var in eqn.invars[1:]:
                 _not_a_handle(starts, var, eqn)
             continue
@@ -373,8 +375,8 @@ def _check_requests(jaxpr):
                 f"{_where(starts[var])} leaves the traced function that started it: "
                 "wait for it there"
             )
-    for handle, eqn in starts.items():
-        if handle not in waited:
+    for request_id, eqn in starts.items():
+        if request_id not in waited:
             raise RuntimeError(
                 f"jaxcomm: a {eqn.primitive.name} request started at {_where(eqn)} is "
                 "never waited: every request needs a jc.wait in the traced function "
@@ -409,7 +411,7 @@ _compat.jaxpr_checks.append(_check_lowered)
 # vmap -------------------------------------------------------------------------
 #
 # A batched start moves the whole batch in one MPI call, laid out as the
-# blocking op lays it out. The handle is never batched. Where the batch had
+# blocking op lays it out. The request_id is never batched. Where the batch had
 # to be moved into place, the start sends from a new array: the wait must
 # keep that one alive, not the caller's, so the start leaves it here for the
 # wait's rule to take.
@@ -439,11 +441,11 @@ def _start_batched(prim, axis_data, args, dims, **params):
     return outs, [None] + [out_axis] * (len(outs) - 1)
 
 
-def _moved_send(handle, x):
-    """The array the start of ``handle`` sent from, where it moved ``x``'s batch axis."""
+def _moved_send(request_id, x):
+    """The array the start of ``request_id`` sent from, where it moved ``x``'s batch axis."""
     entries = _moved_sends.get(id(x), [])
     for entry in entries:
-        if entry[0] is x and entry[1] is handle:
+        if entry[0] is x and entry[1] is request_id:
             entries.remove(entry)
             if not entries:
                 del _moved_sends[id(x)]
@@ -452,11 +454,11 @@ def _moved_send(handle, x):
 
 
 def _wait_batched(prim, axis_data, args, dims, **params):
-    handle, *buffers = args
+    request_id, *buffers = args
     _, *buffer_dims = dims
     if prim is not wait_recv_p:
-        buffers[0] = _moved_send(handle, buffers[0])
-    outs = prim.bind(handle, *buffers, **params)
+        buffers[0] = _moved_send(request_id, buffers[0])
+    outs = prim.bind(request_id, *buffers, **params)
     if prim is wait_send_p:
         return outs, []
     return outs, [buffer_dims[-1]]
@@ -477,13 +479,13 @@ for _prim in WAITS:
 # Derivatives --------------------------------------------------------------------
 #
 # A start's tangent is the same start on the tangent, on the derivative
-# communicator, and its handle is the handle's tangent: the wait's rule finds
+# communicator, and its request_id is the request_id's tangent: the wait's rule finds
 # the tangent request beside the primal one and waits both. Transposing that
 # tangent program reverses each request: the wait's transpose starts the
 # reverse operation (the cotangent goes back along the message's path), and
 # the start's transpose, which comes later in the transposed program, waits
-# it. The reverse handle is the tangent handle's cotangent, so JAX hands it
-# from one rule to the other. The buffers that go with a handle, which MPI
+# it. The reverse request_id is the tangent request_id's cotangent, so JAX hands it
+# from one rule to the other. The buffers that go with a request_id, which MPI
 # uses until the wait, ride beside it in _companions.
 #
 # Replicated collectives (iallreduce with SUM, ibcast, iallgather) transpose
@@ -492,17 +494,17 @@ for _prim in WAITS:
 # tangent, so its wait's rule computes the tangent with the blocking
 # collectives, after the primal wait. Rules run on every rank (_compat.py).
 
-# id(handle) -> (handle, buffers that go with it).
+# id(request_id) -> (request_id, buffers that go with it).
 _companions = {}
 
 
-def _keep(handle, *buffers):
-    _companions[id(handle)] = (handle, buffers)
+def _keep(request_id, *buffers):
+    _companions[id(request_id)] = (request_id, buffers)
 
 
-def _take(handle):
-    entry = _companions.pop(id(handle), None)
-    if entry is None or entry[0] is not handle:
+def _take(request_id):
+    entry = _companions.pop(id(request_id), None)
+    if entry is None or entry[0] is not request_id:
         raise RuntimeError(
             "jaxcomm: internal error: a nonblocking request's derivative lost its buffers"
         )
@@ -544,29 +546,29 @@ def _has_tangent(prim, x, params):
     return prim is not iallreduce_p or _reduces_by_sum(params)
 
 
-def _tangent_start(prim, t, comm, params):
+def _tangent_start(prim, t, handle, params):
     t = ad.instantiate_zeros(t)
-    touts = prim.bind(t, comm=derivative_comm(comm), **params)
+    touts = prim.bind(t, handle=derivative_comm(handle), **params)
     # The tangent wait must get the very buffer the tangent start sent from.
     _keep(touts[0], *(() if prim is irecv_p else (t,)))
     return touts
 
 
-def _start_linearize(prim, nonzeros, x, *, comm, **params):
+def _start_linearize(prim, nonzeros, x, *, handle, **params):
     # Checked first: a refusal must come before any MPI call.
     tangent = _has_tangent(prim, x, params)
-    outs = prim.bind(x, comm=comm, **params)
+    outs = prim.bind(x, handle=handle, **params)
     if not tangent:
         return outs, [False] * len(outs), [], lambda residuals, t: _zeros(outs)
     return (
         outs,
         [True] * len(outs),
         [],
-        lambda residuals, t: _tangent_start(prim, t, comm, params),
+        lambda residuals, t: _tangent_start(prim, t, handle, params),
     )
 
 
-def _wait_plan(buffers, comm, start):
+def _wait_plan(buffers, handle, start):
     """How a wait's tangent is made: None (integers), "wait" or ("reduce", factor)."""
     name, params = start[0], dict(start[1])
     if not _inexact(jax.typeof(buffers[0])):
@@ -574,68 +576,68 @@ def _wait_plan(buffers, comm, start):
     if name == "iallreduce" and not _reduces_by_sum(params):
         # The tangent is the SUM of factor * t over ranks (reduction.py).
         x = buffers[0]
-        factor = _contribution(x, jnp.ones_like(x), params["op"], derivative_comm(comm), name)
+        factor = _contribution(x, jnp.ones_like(x), params["op"], derivative_comm(handle), name)
         return ("reduce", factor)
     return "wait"
 
 
-def _wait_tangent(prim, plan, tangents, comm, start):
+def _wait_tangent(prim, plan, tangents, handle, start):
     t_handle, *t_buffers = tangents
-    derivative = derivative_comm(comm)
+    derivative = derivative_comm(handle)
     if plan != "wait":
         t = ad.instantiate_zeros(t_buffers[0])
-        return [allreduce(plan[1] * t, op=SUM, comm=derivative)]
+        return [allreduce(plan[1] * t, op=SUM, handle=derivative)]
     sent = _take(t_handle)
     received = t_buffers[-1:] if prim is not wait_send_p else []
-    return prim.bind(t_handle, *sent, *received, comm=derivative, start=start)
+    return prim.bind(t_handle, *sent, *received, handle=derivative, start=start)
 
 
-def _wait_linearize(prim, nonzeros, handle, *buffers, comm, start):
-    outs = prim.bind(handle, *buffers, comm=comm, start=start)
-    plan = _wait_plan(buffers, comm, start)
+def _wait_linearize(prim, nonzeros, request_id, *buffers, handle, start):
+    outs = prim.bind(request_id, *buffers, handle=handle, start=start)
+    plan = _wait_plan(buffers, handle, start)
     if plan is None:
         return outs, [False] * len(outs), [], lambda residuals, *ts: _zeros(outs)
     residuals = [] if plan == "wait" else [plan[1]]
 
     def linearized(residuals, *tangents):
         again = plan if plan == "wait" else ("reduce", residuals[0])
-        return _wait_tangent(prim, again, tangents, comm, start)
+        return _wait_tangent(prim, again, tangents, handle, start)
 
     return outs, [True] * len(outs), residuals, linearized
 
 
-def _start_transpose(prim, cts, x, *, comm, **params):
+def _start_transpose(prim, cts, x, *, handle, **params):
     if prim is isend_p:
         (received,) = _take(cts[0])
         reverse = _describe(irecv_p, dict(source=params["dest"], tag=params["tag"]))
-        (back,) = wait_recv_p.bind(cts[0], received, comm=comm, start=reverse)
+        (back,) = wait_recv_p.bind(cts[0], received, handle=handle, start=reverse)
         return [back]
     if prim is irecv_p:
         (sent,) = _take(cts[0])
         reverse = _describe(isend_p, dict(dest=params["source"], tag=params["tag"]))
-        wait_send_p.bind(cts[0], sent, comm=comm, start=reverse)
+        wait_send_p.bind(cts[0], sent, handle=handle, start=reverse)
         return [None]
     if prim is ialltoall_p:
         sent, received = _take(cts[0])
         (back,) = wait_exchange_p.bind(
-            cts[0], sent, received, comm=comm, start=_describe(ialltoall_p, params)
+            cts[0], sent, received, handle=handle, start=_describe(ialltoall_p, params)
         )
         return [back]
     # A replicated collective: the wait's rule handed the cotangent of the
     # result over as the receive buffer's.
     ct = ad.instantiate_zeros(cts[1])
     if prim is iallreduce_p:
-        return [replicated_adjoint(ct, kind="allreduce", comm=comm)]
+        return [replicated_adjoint(ct, kind="allreduce", handle=handle)]
     if prim is ibcast_p:
-        return [replicated_adjoint(ct, kind="bcast", root=params["root"], comm=comm)]
+        return [replicated_adjoint(ct, kind="bcast", root=params["root"], handle=handle)]
     return [
         replicated_adjoint(
-            ct, kind="allgather", size=params["size"], tiled=params["tiled"], comm=comm
+            ct, kind="allgather", size=params["size"], tiled=params["tiled"], handle=handle
         )
     ]
 
 
-def _wait_transpose(prim, cts, handle, *buffers, comm, start):
+def _wait_transpose(prim, cts, request_id, *buffers, handle, start):
     name, params = start[0], dict(start[1])
     if name == "isend":
         aval = buffers[0].aval
@@ -643,18 +645,18 @@ def _wait_transpose(prim, cts, handle, *buffers, comm, start):
             batched_alike(jnp.zeros(aval.shape, aval.dtype)),
             source=params["dest"],
             tag=params["tag"],
-            comm=comm,
+            handle=handle,
         )
         _keep(reverse, received)
         return [reverse, None]
     aval = buffers[-1].aval
     ct = _sendable(cts[0], aval)
     if name == "irecv":
-        (reverse,) = isend_p.bind(ct, dest=params["source"], tag=params["tag"], comm=comm)
+        (reverse,) = isend_p.bind(ct, dest=params["source"], tag=params["tag"], handle=handle)
         _keep(reverse, ct)
         return [reverse, None]
     if name == "ialltoall":
-        reverse, received = ialltoall_p.bind(ct, comm=comm, **params)
+        reverse, received = ialltoall_p.bind(ct, handle=handle, **params)
         _keep(reverse, ct, received)
         return [reverse, None, None]
     return [None, None, cts[0]]

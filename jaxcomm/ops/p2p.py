@@ -36,10 +36,10 @@ def _with_envelope(aval, *_, **__):
     ]
 
 
-send_p = comm_primitive("send", no_output, "jaxcomm_send", ("comm", "dest", "tag"))
+send_p = comm_primitive("send", no_output, "jaxcomm_send", ("handle", "dest", "tag"))
 # recv takes its template as an operand, although the kernel never reads it:
 # then transformations see it (a vmapped template makes a batched receive).
-recv_p = comm_primitive("recv", _with_envelope, "jaxcomm_recv", ("comm", "source", "tag"))
+recv_p = comm_primitive("recv", _with_envelope, "jaxcomm_recv", ("handle", "source", "tag"))
 # Received arrays keep buffers of their own: MPI_Sendrecv_replace, the only
 # in-place exchange, goes through a temporary copy, and recv's template is
 # usually a value still live (a constant), which XLA would copy to alias.
@@ -47,7 +47,7 @@ sendrecv_p = comm_primitive(
     "sendrecv",
     _with_envelope,
     "jaxcomm_sendrecv",
-    ("comm", "source", "dest", "sendtag", "recvtag"),
+    ("handle", "source", "dest", "sendtag", "recvtag"),
 )
 # sendrecv whose receiving side (RECEIVE_FROM_ENVELOPE) or sending side
 # (SEND_TO_ENVELOPE) takes its peer and tag from the envelope of an earlier
@@ -57,7 +57,7 @@ sendrecv_addressed_p = comm_primitive(
     "sendrecv_addressed",
     _with_envelope,
     "jaxcomm_sendrecv_addressed",
-    ("comm", "source", "dest", "sendtag", "recvtag", "addressed"),
+    ("handle", "source", "dest", "sendtag", "recvtag", "addressed"),
 )
 
 
@@ -68,16 +68,16 @@ sendrecv_addressed_p = comm_primitive(
 # program stays alive for good here (a few dozen bytes each). The address is
 # a static param: the same Status traced again lowers to the same program.
 write_status_p = comm_primitive(
-    "write_status", no_output, "jaxcomm_write_status", ("comm", "address", "itemsize")
+    "write_status", no_output, "jaxcomm_write_status", ("handle", "address", "itemsize")
 )
 _kept_statuses = {}
 
 
-def write_status(envelope, status, *, itemsize, comm):
+def write_status(envelope, status, *, itemsize, handle):
     """Bind ``write_status_p``: fill ``status`` (an ``MPI.Status``) from a receive's envelope."""
     address = MPI._addressof(status)
     _kept_statuses[address] = status
-    write_status_p.bind(envelope, address=address, itemsize=itemsize, comm=comm)
+    write_status_p.bind(envelope, address=address, itemsize=itemsize, handle=handle)
 
 
 def _write_status_jvp(primals, tangents, **params):
@@ -86,29 +86,29 @@ def _write_status_jvp(primals, tangents, **params):
     return [], []
 
 
-def send(x, *, dest, tag, comm):
+def send(x, *, dest, tag, handle):
     """Bind ``send_p``: ``MPI_Send`` of ``x``."""
-    send_p.bind(x, dest=dest, tag=tag, comm=comm)
+    send_p.bind(x, dest=dest, tag=tag, handle=handle)
 
 
-def recv(template, *, source, tag, comm):
+def recv(template, *, source, tag, handle):
     """Bind ``recv_p``: ``MPI_Recv`` into a new array shaped like ``template``.
 
     Returns:
         The received array and its envelope ``[source, tag, count]``.
     """
-    y, envelope = recv_p.bind(template, source=source, tag=tag, comm=comm)
+    y, envelope = recv_p.bind(template, source=source, tag=tag, handle=handle)
     return y, envelope
 
 
-def sendrecv(x, *, source, dest, sendtag, recvtag, comm):
+def sendrecv(x, *, source, dest, sendtag, recvtag, handle):
     """Bind ``sendrecv_p``: ``MPI_Sendrecv``; the result has ``x``'s shape and dtype.
 
     Returns:
         The received array and its envelope ``[source, tag, count]``.
     """
     y, envelope = sendrecv_p.bind(
-        x, source=source, dest=dest, sendtag=sendtag, recvtag=recvtag, comm=comm
+        x, source=source, dest=dest, sendtag=sendtag, recvtag=recvtag, handle=handle
     )
     return y, envelope
 
@@ -194,22 +194,22 @@ def _zero_envelope():
     return ad.Zero(jax.core.ShapedArray((3,), jax.dtypes.float0))
 
 
-def _send_jvp(primals, tangents, *, dest, tag, comm):
-    send_p.bind(*primals, dest=dest, tag=tag, comm=comm)
+def _send_jvp(primals, tangents, *, dest, tag, handle):
+    send_p.bind(*primals, dest=dest, tag=tag, handle=handle)
     t = _tangent(tangents[0])
     if t is not None:
-        send_p.bind(t, dest=dest, tag=tag, comm=derivative_comm(comm))
+        send_p.bind(t, dest=dest, tag=tag, handle=derivative_comm(handle))
     return [], []
 
 
-def _receive_jvp(prim, wildcard, primals, tangents, *, comm, **params):
-    y, envelope = prim.bind(*primals, comm=comm, **params)
+def _receive_jvp(prim, wildcard, primals, tangents, *, handle, **params):
+    y, envelope = prim.bind(*primals, handle=handle, **params)
     t = _tangent(tangents[0])
-    derivative = derivative_comm(comm)
+    derivative = derivative_comm(handle)
     if t is None:
         ty = ad.Zero(y.aval.to_tangent_aval())
     elif prim is sendrecv_addressed_p:
-        ty, _ = prim.bind(t, primals[1], comm=derivative, **params)
+        ty, _ = prim.bind(t, primals[1], handle=derivative, **params)
     elif wildcard(**params):
         ty, _ = sendrecv_addressed_p.bind(
             t,
@@ -219,10 +219,10 @@ def _receive_jvp(prim, wildcard, primals, tangents, *, comm, **params):
             sendtag=params.get("sendtag", 0),
             recvtag=0,
             addressed=RECEIVE_FROM_ENVELOPE,
-            comm=derivative,
+            handle=derivative,
         )
     else:
-        ty, _ = prim.bind(t, comm=derivative, **params)
+        ty, _ = prim.bind(t, handle=derivative, **params)
     return [y, envelope], [ty, _zero_envelope()]
 
 
@@ -239,9 +239,9 @@ def _cotangent(ct):
     return batched_alike(ad.instantiate_zeros(ct))
 
 
-def _send_transpose(cts, x, *, dest, tag, comm):
+def _send_transpose(cts, x, *, dest, tag, handle):
     template = batched_alike(jnp.zeros(x.aval.shape, x.aval.dtype))
-    back, _ = recv(template, source=dest, tag=tag, comm=comm)
+    back, _ = recv(template, source=dest, tag=tag, handle=handle)
     return [back]
 
 
@@ -254,16 +254,16 @@ def _refuse_wildcard(op, tag_name):
     )
 
 
-def _recv_transpose(cts, template, *, source, tag, comm):
+def _recv_transpose(cts, template, *, source, tag, handle):
     # The cotangent of what arrived goes back to its sender, with the tag it
     # came with; the sender's send transposes to the matching receive.
     if _wildcard(source, tag):
         raise _refuse_wildcard("recv", "tag")
-    send(_cotangent(cts[0]), dest=source, tag=_tag_back(tag), comm=comm)
+    send(_cotangent(cts[0]), dest=source, tag=_tag_back(tag), handle=handle)
     return [None]
 
 
-def _sendrecv_transpose(cts, x, *, source, dest, sendtag, recvtag, comm):
+def _sendrecv_transpose(cts, x, *, source, dest, sendtag, recvtag, handle):
     if _wildcard(source, recvtag):
         raise _refuse_wildcard("sendrecv", "recvtag")
     back, _ = sendrecv(
@@ -272,13 +272,13 @@ def _sendrecv_transpose(cts, x, *, source, dest, sendtag, recvtag, comm):
         dest=source,
         sendtag=_tag_back(recvtag),
         recvtag=sendtag,
-        comm=comm,
+        handle=handle,
     )
     return [back]
 
 
 def _sendrecv_addressed_transpose(
-    cts, x, address, *, source, dest, sendtag, recvtag, addressed, comm
+    cts, x, address, *, source, dest, sendtag, recvtag, addressed, handle
 ):
     # The side that used the envelope swaps direction and keeps it; the
     # other side swaps its peer and tag, as sendrecv's transpose does.
@@ -289,7 +289,7 @@ def _sendrecv_addressed_transpose(
         params = dict(source=MPI.PROC_NULL, dest=source, sendtag=recvtag, recvtag=0)
         flipped = RECEIVE_FROM_ENVELOPE
     back, _ = sendrecv_addressed_p.bind(
-        _cotangent(cts[0]), address, addressed=flipped, comm=comm, **params
+        _cotangent(cts[0]), address, addressed=flipped, handle=handle, **params
     )
     return [back, None]
 

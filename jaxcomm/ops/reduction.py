@@ -33,51 +33,53 @@ def _reduce_scatter_abstract_eval(aval, *, size, tiled, **_):
 # MPI_Allreduce, MPI_Scan, MPI_Exscan and the root's MPI_Reduce have in-place
 # forms; the kernels use them where the output has the input's buffer.
 allreduce_p = comm_primitive(
-    "allreduce", same_as_input, "jaxcomm_allreduce", ("comm", "op"), in_place=True
+    "allreduce", same_as_input, "jaxcomm_allreduce", ("handle", "op"), in_place=True
 )
 reduce_p = comm_primitive(
-    "reduce", same_as_input, "jaxcomm_reduce", ("comm", "op", "root"), in_place=True
+    "reduce", same_as_input, "jaxcomm_reduce", ("handle", "op", "root"), in_place=True
 )
-scan_p = comm_primitive("scan", same_as_input, "jaxcomm_scan", ("comm", "op"), in_place=True)
-exscan_p = comm_primitive("exscan", same_as_input, "jaxcomm_exscan", ("comm", "op"), in_place=True)
+scan_p = comm_primitive("scan", same_as_input, "jaxcomm_scan", ("handle", "op"), in_place=True)
+exscan_p = comm_primitive(
+    "exscan", same_as_input, "jaxcomm_exscan", ("handle", "op"), in_place=True
+)
 # The kernel reads the block size off its output; size and tiled only shape it.
 reduce_scatter_p = comm_primitive(
-    "reduce_scatter", _reduce_scatter_abstract_eval, "jaxcomm_reduce_scatter", ("comm", "op")
+    "reduce_scatter", _reduce_scatter_abstract_eval, "jaxcomm_reduce_scatter", ("handle", "op")
 )
 
 
-def allreduce(x, *, op, comm, replicated=True):
+def allreduce(x, *, op, handle, replicated=True):
     """Bind ``allreduce_p``: ``MPI_Allreduce`` with reduction code ``op``.
 
     ``replicated`` picks the transpose of a SUM: the result is one replicated
     value (the user's allreduce), or per-rank values (an allreduce bound by a
     transpose), which transpose exactly, to another such allreduce.
     """
-    (y,) = allreduce_p.bind(x, op=op, comm=comm, replicated=replicated)
+    (y,) = allreduce_p.bind(x, op=op, handle=handle, replicated=replicated)
     return y
 
 
-def reduce(x, *, op, root, comm):
+def reduce(x, *, op, root, handle):
     """Bind ``reduce_p``: ``MPI_Reduce`` onto ``root``; other ranks get zeros."""
-    (y,) = reduce_p.bind(x, op=op, root=root, comm=comm)
+    (y,) = reduce_p.bind(x, op=op, root=root, handle=handle)
     return y
 
 
-def scan(x, *, op, comm):
+def scan(x, *, op, handle):
     """Bind ``scan_p``: ``MPI_Scan``, the inclusive prefix reduction."""
-    (y,) = scan_p.bind(x, op=op, comm=comm)
+    (y,) = scan_p.bind(x, op=op, handle=handle)
     return y
 
 
-def exscan(x, *, op, comm):
+def exscan(x, *, op, handle):
     """Bind ``exscan_p``: ``MPI_Exscan``, the exclusive prefix reduction (zeros on rank 0)."""
-    (y,) = exscan_p.bind(x, op=op, comm=comm)
+    (y,) = exscan_p.bind(x, op=op, handle=handle)
     return y
 
 
-def reduce_scatter(x, *, op, size, tiled, comm):
+def reduce_scatter(x, *, op, size, tiled, handle):
     """Bind ``reduce_scatter_p``: ``MPI_Reduce_scatter_block`` over ``size`` blocks of ``x``."""
-    (y,) = reduce_scatter_p.bind(x, op=op, size=size, tiled=tiled, comm=comm)
+    (y,) = reduce_scatter_p.bind(x, op=op, size=size, tiled=tiled, handle=handle)
     return y
 
 
@@ -103,7 +105,7 @@ def _op_name(op):
     return REDUCTION_OPS[op][0]
 
 
-def _contribution(x, t, op, comm, what):
+def _contribution(x, t, op, handle, what):
     """This rank's term of the tangent of the reduction of ``x`` with ``op``.
 
     The reduction's tangent is the SUM over ranks of these terms. MAX and MIN
@@ -118,28 +120,28 @@ def _contribution(x, t, op, comm, what):
         # Where the extremum sits has no derivative; say so rather than
         # differentiate the comparison.
         x = jax.lax.stop_gradient(x)
-        hit = x == allreduce(x, op=op, comm=comm)
-        count = allreduce(hit.astype(t.dtype), op=SUM, comm=comm)
+        hit = x == allreduce(x, op=op, handle=handle)
+        count = allreduce(hit.astype(t.dtype), op=SUM, handle=handle)
         # count >= 1 wherever hit holds; the maximum only guards NaN inputs.
         return jnp.where(hit, t / jnp.maximum(count, 1), jnp.zeros_like(t))
     if name == "PROD":
         # Every rank's x, by an alltoall of copies: unlike allgather (whose
         # replicated cotangent would be wrong here, since each rank uses the
         # rows differently) it transposes exactly, so higher orders are right.
-        size = size_of(comm)
-        rows = alltoall(jnp.broadcast_to(x, (size, *x.shape)), comm=comm)
-        others = jnp.prod(rows.at[rank_of(comm)].set(1), axis=0)
+        size = size_of(handle)
+        rows = alltoall(jnp.broadcast_to(x, (size, *x.shape)), handle=handle)
+        others = jnp.prod(rows.at[rank_of(handle)].set(1), axis=0)
         return others * t
     raise not_differentiable(f"{what} with MPI.{name}")
 
 
-def _reduction_jvp(prim, primals, tangents, *, op, comm, **params):
+def _reduction_jvp(prim, primals, tangents, *, op, handle, **params):
     (x,), (t,) = primals, tangents
     t = ad.instantiate_zeros(t)
-    y = prim.bind(x, op=op, comm=comm, **params)
-    derivative = derivative_comm(comm)
+    y = prim.bind(x, op=op, handle=handle, **params)
+    derivative = derivative_comm(handle)
     term = _contribution(x, t, op, derivative, prim.name)
-    return y, prim.bind(term, op=SUM, comm=derivative, **params)
+    return y, prim.bind(term, op=SUM, handle=derivative, **params)
 
 
 def _sum_only_jvp(prim, primals, tangents, *, op, **params):
@@ -148,41 +150,41 @@ def _sum_only_jvp(prim, primals, tangents, *, op, **params):
     return linear_jvp(prim, primals, tangents, op=op, **params)
 
 
-def _total(ct, comm):
+def _total(ct, handle):
     """The SUM of every rank's cotangent, as per-rank values (it transposes to itself)."""
-    return allreduce(ct, op=SUM, comm=comm, replicated=False)
+    return allreduce(ct, op=SUM, handle=handle, replicated=False)
 
 
-def _allreduce_transpose(ct, aval, *, op, comm, replicated):
+def _allreduce_transpose(ct, aval, *, op, handle, replicated):
     if replicated:
-        return replicated_adjoint(ct, kind="allreduce", comm=comm)
-    return _total(ct, comm)
+        return replicated_adjoint(ct, kind="allreduce", handle=handle)
+    return _total(ct, handle)
 
 
-def _reduce_transpose(ct, aval, *, op, root, comm):
-    return bcast(ct, root=root, comm=comm, replicated=False)
+def _reduce_transpose(ct, aval, *, op, root, handle):
+    return bcast(ct, root=root, handle=handle, replicated=False)
 
 
-def _scan_transpose(ct, aval, *, op, comm):
+def _scan_transpose(ct, aval, *, op, handle):
     # Rank r's input reaches outputs r, r + 1, ...: the total minus the
     # exclusive prefix (zeros on rank 0) of the cotangents.
-    return _total(ct, comm) - exscan(ct, op=SUM, comm=comm)
+    return _total(ct, handle) - exscan(ct, op=SUM, handle=handle)
 
 
-def _exscan_transpose(ct, aval, *, op, comm):
+def _exscan_transpose(ct, aval, *, op, handle):
     # Rank r's input reaches outputs r + 1, ...: the total minus the
     # inclusive prefix of the cotangents.
-    return _total(ct, comm) - scan(ct, op=SUM, comm=comm)
+    return _total(ct, handle) - scan(ct, op=SUM, handle=handle)
 
 
-def _reduce_scatter_transpose(ct, aval, *, op, size, tiled, comm):
-    return allgather(ct, size=size, tiled=tiled, comm=comm, replicated=False)
+def _reduce_scatter_transpose(ct, aval, *, op, size, tiled, handle):
+    return allgather(ct, size=size, tiled=tiled, handle=handle, replicated=False)
 
 
 register(
     "allreduce",
     lambda ct, rank: ct,
-    lambda ct, aval, *, comm: allreduce(ct, op=SUM, comm=comm),
+    lambda ct, aval, *, handle: allreduce(ct, op=SUM, handle=handle),
 )
 def_linear(allreduce_p, _allreduce_transpose)
 def_linear(reduce_p, _reduce_transpose)
