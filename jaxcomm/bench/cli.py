@@ -1,0 +1,163 @@
+"""``python -m jaxcomm.bench``: the options, the run, and what rank 0 prints and writes.
+
+:func:`parser` and :func:`run_and_report` are shared with the other commands
+that measure routes (:mod:`jaxcomm.bench.compare`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+from mpi4py import MPI
+
+from ..comm import JaxComm
+from .measure import Record, run
+from .operations import MODES, OPS
+from .report import metadata, plot, pyplot, summary, table, write_json
+from .routes import PLAIN, REFERENCE, Impl, JaxcommImpl, Mpi4pyImpl, PlainJitImpl
+from .sizes import DEFAULT_SIZES, MIB, QUICK_SIZES, parse_size, sizes_between
+
+
+def _names(choices: Sequence[str]) -> Callable[[str], list[str]]:
+    def parse(text: str) -> list[str]:
+        names = [name.strip() for name in text.split(",") if name.strip()]
+        unknown = [name for name in names if name not in choices]
+        if unknown or not names:
+            raise argparse.ArgumentTypeError(
+                f"unknown {', '.join(unknown) or 'empty list'}; choose from {', '.join(choices)}"
+            )
+        return names
+
+    return parse
+
+
+def parser(description: str) -> argparse.ArgumentParser:
+    """The options shared by ``jaxcomm.bench`` and ``jaxcomm.bench.compare``."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument(
+        "--ops",
+        type=_names(tuple(OPS)),
+        default=list(OPS),
+        help="comma-separated ops (default: all): " + ",".join(OPS),
+    )
+    p.add_argument(
+        "--modes",
+        type=_names(MODES),
+        default=list(MODES),
+        help="comma-separated modes (default: jit,loop,eager)",
+    )
+    p.add_argument(
+        "--sizes",
+        type=lambda t: [parse_size(s) for s in t.split(",")],
+        help="comma-separated message sizes, e.g. 8,4K,1MiB (default: 8 B to 64 MiB)",
+    )
+    p.add_argument("--min-size", type=parse_size, help="smallest size (with --max-size)")
+    p.add_argument("--max-size", type=parse_size, help="largest size (with --min-size)")
+    p.add_argument("--repeats", type=int, help="timed repeats per measurement (default 5)")
+    p.add_argument(
+        "--time", type=float, dest="target_s", help="seconds one repeat should take (default 0.02)"
+    )
+    p.add_argument("--max-iters", type=int, default=100_000, help="most ops in one repeat")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="two sizes (8 B, 1 MiB), 3 short repeats: a smoke test for CI",
+    )
+    p.add_argument("--json", metavar="FILE", help="write records and versions as JSON")
+    p.add_argument("--plot", metavar="FILE.png", help="plot time per op (needs matplotlib)")
+    p.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def settings(args: argparse.Namespace) -> dict[str, Any]:
+    """:func:`run`'s keyword arguments from parsed options.
+
+    Raises:
+        SystemExit: for ``--plot`` without matplotlib (before measuring, not after).
+    """
+    if args.plot:
+        try:
+            pyplot()
+        except RuntimeError as err:
+            raise SystemExit(str(err)) from None
+    if args.sizes:
+        sizes = args.sizes
+    elif args.min_size or args.max_size:
+        sizes = sizes_between(args.min_size or 8, args.max_size or 64 * MIB)
+    else:
+        sizes = QUICK_SIZES if args.quick else DEFAULT_SIZES
+    return {
+        "ops": args.ops,
+        "sizes": list(sizes),
+        "modes": args.modes,
+        "repeats": args.repeats or (3 if args.quick else 5),
+        "target_s": args.target_s or (0.002 if args.quick else 0.02),
+        "max_iters": args.max_iters,
+        "progress": not args.no_progress,
+    }
+
+
+def run_and_report(
+    comm: MPI.Intracomm,
+    impls: Sequence[Impl],
+    args: argparse.Namespace,
+    *,
+    ratios: Sequence[tuple[str, str]],
+    bandwidth: Sequence[str],
+    title: str,
+    **meta: Any,
+) -> list[Record]:
+    """Measure with the parsed options; on rank 0 print the table, write JSON and plot.
+
+    Args:
+        comm: the communicator (every rank calls this).
+        impls: implementations, :class:`Mpi4pyImpl` first; the table shows
+            each one's time.
+        args: options from :func:`parser`.
+        ratios, bandwidth: the table's columns (see :func:`table`).
+        title: the table's and the plot's title.
+        **meta: extra entries for the JSON's ``meta``.
+
+    Returns:
+        The records.
+    """
+    options = settings(args)
+    records = run(comm, impls, **options)
+    meta = metadata(comm, options={k: v for k, v in options.items() if k != "progress"}, **meta)
+    if comm.rank == 0:
+        print(f"# {title}: {comm.size} ranks, jax {jax.__version__}, {meta['cpu']}")
+        print("# times: microseconds per op, median of repeats (slowest rank); ratios of times")
+        names = [impl.name for impl in impls]
+        print(table(records, names, ratios, bandwidth, markdown=args.markdown))
+        print(summary(records, ratios))
+        if args.json:
+            write_json(args.json, records, meta)
+        if args.plot:
+            plot(args.plot, records, f"{title}, {comm.size} ranks")
+        sys.stdout.flush()
+    return records
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m jaxcomm.bench``: measure, then print on rank 0."""
+    args = parser("Latency and bandwidth of jaxcomm's ops beside mpi4py.").parse_args(argv)
+    comm = MPI.COMM_WORLD
+    settings(args)  # a bad option fails before anything is measured
+    jc = JaxComm(comm)
+    try:
+        run_and_report(
+            comm,
+            [Mpi4pyImpl(comm), JaxcommImpl(jc), PlainJitImpl()],
+            args,
+            ratios=(("jaxcomm", REFERENCE), ("jaxcomm", PLAIN)),
+            bandwidth=("jaxcomm", REFERENCE),
+            title="jaxcomm.bench",
+        )
+    finally:
+        jc.free()
+    return 0

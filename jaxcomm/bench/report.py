@@ -1,0 +1,269 @@
+"""Reports: the table printer, the summary, the run's metadata, JSON and plots.
+
+Every benchmark of the package prints its tables with :func:`format_table`
+and writes JSON with :func:`dump_json`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import socket
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from mpi4py import MPI
+
+from .. import __version__
+from .measure import Record
+from .operations import MODES, OPS
+from .sizes import format_size
+
+_NO_MATPLOTLIB = "--plot needs matplotlib: pip install matplotlib (or 'jaxcomm[bench]')"
+
+
+def format_table(
+    header: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    *,
+    markdown: bool = False,
+    left: int = 1,
+) -> str:
+    """Rows of cells as a table with a header line.
+
+    Args:
+        header: the column names.
+        rows: the rows, one string per column.
+        markdown: a Markdown table instead of aligned text.
+        left: how many leading columns are aligned left in text (the others
+            right, as numbers).
+
+    Returns:
+        The table, one line per row.
+    """
+    if markdown:
+        out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        out += ["| " + " | ".join(line) + " |" for line in rows]
+        return "\n".join(out)
+    lines = [list(header), *rows]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(
+            cell.ljust(w) if i < left else cell.rjust(w)
+            for i, (cell, w) in enumerate(zip(line, widths))
+        )
+        for line in lines
+    )
+
+
+def _format_time(seconds: float) -> str:
+    us = seconds * 1e6
+    return f"{us:.3g}" if us < 1000 else f"{us:.0f}"
+
+
+def _format_bandwidth(bps: float | None) -> str:
+    if bps is None:
+        return ""
+    mbps = bps / 1e6
+    return f"{mbps:.0f}" if mbps >= 1000 else f"{mbps:.3g}"
+
+
+def table(
+    records: Sequence[Record],
+    impls: Sequence[str],
+    ratios: Sequence[tuple[str, str]],
+    bandwidth: Sequence[str] = (),
+    *,
+    markdown: bool = False,
+) -> str:
+    """Records as a table: one row per op, size and mode.
+
+    Args:
+        records: from :func:`run`.
+        impls: implementations to show times of (microseconds per op).
+        ratios: ``(a, b)`` pairs to show ``a``'s time over ``b``'s.
+        bandwidth: implementations to show MB/s of.
+        markdown: a Markdown table instead of aligned text.
+
+    Returns:
+        The table, with a header line.
+    """
+    rows: dict[tuple[str, int, str], dict[str, Record]] = {}
+    for record in records:
+        rows.setdefault((record.op, record.nbytes, record.mode), {})[record.impl] = record
+
+    def time_cell(record):
+        if record is None:
+            return ""
+        if record.match is False:
+            return "WRONG"
+        return "error" if record.time_s is None else _format_time(record.time_s)
+
+    header = ["op", "size", "mode"]
+    header += [f"{name} us" for name in impls]
+    header += [f"{a}/{b}" for a, b in ratios]
+    header += [f"{name} MB/s" for name in bandwidth]
+    lines = []
+    for (op, nbytes, mode), by_impl in rows.items():
+        line = [op, format_size(nbytes) if OPS[op].sized else "-", mode]
+        line += [time_cell(by_impl.get(name)) for name in impls]
+        for a, b in ratios:
+            ratio = by_impl[a].ratios.get(b) if a in by_impl else None
+            line.append("" if ratio is None else f"{ratio:.2f}")
+        line += [
+            _format_bandwidth(by_impl[name].bandwidth) if name in by_impl else ""
+            for name in bandwidth
+        ]
+        lines.append(line)
+    return format_table(header, lines, markdown=markdown, left=3)
+
+
+def summary(records: Sequence[Record], ratios: Sequence[tuple[str, str]]) -> str:
+    """Per mode and ratio, the median and range over every op and size."""
+    lines = []
+    for a, b in ratios:
+        for mode in MODES:
+            values = [
+                r.ratios[b] for r in records if r.impl == a and r.mode == mode and b in r.ratios
+            ]
+            if values:
+                lines.append(
+                    f"{a}/{b} {mode:<5}: median {np.median(values):.2f}, "
+                    f"range {min(values):.2f}-{max(values):.2f} over {len(values)} op sizes"
+                )
+    wrong = sorted({f"{r.impl} {r.op} {r.mode}" for r in records if r.match is False})
+    errors = sorted({f"{r.impl} {r.op} {r.mode}: {r.error}" for r in records if r.error})
+    lines += [f"WRONG RESULT (not timed): {w}" for w in wrong]
+    lines += [f"not timed: {e}" for e in errors]
+    return "\n".join(lines)
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def metadata(comm: MPI.Intracomm, **extra: Any) -> dict[str, Any]:
+    """The run's machine, versions and rank count, for the JSON output."""
+    import jaxlib
+    import mpi4py
+
+    versions = {
+        "jaxcomm": __version__,
+        "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
+        "mpi4py": mpi4py.__version__,
+        "numpy": np.__version__,
+        "python": platform.python_version(),
+        "mpi_standard": "{}.{}".format(*MPI.Get_version()),
+        "mpi_library": " ".join(MPI.Get_library_version().split("\n")[0].split()),
+    }
+    if "mpi4jax" in sys.modules:
+        versions["mpi4jax"] = sys.modules["mpi4jax"].__version__
+    hosts = sorted(set(comm.allgather(socket.gethostname())))
+    return {
+        "ranks": comm.size,
+        "hosts": hosts,
+        "cpu": _cpu_model(),
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        # Other work on the machine shows in the figures: say how busy it was.
+        "load_average": list(os.getloadavg()),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "versions": versions,
+        **extra,
+    }
+
+
+def dump_json(path: str, data: dict[str, Any]) -> None:
+    """``data`` to ``path`` as JSON, one level per line's indent, ending with a newline."""
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1)
+        f.write("\n")
+
+
+def write_json(path: str, records: Sequence[Record], meta: dict[str, Any]) -> None:
+    """``{"meta": ..., "records": [...]}`` to ``path``."""
+    dump_json(path, {"meta": meta, "records": [dataclasses.asdict(r) for r in records]})
+
+
+def pyplot():
+    """matplotlib's pyplot, drawing to files (no display).
+
+    Raises:
+        RuntimeError: if matplotlib is not installed.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise RuntimeError(_NO_MATPLOTLIB) from None
+    return plt
+
+
+def plot(path: str, records: Sequence[Record], title: str) -> None:
+    """Time per op against message size, one panel per op, to a PNG.
+
+    Raises:
+        RuntimeError: if matplotlib is not installed.
+    """
+    plt = pyplot()
+    timed = [r for r in records if r.time_s is not None and OPS[r.op].sized]
+    ops = list(dict.fromkeys(r.op for r in timed))
+    impls = list(dict.fromkeys(r.impl for r in timed))
+    styles = {"jit": "-", "loop": "--", "eager": ":"}
+    cols = max(1, min(3, len(ops)))
+    rows = max(1, -(-len(ops) // cols))
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows), squeeze=False)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, op in zip(axes.flat, ops):
+        for i, impl in enumerate(impls):
+            for mode, style in styles.items():
+                points = sorted(
+                    (r.nbytes, r.time_s * 1e6)
+                    for r in timed
+                    if r.op == op and r.impl == impl and r.mode == mode
+                )
+                if points:
+                    xs, ys = zip(*points)
+                    ax.plot(
+                        xs,
+                        ys,
+                        style,
+                        marker=".",
+                        color=colors[i % len(colors)],
+                        label=f"{impl} {mode}",
+                    )
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(op)
+        ax.set_xlabel("bytes per rank")
+        ax.set_ylabel("us per op")
+        ax.grid(True, which="both", alpha=0.3)
+    for ax in list(axes.flat)[len(ops) :]:
+        ax.axis("off")
+    fig.suptitle(title)
+    fig.tight_layout()
+    # Right of the panels, so it hides none of them; "tight" widens the image.
+    fig.legend(
+        *axes.flat[0].get_legend_handles_labels(),
+        loc="center left",
+        bbox_to_anchor=(1.0, 0.5),
+        fontsize="small",
+    )
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)

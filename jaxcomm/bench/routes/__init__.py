@@ -1,0 +1,30 @@
+"""The routes a benchmarked operation can take: one module per library or way.
+
+Every route is an :class:`Impl` (a column of the table); those whose ops are
+JAX functions derive from :class:`JaxImpl` and give only ``function(op)``:
+
+- :mod:`.mpi4py_buffers`: the reference, mpi4py's buffer methods on NumPy;
+- :mod:`.jaxcomm_methods`: jaxcomm's :class:`~jaxcomm.JaxComm` methods;
+- :mod:`.plain_jit`: a jitted ``x + 1`` without MPI, the dispatch reference;
+- :mod:`.mpi4jax_functions`: mpi4jax's functions, where it is installed;
+- :mod:`.jax_shard_map`: JAX's own collectives over ``jax.distributed``.
+
+A new route is a module here with one :class:`Impl` subclass, added to the
+list of implementations that a command (:mod:`jaxcomm.bench.cli`,
+:mod:`jaxcomm.bench.compare`) measures.
+"""
+
+from .base import Impl, JaxImpl
+from .jaxcomm_methods import JaxcommImpl
+from .mpi4py_buffers import REFERENCE, Mpi4pyImpl
+from .plain_jit import PLAIN, PlainJitImpl
+
+__all__ = [
+    "PLAIN",
+    "REFERENCE",
+    "Impl",
+    "JaxImpl",
+    "JaxcommImpl",
+    "Mpi4pyImpl",
+    "PlainJitImpl",
+]
