@@ -1,6 +1,6 @@
 """Latency and bandwidth of jaxcomm on GPU arrays, side by side with references.
 
-Run:  mpiexec -n 2 python benchmarks/gpu.py [--quick] [--out DIR]
+Run:  mpiexec -n 2 python -m jaxcomm.bench.gpu [--quick] [--out DIR]
 
 For allreduce (float32 sum), bcast (root 0), allgather and sendrecv (a ring),
 from 8 B to 256 MiB per rank, rank 0 prints the median time of one call and
@@ -22,22 +22,22 @@ Without a GPU it says so and exits 0; --cpu measures CPU arrays instead
 import argparse
 import csv
 import ctypes
-import hashlib
-import json
 import math
 import os
 import pathlib
 import shutil
-import subprocess
 import sys
-import time
 
 import jax
 import numpy as np
 from mpi4py import MPI
 
-import jaxcomm
-from jaxcomm import JaxComm
+from .. import __version__, bind_local_gpu, cuda_info, set_cuda_aware
+from ..comm import JaxComm
+from .native import HERE, build_shared, default_build_dir, load_on_every_rank, mpi_cxx
+from .report import dump_json, format_table, pyplot
+from .sizes import format_size
+from .timing import median_seconds
 
 OPS = ("allreduce", "bcast", "allgather", "sendrecv")
 KIND = {name: code for code, name in enumerate(OPS)}  # gpu_reference.cc's `kind`
@@ -46,7 +46,6 @@ FULL_SIZES = [8 * 4**k for k in range(13)] + [256 * MIB]  # 8 B .. 128 MiB, 256 
 QUICK_SIZES = [8, 2048, 512 * 1024, 16 * MIB, 256 * MIB]
 TARGET_FROM = 16 * MIB
 TARGETS = {"by hand": 1.5, "C++ ref": 0.8, "fori_loop": 1.5}
-HERE = pathlib.Path(__file__).resolve().parent
 
 
 def parse_args(argv=None):
@@ -57,9 +56,7 @@ def parse_args(argv=None):
     parser.add_argument("--max-bytes", type=int, default=256 * MIB, help="largest size per rank")
     parser.add_argument(
         "--build-dir",
-        default=os.path.join(
-            os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "jaxcomm"
-        ),
+        default=default_build_dir(),
         help="where gpu_reference.cc is built (once per source and compiler)",
     )
     parser.add_argument(
@@ -82,13 +79,6 @@ def iterations_for(nbytes, quick):
     """Timed calls per size: enough to move about 1 GiB (256 MiB with --quick)."""
     budget, low, high = (256 * MIB, 3, 50) if quick else (1024 * MIB, 5, 200)
     return max(low, min(high, budget // nbytes))
-
-
-def format_bytes(n):
-    for unit, scale in (("GiB", 1 << 30), ("MiB", MIB), ("KiB", 1024)):
-        if n >= scale and n % scale == 0:
-            return f"{n // scale} {unit}"
-    return f"{n} B"
 
 
 def _cell(value, fmt):
@@ -138,25 +128,36 @@ def _us(seconds):
     return None if seconds is None else seconds * 1e6
 
 
-def format_table(rows, loop=None):
+COLUMNS = (
+    ("jaxcomm us", "jaxcomm_us", ".1f"),
+    ("by hand us", "by_hand_us", ".1f"),
+    ("C++ ref us", "cpp_us", ".1f"),
+    ("jaxcomm GB/s", "jaxcomm_gbs", ".3g"),
+    ("by hand GB/s", "by_hand_gbs", ".3g"),
+    ("C++ ref GB/s", "cpp_gbs", ".3g"),
+    ("jaxcomm / by hand", "vs_by_hand", ".2f"),
+    ("jaxcomm / C++ ref", "vs_cpp", ".2f"),
+)
+
+
+def markdown_table(rows, loop=None):
     """A Markdown table of ``table_rows`` and the fori_loop comparison."""
-    lines = [
-        "| op | bytes | jaxcomm path | jaxcomm us | by hand us | C++ ref us | jaxcomm GB/s "
-        "| by hand GB/s | C++ ref GB/s | jaxcomm / by hand | jaxcomm / C++ ref |",
-        "|" + " --- |" * 11,
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['op']} | {format_bytes(r['bytes'])} | {r['path']} "
-            f"| {_cell(r['jaxcomm_us'], '.1f')} | {_cell(r['by_hand_us'], '.1f')} "
-            f"| {_cell(r['cpp_us'], '.1f')} | {_cell(r['jaxcomm_gbs'], '.3g')} "
-            f"| {_cell(r['by_hand_gbs'], '.3g')} | {_cell(r['cpp_gbs'], '.3g')} "
-            f"| {_cell(r['vs_by_hand'], '.2f')} | {_cell(r['vs_cpp'], '.2f')} |"
-        )
+    text = format_table(
+        ["op", "bytes", "jaxcomm path", *(title for title, _, _ in COLUMNS)],
+        [
+            [r["op"], format_size(r["bytes"]), r["path"]]
+            + [_cell(r[key], fmt) for _, key, fmt in COLUMNS]
+            for r in rows
+        ],
+        markdown=True,
+    )
     if loop:
-        lines += ["", "| 8 B allreduce | us per call |", "| --- | --- |"]
-        lines += [f"| {name} | {_cell(_us(s), '.2f')} |" for name, s in loop.items()]
-    return "\n".join(lines)
+        text += "\n\n" + format_table(
+            ["8 B allreduce", "us per call"],
+            [[name, _cell(_us(s), ".2f")] for name, s in loop.items()],
+            markdown=True,
+        )
+    return text
 
 
 def check_targets(rows, loop):
@@ -198,29 +199,24 @@ def write_results(out, results, rows, loop, checks, meta):
         writer.writeheader()
         for r in results:
             writer.writerow({k: r.get(k) for k in writer.fieldnames})
-    (out / "results.json").write_text(
-        json.dumps(
-            {
-                "meta": meta,
-                "results": results,
-                "rows": rows,
-                "loop": loop,
-                "targets": [{"verdict": v, "text": t} for v, t in checks],
-            },
-            indent=1,
-        )
+    dump_json(
+        out / "results.json",
+        {
+            "meta": meta,
+            "results": results,
+            "rows": rows,
+            "loop": loop,
+            "targets": [{"verdict": v, "text": t} for v, t in checks],
+        },
     )
-    text = format_table(rows, loop)
+    text = markdown_table(rows, loop)
     if checks:
         text += "\n\nTargets (reported, not asserted):\n\n"
         text += "\n".join(f"- {v.upper()}: {t}" for v, t in checks)
     (out / "table.md").write_text(text + "\n")
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+        plt = pyplot()
+    except RuntimeError:
         return None
     ops = list(dict.fromkeys(r["op"] for r in results))
     fig, axes = plt.subplots(1, len(ops), figsize=(4.5 * len(ops), 4), squeeze=False)
@@ -244,17 +240,9 @@ def write_results(out, results, rows, loop, checks, meta):
 # Measurement -----------------------------------------------------------------
 
 
-def median_seconds(call, iterations, comm, warmup=2):
+def call_seconds(call, iterations, comm):
     """Median wall time of one ``call()`` (which waits for its result)."""
-    for _ in range(warmup):
-        call()
-    comm.Barrier()
-    samples = []
-    for _ in range(iterations):
-        start = time.perf_counter()
-        call()
-        samples.append(time.perf_counter() - start)
-    return float(np.median(samples))
+    return median_seconds(call, iterations, comm, warmup=2, barrier_each=False)
 
 
 def jaxcomm_calls(jc):
@@ -309,22 +297,9 @@ def _cuda_home():
 
 def compile_reference(build_dir):
     """Build gpu_reference.cc into ``build_dir`` (once per source and MPI), return its path."""
-    source = HERE / "gpu_reference.cc"
     cuda = _cuda_home()
-    mpicxx = shutil.which("mpicxx")
-    if mpicxx:
-        compiler, extra = [mpicxx], []
-    elif shutil.which("mpicc"):
-        compiler, extra = [shutil.which("mpicc"), "-x", "c++"], ["-lstdc++"]
-    else:
-        raise RuntimeError("no mpicxx or mpicc on PATH: use the MPI mpi4py runs")
-    command = [
-        *compiler,
-        "-O2",
-        "-std=c++17",
-        "-shared",
-        "-fPIC",
-        str(source),
+    compiler, extra = mpi_cxx()
+    flags = [
         f"-I{cuda}/include",
         f"-L{cuda}/lib64",
         "-lcudart_static",
@@ -333,36 +308,14 @@ def compile_reference(build_dir):
         "-lpthread",
         *extra,
     ]
-    key = hashlib.sha256(source.read_bytes() + " ".join(command).encode()).hexdigest()[:12]
-    library = pathlib.Path(build_dir) / f"libgpu_reference-{key}.so"
-    if not library.exists():
-        library.parent.mkdir(parents=True, exist_ok=True)
-        partial = library.with_suffix(f".{os.getpid()}.tmp")
-        done = subprocess.run([*command, "-o", str(partial)], capture_output=True, text=True)
-        if done.returncode:
-            raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr}")
-        partial.replace(library)
-    return library
+    return build_shared(HERE / "gpu_reference.cc", compiler, flags, build_dir)
 
 
 def load_reference(comm, build_dir):
     """The C++ reference via ctypes; node-local rank 0 builds it, the others wait."""
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    error = None
-    if local.Get_rank() == 0:
-        try:
-            compile_reference(build_dir)
-        except (RuntimeError, OSError) as err:
-            error = str(err)
-    error = local.bcast(error, root=0)
-    local.Free()
-    if error is None:
-        try:
-            lib = ctypes.CDLL(str(compile_reference(build_dir)))
-        except (RuntimeError, OSError) as err:
-            error = str(err)
-    if comm.allreduce(error is not None, op=MPI.LOR):
-        return None, error or "failed on another rank"
+    lib, error = load_on_every_rank(comm, lambda: compile_reference(build_dir))
+    if lib is None:
+        return None, error
     lib.jaxcomm_reference.restype = ctypes.c_double
     lib.jaxcomm_reference.argtypes = [
         ctypes.c_int,
@@ -398,7 +351,7 @@ def reference_seconds(lib, op, comm, x, out, iterations):
 def data_paths():
     """jaxcomm's GPU data paths to measure: (label, set_cuda_aware value)."""
     paths = [("host staging", False)]
-    if MPI.COMM_WORLD.allreduce(jaxcomm.cuda_info()["mpi_cuda_support"] is True, op=MPI.LAND):
+    if MPI.COMM_WORLD.allreduce(cuda_info()["mpi_cuda_support"] is True, op=MPI.LAND):
         paths.append(("cuda-aware", True))
     return paths
 
@@ -422,14 +375,7 @@ def loop_latency(jc, comm, device, steps):
     buf, out = np.zeros(2, np.float32), np.empty(2, np.float32)
 
     def per_call(call, repeats=5):
-        call()
-        samples = []
-        for _ in range(repeats):
-            comm.Barrier()
-            start = time.perf_counter()
-            call()
-            samples.append((time.perf_counter() - start) / steps)
-        return float(np.median(samples))
+        return median_seconds(call, repeats, comm) / steps
 
     def by_hand():
         for _ in range(steps):
@@ -446,7 +392,7 @@ def measure_size(op, nbytes, quick, comm, device, paths, use_path, lib, log):
     results = []
 
     def record(method, fn):
-        seconds, error = measure(f"{op} {format_bytes(nbytes)} {method}", fn, comm, log)
+        seconds, error = measure(f"{op} {format_size(nbytes)} {method}", fn, comm, log)
         results.append(
             {"op": op, "bytes": nbytes, "method": method, "seconds": seconds, "error": error}
         )
@@ -455,9 +401,9 @@ def measure_size(op, nbytes, quick, comm, device, paths, use_path, lib, log):
         call = use_path(label, cuda_aware)[op]
         record(
             f"jaxcomm: {label}",
-            lambda call=call: median_seconds(lambda: call(x).block_until_ready(), iterations, comm),
+            lambda call=call: call_seconds(lambda: call(x).block_until_ready(), iterations, comm),
         )
-    record("by hand", lambda: median_seconds(by_hand_call(op, comm, x, device), iterations, comm))
+    record("by hand", lambda: call_seconds(by_hand_call(op, comm, x, device), iterations, comm))
     if lib is not None:
         out_rows = n * comm.Get_size() if op == "allgather" else n
         target = jax.device_put(np.zeros(out_rows, np.float32), device)
@@ -469,7 +415,7 @@ def main(argv=None):
     args = parse_args(argv)
     if not args.cpu:
         try:
-            jaxcomm.bind_local_gpu()  # before JAX starts its backends
+            bind_local_gpu()  # before JAX starts its backends
         except RuntimeError:
             pass  # no GPU on this node: said below, when JAX finds none
     comm = MPI.COMM_WORLD.Clone()
@@ -499,12 +445,12 @@ def main(argv=None):
     lib, ref_error = (None, "not with --cpu") if args.cpu else load_reference(comm, args.build_dir)
     if ref_error:
         log(f"C++ reference unavailable: {ref_error}")
-    info = None if args.cpu else jaxcomm.cuda_info()
+    info = None if args.cpu else cuda_info()
     meta = {
         "ranks": comm.Get_size(),
         "device": str(device),
         "jax": jax.__version__,
-        "jaxcomm": jaxcomm.__version__,
+        "jaxcomm": __version__,
         "mpi": MPI.Get_library_version().splitlines()[0],
         "cuda_info": info,
         "quick": args.quick,
@@ -518,7 +464,7 @@ def main(argv=None):
     def use_path(label, cuda_aware):
         """Switch jaxcomm's data path; compiled code is dropped on a switch."""
         if cuda_aware is not None and current["path"] != label:
-            jaxcomm.set_cuda_aware(cuda_aware)
+            set_cuda_aware(cuda_aware)
             jax.clear_caches()
             current["calls"] = jaxcomm_calls(jc)
         current["path"] = label
@@ -529,7 +475,7 @@ def main(argv=None):
             done = measure_size(op, nbytes, args.quick, comm, device, paths, use_path, lib, log)
             results += done
             log(
-                f"{op:>9} {format_bytes(nbytes):>8}: "
+                f"{op:>9} {format_size(nbytes):>8}: "
                 + ", ".join(f"{r['method']} {_cell(_us(r['seconds']), '.1f')} us" for r in done)
             )
 
@@ -543,14 +489,14 @@ def main(argv=None):
         loop[f"jaxcomm fori_loop: {label}"] = timing[0] if timing else None
         loop["mpi4py Allreduce on NumPy"] = timing[1] if timing else None
     if not args.cpu:
-        jaxcomm.set_cuda_aware(None)
+        set_cuda_aware(None)
 
     if rank == 0:
         rows = table_rows(results)
         checks = check_targets(rows, loop)
         plot = write_results(out, results, rows, loop, checks, meta)
         print()
-        print(format_table(rows, loop))
+        print(markdown_table(rows, loop))
         print("\nTargets (reported, not asserted):")
         for verdict, text in checks:
             print(f"  {verdict.upper():4} {text}")

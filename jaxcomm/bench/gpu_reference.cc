@@ -1,7 +1,7 @@
 // Copy-MPI-copy through pinned host memory: the fastest that host staging of
 // GPU buffers can be, as a yardstick for jaxcomm's staging path.
 //
-// benchmarks/gpu.py builds this file with the MPI compiler wrapper that mpi4py's
+// jaxcomm/bench/gpu.py builds this file with the MPI compiler wrapper that mpi4py's
 // MPI came with, links the CUDA runtime statically and calls it through
 // ctypes with the device pointers of JAX arrays (unsafe_buffer_pointer()).
 // The caller has finished every write to those arrays before the call.

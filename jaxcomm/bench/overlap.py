@@ -1,12 +1,12 @@
 """Overlap: a large message and a computation of about its duration, blocking and nonblocking.
 
-Run:  mpiexec -n 2 python benchmarks/overlap.py [--mib 16 64] [--repeats 7]
+Run:  mpiexec -n 2 python -m jaxcomm.bench.overlap [--mib 16 64] [--repeats 7]
 
 On a machine with few cores, give XLA one thread per rank and let MPI make
 progress on its own (see docs/nonblocking.md):
 
     XLA_FLAGS=--xla_cpu_multi_thread_eigen=false MPICH_ASYNC_PROGRESS=1 \\
-        mpiexec -n 2 python benchmarks/overlap.py
+        mpiexec -n 2 python -m jaxcomm.bench.overlap
 
 For each message size and each operation (a ring ``isend``/``irecv``, and
 ``iallreduce``), every rank times, as medians of ``--repeats`` runs of one
@@ -28,18 +28,14 @@ overlap, (compute + message) / max is none). Times are the slowest rank's.
 """
 
 import argparse
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from mpi4py import MPI
 
-from jaxcomm import JaxComm
-
-jc = JaxComm(MPI.COMM_WORLD)
-world = MPI.COMM_WORLD
-RIGHT, LEFT = (jc.rank + 1) % jc.size, (jc.rank - 1) % jc.size
+from ..comm import JaxComm
+from .timing import median_seconds
 
 
 def compute(steps):
@@ -51,24 +47,31 @@ def compute(steps):
     return run
 
 
-def message(op):
+def neighbours(jc):
+    """The ring's (left, right): the rank that sends to this one, and the one it sends to."""
+    return (jc.rank - 1) % jc.size, (jc.rank + 1) % jc.size
+
+
+def message(jc, op):
     """The blocking operation ``op`` ("ring" or "allreduce") on x."""
     if op == "ring":
-        return lambda x: jc.sendrecv(x, x, source=LEFT, dest=RIGHT)
+        left, right = neighbours(jc)
+        return lambda x: jc.sendrecv(x, x, source=left, dest=right)
     return jc.allreduce
 
 
-def start(op, x):
+def start(jc, op, x):
     """Start ``op`` on x; returns the requests, the receive (or result) first."""
     if op == "ring":
-        return [jc.irecv(x, source=LEFT), jc.isend(x, RIGHT)]
+        left, right = neighbours(jc)
+        return [jc.irecv(x, source=left), jc.isend(x, right)]
     return [jc.iallreduce(x)]
 
 
-def programs(op, steps):
+def programs(jc, op, steps):
     """The four jitted functions of one row, each of (x, a) -> outputs."""
     work = compute(steps)
-    blocking_op = message(op)
+    blocking_op = message(jc, op)
 
     def alone(x, a):
         return blocking_op(x)
@@ -80,12 +83,12 @@ def programs(op, steps):
         return blocking_op(x), work(a)
 
     def nonblocking(x, a):
-        requests = start(op, x)
+        requests = start(jc, op, x)
         c = work(a)
         return jc.waitall(requests)[0], c
 
     def during(x, a):
-        requests = start(op, x)
+        requests = start(jc, op, x)
         c = jc.during(requests, work, a)
         return jc.waitall(requests)[0], c
 
@@ -101,22 +104,16 @@ def programs(op, steps):
     }
 
 
-def timed(f, args, repeats):
+def timed(f, args, repeats, comm):
     """Median seconds of f(*args), the slowest rank's, each run after a barrier."""
-    jax.block_until_ready(f(*args))  # compile and warm up
-    times = []
-    for _ in range(repeats):
-        world.Barrier()
-        t0 = time.perf_counter()
-        jax.block_until_ready(f(*args))
-        times.append(time.perf_counter() - t0)
-    return world.allreduce(float(np.median(times)), op=MPI.MAX)
+    median = median_seconds(lambda: jax.block_until_ready(f(*args)), repeats, comm)
+    return comm.allreduce(median, op=MPI.MAX)
 
 
-def calibrate(target, a, repeats):
+def calibrate(target, a, repeats, comm):
     """Loop steps for a computation of about ``target`` seconds (the same on every rank)."""
     probe = 16
-    per_step = timed(jax.jit(compute(probe)), (a,), repeats) / probe
+    per_step = timed(jax.jit(compute(probe)), (a,), repeats, comm) / probe
     return max(1, int(round(target / per_step)))
 
 
@@ -128,6 +125,8 @@ def main():
         "--ops", nargs="+", default=["ring", "allreduce"], choices=["ring", "allreduce"]
     )
     args = parser.parse_args()
+    world = MPI.COMM_WORLD
+    jc = JaxComm(world)
     a = jnp.asarray(np.random.default_rng(jc.rank).standard_normal((192, 192)), jnp.float32)
     if jc.rank == 0:
         mpi = MPI.Get_library_version().splitlines()[0]
@@ -140,9 +139,12 @@ def main():
     for mib in args.mib:
         x = jnp.full(mib * (1 << 20) // 4, float(jc.rank), jnp.float32)
         for op in args.ops:
-            alone = timed(jax.jit(message(op)), (x,), args.repeats)
-            steps = calibrate(alone, a, args.repeats)
-            t = {name: timed(f, (x, a), args.repeats) for name, f in programs(op, steps).items()}
+            alone = timed(jax.jit(message(jc, op)), (x,), args.repeats, world)
+            steps = calibrate(alone, a, args.repeats, world)
+            t = {
+                name: timed(f, (x, a), args.repeats, world)
+                for name, f in programs(jc, op, steps).items()
+            }
             best = max(t["compute"], t["message"])
             if jc.rank == 0:
                 print(
@@ -152,6 +154,7 @@ def main():
                     f"{t['nonblocking'] / best:6.2f} {t['during'] / best:6.2f}",
                     flush=True,
                 )
+    jc.free()
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """What NaN-propagating MIN/MAX cost: jaxcomm's own MPI op against MPI's predefined one.
 
-Run:  mpiexec -n 2 python benchmarks/nan_minmax.py [--repeats N]
+Run:  mpiexec -n 2 python -m jaxcomm.bench.nan_minmax [--repeats N]
 
 jaxcomm reduces float MIN and MAX with its own commutative MPI ops, which
 propagate NaN like jnp.maximum; MPI's predefined MPI_MAX does not (MPICH's
@@ -13,27 +13,19 @@ per call and the ratios of jaxcomm's op to MPI's.
 """
 
 import argparse
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from mpi4py import MPI
 
-from jaxcomm import JaxComm
-from jaxcomm._runtime import _kernels_cpu
-from jaxcomm.ops._base import REDUCTION_OPS
+from .. import _kernels_cpu
+from ..comm import JaxComm
+from ..ops._base import REDUCTION_OPS
+from .timing import seconds
 
 SIZES = (1, 1_000, 10_000, 100_000, 1_000_000, 10_000_000)
 MAX = [name for name, _ in REDUCTION_OPS].index("MAX")
-
-
-def timed_us(fn, calls, comm):
-    comm.Barrier()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return (time.perf_counter() - start) / calls * 1e6
 
 
 def main():
@@ -73,7 +65,7 @@ def main():
                 fn()
             for _ in range(args.repeats):
                 for key, fn in rows.items():
-                    samples[key].append(timed_us(fn, calls, world))
+                    samples[key].append(seconds(fn, calls, world) * 1e6)
             med = {k: float(np.median(v)) for k, v in samples.items()}
             if world.rank == 0:
                 print(

@@ -1,6 +1,6 @@
 """Soak: many small jaxcomm calls of every kind, checked, and resident memory before and after.
 
-Run:  mpiexec -n 2 python benchmarks/soak.py [--ops N] [--max-growth-mib M]
+Run:  mpiexec -n 2 python -m jaxcomm.bench.soak [--ops N] [--max-growth-mib M]
 
 Cycles through rounds of small operations: eager and jitted calls,
 collectives of every family, pytrees, ``vmap``, ``lax.scan`` and ``grad``,
@@ -27,17 +27,9 @@ import numpy as np
 from jax import lax
 from mpi4py import MPI
 
-import jaxcomm
-from jaxcomm import JaxComm
-
-
-def rss_mib():
-    """This process's resident memory now (VmRSS), in MiB."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS in /proc/self/status")
+from .. import sync
+from ..comm import JaxComm
+from .memory import rss_mib
 
 
 def data(i, r, shape, dtype=np.float32):
@@ -288,7 +280,7 @@ def build_steps(jc):
 
     @step("sync")
     def _():
-        return lambda i: jaxcomm.sync(), lambda i: None
+        return lambda i: sync(), lambda i: None
 
     return steps
 
@@ -366,7 +358,7 @@ def main():
 
     # The warm-up compiles everything and checks every one of its rounds.
     run_rounds(steps, 0, args.warmup_rounds, 1, ref)
-    jaxcomm.sync()
+    sync()
     gc.collect()
     start = rss_mib()
 
@@ -374,7 +366,7 @@ def main():
     began = time.perf_counter()
     first = args.warmup_rounds
     calls = run_rounds(steps, first, first + rounds, args.check_every, ref)
-    jaxcomm.sync()
+    sync()
     elapsed = time.perf_counter() - began
     gc.collect()
     end = rss_mib()

@@ -1,6 +1,6 @@
 """Resident memory over thousands of eager jaxcomm calls.
 
-Run:  mpiexec -n 2 python benchmarks/eager_memory.py [--calls N]
+Run:  mpiexec -n 2 python -m jaxcomm.bench.eager_memory [--calls N]
 
 Each round makes one eager allreduce, bcast, sendrecv (with an MPI.Status)
 and barrier. Rank 0 prints resident memory after a warm-up and after every
@@ -8,17 +8,12 @@ quarter of the rounds; a leak shows as steady growth.
 """
 
 import argparse
-import os
 
 import jax.numpy as jnp
 from mpi4py import MPI
 
-from jaxcomm import JaxComm
-
-
-def rss_mib():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+from ..comm import JaxComm
+from .memory import rss_mib
 
 
 def main():

@@ -1,0 +1,99 @@
+"""Native code built at bench time with the MPI's compiler wrapper, and loaded with ctypes.
+
+A source that ships in this package (``gpu_reference.cc``) is compiled into a
+shared library once per source, compiler and flags, into a cache directory;
+on each node one rank builds it while the others wait, then every rank loads
+it. Building with the wrapper of the MPI that mpi4py loaded keeps the
+library's MPI the same as the ranks'.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import pathlib
+import shutil
+import subprocess
+from collections.abc import Callable, Sequence
+
+from mpi4py import MPI
+
+HERE = pathlib.Path(__file__).resolve().parent
+
+
+def default_build_dir() -> str:
+    """Where built libraries are cached: ``$XDG_CACHE_HOME/jaxcomm`` (``~/.cache/jaxcomm``)."""
+    return os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "jaxcomm")
+
+
+def mpi_cxx() -> tuple[list[str], list[str]]:
+    """The MPI C++ compiler command and the link flags it needs after the sources.
+
+    Raises:
+        RuntimeError: if neither ``mpicxx`` nor ``mpicc`` is on ``PATH``.
+    """
+    mpicxx = shutil.which("mpicxx")
+    if mpicxx:
+        return [mpicxx], []
+    if shutil.which("mpicc"):
+        return [shutil.which("mpicc"), "-x", "c++"], ["-lstdc++"]
+    raise RuntimeError("no mpicxx or mpicc on PATH: use the MPI mpi4py runs")
+
+
+def build_shared(
+    source: pathlib.Path, compiler: Sequence[str], flags: Sequence[str], build_dir: str
+) -> pathlib.Path:
+    """``source`` built into ``build_dir`` as a shared library (once per source and command).
+
+    Args:
+        source: the C or C++ file.
+        compiler: the compiler command (see :func:`mpi_cxx`).
+        flags: options and libraries after the source.
+        build_dir: the cache directory.
+
+    Returns:
+        The library's path.
+
+    Raises:
+        RuntimeError: if the compiler fails.
+    """
+    command = [*compiler, "-O2", "-std=c++17", "-shared", "-fPIC", str(source), *flags]
+    key = hashlib.sha256(source.read_bytes() + " ".join(command).encode()).hexdigest()[:12]
+    library = pathlib.Path(build_dir) / f"lib{source.stem}-{key}.so"
+    if not library.exists():
+        library.parent.mkdir(parents=True, exist_ok=True)
+        partial = library.with_suffix(f".{os.getpid()}.tmp")
+        done = subprocess.run([*command, "-o", str(partial)], capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr}")
+        partial.replace(library)
+    return library
+
+
+def load_on_every_rank(
+    comm: MPI.Intracomm, build: Callable[[], pathlib.Path]
+) -> tuple[ctypes.CDLL | None, str | None]:
+    """The library that ``build()`` makes, loaded on every rank; node-local rank 0 builds it.
+
+    Returns:
+        ``(library, None)``, or ``(None, why)`` on every rank when it failed on any.
+    """
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    error = None
+    if local.Get_rank() == 0:
+        try:
+            build()
+        except (RuntimeError, OSError) as err:
+            error = str(err)
+    error = local.bcast(error, root=0)
+    local.Free()
+    lib = None
+    if error is None:
+        try:
+            lib = ctypes.CDLL(str(build()))
+        except (RuntimeError, OSError) as err:
+            error = str(err)
+    if comm.allreduce(error is not None, op=MPI.LOR):
+        return None, error or "failed on another rank"
+    return lib, None
