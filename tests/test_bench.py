@@ -1,18 +1,24 @@
-"""Tests for the benchmark suite's measurement core and command line (jaxcomm.bench).
+"""Tests for the benchmark package (jaxcomm.bench): its measurement core, its
+command line and the commands of its modules.
 
 Tiny sizes and repeats: these check that every op is measured, checked
 against mpi4py and reported, never how fast anything is.
 """
 
 import dataclasses
+import importlib
 import json
+import pathlib
+import subprocess
 import sys
 
 import jax
 import numpy as np
 import pytest
+from conftest import environment_without_launcher, spawns_own_mpi
 
 from jaxcomm import bench
+from jaxcomm.bench import gpu, native, report
 
 FIELDS = {
     "op",
@@ -219,3 +225,79 @@ def test_plot_writes_a_png_or_says_what_is_missing(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(RuntimeError, match="needs matplotlib"):
         bench.plot(str(path), records, "test")
+
+
+def test_one_table_printer_for_text_and_markdown():
+    header, rows = ["op", "size", "us"], [["allreduce", "8 B", "12.5"], ["bcast", "1 MiB", "7"]]
+    assert report.format_table(header, rows, left=2).splitlines() == [
+        "op         size     us",
+        "allreduce  8 B    12.5",
+        "bcast      1 MiB     7",
+    ]
+    assert report.format_table(header, rows, markdown=True).splitlines() == [
+        "| op | size | us |",
+        "|---|---|---|",
+        "| allreduce | 8 B | 12.5 |",
+        "| bcast | 1 MiB | 7 |",
+    ]
+
+
+def test_json_is_written_by_one_writer(tmp_path):
+    record = bench.Record("allreduce", "jit", 8, "jaxcomm", 2, 1, 1, time_s=1e-6, match=True)
+    path = tmp_path / "bench.json"
+    bench.write_json(str(path), [record], {"ranks": 2})
+    text = path.read_text()
+    assert text.endswith("}\n")
+    assert json.loads(text) == {"meta": {"ranks": 2}, "records": [dataclasses.asdict(record)]}
+
+
+COMMANDS = ["compare", "eager_memory", "gpu", "nan_minmax", "overlap", "soak"]
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_commands_are_modules_that_import_without_side_effects(name):
+    module = importlib.import_module(f"jaxcomm.bench.{name}")
+    assert callable(module.main) and module.__doc__.split("\n")[0]
+    assert f"python -m jaxcomm.bench.{name}" in module.__doc__
+
+
+@spawns_own_mpi
+def test_commands_start_with_python_m(tmp_path):
+    # From a directory without the source tree: the installed package runs.
+    for name in ["", *(f".{c}" for c in COMMANDS)]:
+        done = subprocess.run(
+            [sys.executable, "-W", "error::RuntimeWarning", "-m", f"jaxcomm.bench{name}", "--help"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            env=environment_without_launcher(PYTHONPATH=""),
+            timeout=300,
+        )
+        assert done.returncode == 0, (name, done.stderr)
+        assert done.stdout.startswith("usage:"), (name, done.stdout)
+
+
+def test_the_gpu_reference_source_ships_beside_its_module():
+    # The installed package, not the source tree (see conftest.py).
+    source = native.HERE / "gpu_reference.cc"
+    assert source.parent == pathlib.Path(gpu.__file__).resolve().parent
+    assert "jaxcomm_reference" in source.read_text()
+
+
+@pytest.mark.mpi
+def test_gpu_command_on_cpu_arrays(jc, tmp_path, capsys):
+    out = pathlib.Path(jc.comm.bcast(str(tmp_path / "gpu")))
+    argv = ["--cpu", "--quick", "--ops", "allreduce", "sendrecv", "--max-bytes", "8", "--out"]
+    assert gpu.main([*argv, str(out)]) == 0
+    printed = capsys.readouterr().out
+    if jc.rank == 0:
+        data = json.loads((out / "results.json").read_text())
+        assert {(r["op"], r["bytes"]) for r in data["results"]} == {
+            ("allreduce", 8),
+            ("sendrecv", 8),
+        }
+        assert all(r["seconds"] > 0 and r["error"] is None for r in data["results"])
+        table = (out / "table.md").read_text()
+        assert table.startswith("| op | bytes | jaxcomm path | jaxcomm us |")
+        assert "| allreduce | 8 B | cpu |" in table and "| 8 B allreduce | us per call |" in table
+        assert "results in" in printed
