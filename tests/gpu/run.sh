@@ -180,16 +180,17 @@ gpu_tests() {
     "$out_dir" "$ranks" "${pytest_args[@]}")
 }
 
+# The benchmarks run from / : the source tree's jaxcomm has no kernels.
 benchmark() {
-  (cd "$repo" && XLA_PYTHON_CLIENT_PREALLOCATE=false timeout "$bench_timeout" \
-    mpiexec -n 2 python benchmarks/gpu.py --out "$out_dir/benchmark" "${bench_args[@]}")
+  (cd / && XLA_PYTHON_CLIENT_PREALLOCATE=false timeout "$bench_timeout" \
+    mpiexec -n 2 python -m jaxcomm.bench.gpu --out "$out_dir/benchmark" "${bench_args[@]}")
 }
 
-# benchmarks/overlap.py on the default device, the GPU: 16 MiB only, which
+# jaxcomm.bench.overlap on the default device, the GPU: 16 MiB only, which
 # every GPU holds twice per rank.
 overlap() {
-  (cd "$repo" && XLA_PYTHON_CLIENT_PREALLOCATE=false timeout "$bench_timeout" \
-    mpiexec -n 2 python benchmarks/overlap.py --mib 16 --repeats 5)
+  (cd / && XLA_PYTHON_CLIENT_PREALLOCATE=false timeout "$bench_timeout" \
+    mpiexec -n 2 python -m jaxcomm.bench.overlap --mib 16 --repeats 5)
 }
 
 step "virtual environment" venv.log make_venv
@@ -245,7 +246,7 @@ table = read("benchmark/table.md")
 print("\n## Benchmark (2 ranks)\n")
 print(table if table else "No benchmark table; the end of benchmark.log:\n\n```\n"
       + "\n".join(read("benchmark.log").splitlines()[-15:]) + "\n```")
-print("\n## Nonblocking overlap (2 ranks, benchmarks/overlap.py)\n")
+print("\n## Nonblocking overlap (2 ranks, python -m jaxcomm.bench.overlap)\n")
 print("```\n" + "\n".join(read("overlap.log").splitlines()[-6:]) + "\n```")
 EOF
 cat "$out_dir/summary.md"
