@@ -39,7 +39,7 @@ source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
 root_doc = "index"
 exclude_patterns = ["_build", "Thumbs.db", ".DS_Store"]
 
-# GitHub-style anchors, so that links such as [below](#soak-benchmarkssoakpy)
+# GitHub-style anchors, so that links such as [below](#soak-python--m-jaxcommbenchsoak)
 # work both on GitHub and here.
 myst_heading_anchors = 3
 myst_enable_extensions = ["colon_fence"]
