@@ -56,13 +56,13 @@ class JaxCollectivesImpl(Impl):
         self.sharded = NamedSharding(self.mesh, self.spec)
         self.scalar = NamedSharding(self.mesh, self.replicated)
         size = len(devices)
-        ring = [(r, ring(r, size)[1]) for r in range(size)]
+        perm = [(r, ring(r, size)[1]) for r in range(size)]
         self.functions = {
             "allreduce": lambda v: jax.lax.psum(v, AXIS),
             "allgather": lambda v: jax.lax.all_gather(v, AXIS),
             "alltoall": lambda v: jax.lax.all_to_all(v, AXIS, 0, 0),
             "reduce_scatter": lambda v: jax.lax.psum_scatter(v, AXIS, scatter_dimension=0),
-            "sendrecv": lambda v: jax.lax.ppermute(v, AXIS, ring),
+            "sendrecv": lambda v: jax.lax.ppermute(v, AXIS, perm),
         }
 
     def supports(self, op, mode):
