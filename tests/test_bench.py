@@ -5,6 +5,7 @@ Tiny sizes and repeats: these check that every op is measured, checked
 against mpi4py and reported, never how fast anything is.
 """
 
+import ctypes
 import dataclasses
 import importlib
 import json
@@ -301,3 +302,30 @@ def test_gpu_command_on_cpu_arrays(jc, tmp_path, capsys):
         assert table.startswith("| op | bytes | jaxcomm path | jaxcomm us |")
         assert "| allreduce | 8 B | cpu |" in table and "| 8 B allreduce | us per call |" in table
         assert "results in" in printed
+
+
+@pytest.mark.mpi
+def test_native_code_is_built_once_with_the_mpi_compiler_and_loaded_on_every_rank(jc, tmp_path):
+    folder = pathlib.Path(jc.comm.bcast(str(tmp_path)))
+    source = folder / "size_of.cc"
+    if jc.rank == 0:
+        source.write_text(
+            "#include <mpi.h>\n\n#include <cstdint>\n\n"
+            'extern "C" int size_of(int64_t handle) {\n'
+            "  int size = -1;\n"
+            "  MPI_Comm_size(MPI_Comm_f2c(handle), &size);\n"
+            "  return size;\n"
+            "}\n"
+        )
+    jc.comm.Barrier()
+    build_dir = str(folder / "build")
+    compiler, flags = native.mpi_cxx()
+
+    def build():
+        return native.build_shared(source, compiler, flags, build_dir)
+
+    lib, error = native.load_on_every_rank(jc.comm, build)
+    assert error is None
+    lib.size_of.argtypes = [ctypes.c_int64]
+    assert lib.size_of(jc.comm.py2f()) == jc.size
+    assert build() == build() and len(list(pathlib.Path(build_dir).iterdir())) == 1

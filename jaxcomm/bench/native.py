@@ -28,16 +28,16 @@ def default_build_dir() -> str:
 
 
 def mpi_cxx() -> tuple[list[str], list[str]]:
-    """The MPI C++ compiler command and the link flags it needs after the sources.
+    """The MPI C++17 compiler command and the link flags it needs after the sources.
 
     Raises:
         RuntimeError: if neither ``mpicxx`` nor ``mpicc`` is on ``PATH``.
     """
     mpicxx = shutil.which("mpicxx")
     if mpicxx:
-        return [mpicxx], []
+        return [mpicxx, "-std=c++17"], []
     if shutil.which("mpicc"):
-        return [shutil.which("mpicc"), "-x", "c++"], ["-lstdc++"]
+        return [shutil.which("mpicc"), "-x", "c++", "-std=c++17"], ["-lstdc++"]
     raise RuntimeError("no mpicxx or mpicc on PATH: use the MPI mpi4py runs")
 
 
@@ -58,7 +58,7 @@ def build_shared(
     Raises:
         RuntimeError: if the compiler fails.
     """
-    command = [*compiler, "-O2", "-std=c++17", "-shared", "-fPIC", str(source), *flags]
+    command = [*compiler, "-O2", "-shared", "-fPIC", str(source), *flags]
     key = hashlib.sha256(source.read_bytes() + " ".join(command).encode()).hexdigest()[:12]
     library = pathlib.Path(build_dir) / f"lib{source.stem}-{key}.so"
     if not library.exists():
