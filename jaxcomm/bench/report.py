@@ -1,7 +1,8 @@
 """Reports: the table printer, the summary, the run's metadata, JSON and plots.
 
-Every benchmark of the package prints its tables with :func:`format_table`
-and writes JSON with :func:`dump_json`.
+The commands that print tables (``jaxcomm.bench``, its ``compare`` and
+``gpu``) print them with :func:`format_table` and write JSON with
+:func:`dump_json`.
 """
 
 from __future__ import annotations
