@@ -1,24 +1,47 @@
 """``JaxComm``: the communicator object users call MPI through.
 
-Every method validates its arguments here, turns them into integer
-parameters and delegates to a primitive in ``jaxcomm.ops``.
+Every method validates its arguments (``jaxcomm._arguments``), turns them
+into plain parameters and delegates to a primitive in ``jaxcomm.ops``.
 """
 
 from __future__ import annotations
 
 import collections
 import functools
-import operator
 import sys
-from collections.abc import Mapping, Sequence, Set
+from collections.abc import Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from mpi4py import MPI
 
 from . import _compat, ops
+from ._arguments import (
+    ArrayLike,
+    as_array,
+    call_on_tree,
+    check_own_rows,
+    check_split_rows,
+    check_status,
+    held,
+    intracomm,
+    leading_axis,
+    per_rank,
+    pytree_leaves,
+    received,
+    reduction_leaves,
+    reduction_operand,
+    sequence,
+    shape_dtype,
+    stackable_leaves,
+    static_bool,
+    static_counts,
+    static_int,
+    static_rank,
+    static_tag,
+    template,
+)
 from ._runtime import (
     check_thread_level,
     clone,
@@ -32,227 +55,12 @@ from ._runtime import (
 )
 from .ops import nonblocking
 from .ops._base import (
-    ALLOWED_DTYPES,
-    REDUCTION_OPS,
     SUPPORTED_DTYPES,
     derivative_comm,
     register_derivative_comm,
     unregister_derivative_comm,
 )
-from .ops._tree import tree_call
 from .ops.nonblocking import Request
-
-ArrayLike = Any  # a JAX or NumPy array, or a Python scalar
-
-_LOGICAL = ("LAND", "LOR", "LXOR")
-
-
-def _as_array(x: ArrayLike, name: str) -> jax.Array:
-    if isinstance(x, (MPI.Status, str, bytes)) or x is None:
-        raise TypeError(f"{name} must be an array or a scalar, got {type(x).__name__}")
-    if isinstance(x, (np.ndarray, np.generic)):
-        # Before JAX converts it, which would reject a string or object dtype
-        # without naming the argument.
-        _check_dtype(x.dtype, name)
-    try:
-        array = x if isinstance(x, jax.Array) else jnp.asarray(x)
-    except TypeError as err:
-        raise TypeError(f"{name} must be an array or a scalar, got {type(x).__name__}") from err
-    _check_dtype(array.dtype, name)
-    return array
-
-
-def _held(x: ArrayLike, name: str) -> jax.Array:
-    """``x`` as an array that MPI may read after the call returns.
-
-    A JAX array made from a NumPy array may share its memory, which the
-    caller can still write: a nonblocking op sends from a copy of it.
-    """
-    array = _as_array(x, name)
-    return jnp.array(array, copy=True) if isinstance(x, np.ndarray) else array
-
-
-def _leaves(tree: Any, name: str) -> tuple[list[jax.Array], Any]:
-    """The pytree's leaves as arrays, and its structure."""
-    if tree is None:
-        _as_array(tree, name)  # raises: None is an empty pytree, not an array
-    leaves, treedef = jax.tree_util.tree_flatten(tree)
-    if not leaves:
-        raise ValueError(f"{name} is a pytree with no arrays")
-    return [_as_array(leaf, name) for leaf in leaves], treedef
-
-
-def _tree_call(leaves, treedef, op_name: str, tiled: bool | None = None, **params):
-    """Run ``jaxcomm.ops.<op_name>`` on a pytree's leaves.
-
-    One array goes straight to the op. A pytree's leaves are packed into one
-    buffer per dtype; ops with a ``tiled`` parameter then stack them
-    (``tiled=False``), and ``tiled`` decides whether each leaf's stacked axis is
-    merged into its first axis.
-    """
-    if jax.tree_util.treedef_is_leaf(treedef):
-        extra = {} if tiled is None else {"tiled": tiled}
-        return getattr(ops, op_name)(leaves[0], **params, **extra)
-    if tiled is not None:
-        params["tiled"] = False
-    out = tree_call(tuple(leaves), op_name, tuple(sorted(params.items())), bool(tiled))
-    return jax.tree_util.tree_unflatten(treedef, out)
-
-
-def _check_dtype(dtype, name: str) -> None:
-    if np.dtype(dtype) not in SUPPORTED_DTYPES:
-        raise TypeError(f"{name} has dtype {dtype}, which jaxcomm cannot send")
-
-
-def _shape_dtype(x: Any, name: str) -> tuple[tuple[int, ...], np.dtype]:
-    """Shape and dtype of an array, tracer, ShapeDtypeStruct or scalar."""
-    if hasattr(x, "shape") and hasattr(x, "dtype"):
-        shape = tuple(int(d) for d in x.shape)
-        dtype = np.dtype(jax.dtypes.canonicalize_dtype(x.dtype))
-    else:
-        array = _as_array(x, name)
-        shape, dtype = array.shape, np.dtype(array.dtype)
-    _check_dtype(dtype, name)
-    return shape, dtype
-
-
-def _template(x: Any, name: str) -> jax.Array:
-    """An array shaped like ``x`` (zeros for a ``jax.ShapeDtypeStruct``)."""
-    if isinstance(x, jax.ShapeDtypeStruct):
-        _check_dtype(x.dtype, name)
-        return jnp.zeros(x.shape, x.dtype)
-    return _as_array(x, name)
-
-
-def _static_int(value: Any, name: str) -> int:
-    if isinstance(value, jax.core.Tracer):
-        raise TypeError(
-            f"{name} must be a static Python int, but got a traced value; "
-            "compute it outside jax.jit or mark it static"
-        )
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be an int, got bool")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
-
-
-def _static_bool(value: Any, name: str) -> bool:
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    if isinstance(value, jax.core.Tracer):
-        raise TypeError(
-            f"{name} must be a static bool, but got a traced value; "
-            "compute it outside jax.jit or mark it static"
-        )
-    raise TypeError(f"{name} must be a static bool, got {type(value).__name__}")
-
-
-def _sequence(value: Any, name: str) -> list[Any]:
-    """The entries of a static sequence (a list, tuple or array, not a str, set or dict)."""
-    if isinstance(value, jax.core.Tracer):
-        raise TypeError(
-            f"{name} must be a static sequence, but got a traced value; "
-            "pass a Python list or tuple known when the function is traced"
-        )
-    # A str iterates into characters, and sets and dicts have no order that
-    # every rank would agree on.
-    if isinstance(value, (str, bytes, Set, Mapping)):
-        raise TypeError(f"{name} must be a sequence, got {type(value).__name__}")
-    try:
-        return list(value)
-    except TypeError:
-        raise TypeError(f"{name} must be a sequence, got {type(value).__name__}") from None
-
-
-def _leading_axis(x: jax.Array, why: str) -> int:
-    if x.ndim == 0:
-        raise ValueError(f"x must have a leading axis {why}, got a 0-d array")
-    return x.shape[0]
-
-
-def _stackable_leaves(x: Any, tiled: Any) -> tuple[list[jax.Array], Any]:
-    """Leaves for allgather/gather: with ``tiled``, each needs a leading axis."""
-    leaves, treedef = _leaves(x, "x")
-    if _static_bool(tiled, "tiled"):
-        for leaf in leaves:
-            _leading_axis(leaf, "to concatenate along with tiled=True")
-    return leaves, treedef
-
-
-def _reduction_code(op: Any, dtype: np.dtype) -> int:
-    if not isinstance(op, MPI.Op):
-        raise TypeError(f"op must be a predefined mpi4py MPI.Op such as MPI.SUM, got {op!r}")
-    for code, (name, predefined) in enumerate(REDUCTION_OPS):
-        if op == predefined:
-            if dtype not in ALLOWED_DTYPES[name]:
-                raise TypeError(f"op MPI.{name} is not defined for dtype {dtype}")
-            return code
-    raise ValueError(
-        "op must be one of the predefined reductions "
-        + ", ".join(f"MPI.{name}" for name, _ in REDUCTION_OPS)
-        + "; user-defined MPI.Op objects are not supported"
-    )
-
-
-def _reduction_operand(x: ArrayLike, op: Any) -> tuple[jax.Array, int]:
-    """``x`` as an array and ``op`` as a reduction code, checked against its dtype."""
-    x = _as_array(x, "x")
-    code = _reduction_code(op, np.dtype(x.dtype))
-    if REDUCTION_OPS[code][0] in _LOGICAL and x.dtype != bool:
-        # MPI leaves a single process's integers as they are; 0/1 inputs
-        # give the same 0/1 answer on any number of ranks.
-        x = (x != 0).astype(x.dtype)
-    return x, code
-
-
-def _reduction_leaves(x: Any, op: Any) -> tuple[list[jax.Array], Any, int]:
-    """A pytree's leaves as reduction operands, its structure, and ``op``'s code."""
-    leaves, treedef = _leaves(x, "x")
-    operands = [_reduction_operand(leaf, op) for leaf in leaves]
-    return [leaf for leaf, _ in operands], treedef, operands[0][1]
-
-
-def _intracomm(comm: Any) -> MPI.Intracomm:
-    """``comm``, or ``MPI.COMM_WORLD`` for None, checked to be a usable ``Intracomm``."""
-    if comm is None:
-        return MPI.COMM_WORLD
-    if not isinstance(comm, MPI.Intracomm):
-        raise TypeError(f"comm must be an mpi4py Intracomm, got {type(comm).__name__}")
-    if comm == MPI.COMM_NULL:
-        raise ValueError("comm must be a live communicator, got MPI.COMM_NULL (freed or null)")
-    return comm
-
-
-def _check_status(status: MPI.Status | None) -> None:
-    if status is not None and not isinstance(status, MPI.Status):
-        raise TypeError(f"status must be an MPI.Status or None, got {type(status).__name__}")
-
-
-def _received(
-    result: jax.Array,
-    envelope: jax.Array,
-    status: MPI.Status | None,
-    return_status: bool,
-    handle: int,
-) -> Any:
-    """What ``recv``/``sendrecv`` return, after filling ``status`` from the envelope.
-
-    In a traced call the compiled code fills ``status`` when it runs, in
-    program order with the receive (``ops.write_status``).
-    """
-    if status is not None:
-        if isinstance(result, jax.core.Tracer):
-            ops.write_status(envelope, status, itemsize=result.dtype.itemsize, handle=handle)
-        else:
-            source, tag, count = np.asarray(envelope).tolist()
-            status.Set_source(source)
-            status.Set_tag(tag)
-            status.Set_error(MPI.SUCCESS)
-            status.Set_elements(MPI.BYTE, count * result.dtype.itemsize)
-    return (result, envelope) if return_status else result
-
 
 # Eager calls ----------------------------------------------------------------
 #
@@ -408,7 +216,7 @@ class JaxComm:
     """
 
     def __init__(self, comm: MPI.Intracomm | None = None) -> None:
-        comm = _intracomm(comm)
+        comm = intracomm(comm)
         check_thread_level()
         self._own(clone(comm))
 
@@ -519,8 +327,8 @@ class JaxComm:
             >>> rows = jc.split(color=jc.rank // 2, key=jc.rank)
         """
         self._live()
-        color = _static_int(color, "color")
-        key = _static_int(key, "key")
+        color = static_int(color, "color")
+        key = static_int(key, "key")
         if color < 0 and color != MPI.UNDEFINED:
             raise ValueError(f"color={color} must be non-negative or MPI.UNDEFINED")
         wait_for_dispatched()
@@ -563,9 +371,9 @@ class JaxComm:
             >>> grid = JaxComm.from_cart([0, 0], periods=[True, True])
             >>> up, down = grid.cart_shift(0)
         """
-        comm = _intracomm(comm)
+        comm = intracomm(comm)
         check_thread_level()
-        dims = [_static_int(d, f"dims[{i}]") for i, d in enumerate(_sequence(dims, "dims"))]
+        dims = [static_int(d, f"dims[{i}]") for i, d in enumerate(sequence(dims, "dims"))]
         if not dims or any(d < 0 for d in dims):
             raise ValueError(f"dims={dims} must be a non-empty list of non-negative ints")
         size = comm.Get_size()
@@ -580,12 +388,11 @@ class JaxComm:
             periods = [False] * len(dims)
         else:
             periods = [
-                _static_bool(p, f"periods[{i}]")
-                for i, p in enumerate(_sequence(periods, "periods"))
+                static_bool(p, f"periods[{i}]") for i, p in enumerate(sequence(periods, "periods"))
             ]
         if len(periods) != len(dims):
             raise ValueError(f"periods has {len(periods)} entries for {len(dims)} dims")
-        reorder = _static_bool(reorder, "reorder")
+        reorder = static_bool(reorder, "reorder")
         return cls._adopt(comm.Create_cart(dims, periods=periods, reorder=reorder))
 
     def _cart(self) -> MPI.Cartcomm:
@@ -629,10 +436,10 @@ class JaxComm:
             ValueError: if ``direction`` is not an axis of the grid.
         """
         cart = self._cart()
-        direction = _static_int(direction, "direction")
+        direction = static_int(direction, "direction")
         if not 0 <= direction < cart.ndim:
             raise ValueError(f"direction={direction} is not an axis of a {cart.ndim}-d grid")
-        return cart.Shift(direction, _static_int(disp, "disp"))
+        return cart.Shift(direction, static_int(disp, "disp"))
 
     @_jitted_when_eager
     def shift(self, x: ArrayLike, direction: int, disp: int = 1, tag: int = 0) -> jax.Array:
@@ -663,8 +470,8 @@ class JaxComm:
         """
         source, dest = self.cart_shift(direction, disp)
         # Checked here, so that errors name shift's arguments, not sendrecv's.
-        x = _as_array(x, "x")
-        tag = self._tag(tag, "tag")
+        x = as_array(x, "x")
+        tag = static_tag(tag, "tag", self._tag_ub)
         return self.sendrecv(x, x, source=source, dest=dest, sendtag=tag, recvtag=tag)
 
     def __enter__(self) -> JaxComm:
@@ -681,68 +488,6 @@ class JaxComm:
         if self._comm is None:
             raise RuntimeError("this JaxComm has been freed")
         return self._handle
-
-    def _peer(self, value: Any, name: str, *, any_source: bool = False) -> int:
-        rank = _static_int(value, name)
-        if rank == MPI.PROC_NULL or (any_source and rank == MPI.ANY_SOURCE):
-            return rank
-        if not 0 <= rank < self._size:
-            raise ValueError(
-                f"{name}={rank} is not a rank of this {self._size}-process communicator"
-            )
-        return rank
-
-    def _root(self, value: Any) -> int:
-        root = _static_int(value, "root")
-        if not 0 <= root < self._size:
-            raise ValueError(f"root={root} is not a rank of this {self._size}-process communicator")
-        return root
-
-    def _per_rank(self, value: Any, name: str) -> list[Any]:
-        """The entries of a static sequence with one entry per rank."""
-        items = _sequence(value, name)
-        if len(items) != self._size:
-            raise ValueError(
-                f"{name} has {len(items)} entries; it needs one per rank ({self._size})"
-            )
-        return items
-
-    def _counts(self, value: Any, name: str) -> tuple[int, ...]:
-        """One static, non-negative row count per rank."""
-        items = self._per_rank(value, name)
-        counts = tuple(_static_int(c, f"{name}[{i}]") for i, c in enumerate(items))
-        for i, count in enumerate(counts):
-            if count < 0:
-                raise ValueError(f"{name}[{i}]={count} is negative")
-        return counts
-
-    def _own_rows(self, x: jax.Array, counts: tuple[int, ...]) -> None:
-        rows = _leading_axis(x, "of counts[rank] rows")
-        if rows != counts[self._rank]:
-            raise ValueError(
-                f"x has {rows} rows on rank {self._rank}, but counts[{self._rank}] "
-                f"is {counts[self._rank]}"
-            )
-
-    def _split_rows(self, x: jax.Array, tiled: bool) -> None:
-        rows = _leading_axis(x, "to split among the ranks")
-        if not tiled and rows != self._size:
-            raise ValueError(
-                f"x has leading axis {rows}; with tiled=False it needs one entry "
-                f"per rank ({self._size})"
-            )
-        if tiled and rows % self._size:
-            raise ValueError(
-                f"x has leading axis {rows}, which does not split into {self._size} equal chunks"
-            )
-
-    def _tag(self, value: Any, name: str, *, any_tag: bool = False) -> int:
-        tag = _static_int(value, name)
-        if any_tag and tag == MPI.ANY_TAG:
-            return tag
-        if not 0 <= tag <= self._tag_ub:
-            raise ValueError(f"{name}={tag} is outside the valid tag range 0..{self._tag_ub}")
-        return tag
 
     # Collectives -------------------------------------------------------------
 
@@ -774,8 +519,8 @@ class JaxComm:
             >>> grads = jc.allreduce({"w": gw, "b": gb})  # one MPI call for float32
         """
         handle = self._live()
-        leaves, treedef, code = _reduction_leaves(x, op)
-        return _tree_call(leaves, treedef, "allreduce", op=code, handle=handle)
+        leaves, treedef, code = reduction_leaves(x, op)
+        return call_on_tree(leaves, treedef, "allreduce", op=code, handle=handle)
 
     @_jitted_when_eager
     def reduce(self, x: Any, op: MPI.Op = MPI.SUM, root: int = 0) -> Any:
@@ -802,9 +547,9 @@ class JaxComm:
                 a rank of the communicator.
         """
         handle = self._live()
-        leaves, treedef, code = _reduction_leaves(x, op)
-        root = self._root(root)
-        return _tree_call(leaves, treedef, "reduce", op=code, root=root, handle=handle)
+        leaves, treedef, code = reduction_leaves(x, op)
+        root = static_rank(root, "root", self._size)
+        return call_on_tree(leaves, treedef, "reduce", op=code, root=root, handle=handle)
 
     @_jitted_when_eager
     def scan(self, x: ArrayLike, op: MPI.Op = MPI.SUM) -> jax.Array:
@@ -826,7 +571,7 @@ class JaxComm:
             ValueError: for a user-defined ``MPI.Op``.
         """
         handle = self._live()
-        x, code = _reduction_operand(x, op)
+        x, code = reduction_operand(x, op)
         return ops.scan(x, op=code, handle=handle)
 
     @_jitted_when_eager
@@ -850,7 +595,7 @@ class JaxComm:
             ValueError: for a user-defined ``MPI.Op``.
         """
         handle = self._live()
-        x, code = _reduction_operand(x, op)
+        x, code = reduction_operand(x, op)
         return ops.exscan(x, op=code, handle=handle)
 
     @_jitted_when_eager
@@ -883,21 +628,10 @@ class JaxComm:
                 axis does not fit the communicator size (0-d included).
         """
         handle = self._live()
-        x, code = _reduction_operand(x, op)
-        tiled = _static_bool(tiled, "tiled")
-        size = self._size
-        if tiled and (x.ndim == 0 or x.shape[0] % size):
-            raise ValueError(
-                f"x must have a leading axis that is a multiple of the communicator size "
-                f"{size} for a tiled reduce_scatter, got shape {x.shape}"
-            )
-        if not tiled and (x.ndim == 0 or x.shape[0] != size):
-            raise ValueError(
-                f"x must have a leading axis of length {size} (the communicator size) "
-                f"for reduce_scatter, got shape {x.shape}; pass tiled=True to split a "
-                "longer axis"
-            )
-        return ops.reduce_scatter(x, op=code, size=size, tiled=tiled, handle=handle)
+        x, code = reduction_operand(x, op)
+        tiled = static_bool(tiled, "tiled")
+        check_split_rows(x, tiled, self._size, op="reduce_scatter")
+        return ops.reduce_scatter(x, op=code, size=self._size, tiled=tiled, handle=handle)
 
     @_jitted_when_eager
     def bcast(self, x: Any, root: int = 0) -> Any:
@@ -921,8 +655,10 @@ class JaxComm:
             >>> params = jc.bcast(params, root=0)  # same initial weights everywhere
         """
         handle = self._live()
-        leaves, treedef = _leaves(x, "x")
-        return _tree_call(leaves, treedef, "bcast", root=self._root(root), handle=handle)
+        leaves, treedef = pytree_leaves(x, "x")
+        return call_on_tree(
+            leaves, treedef, "bcast", root=static_rank(root, "root", self._size), handle=handle
+        )
 
     @_jitted_when_eager
     def barrier(self) -> None:
@@ -966,12 +702,12 @@ class JaxComm:
             Array([0, 0, 1, 1, 2, 2, 3, 3], dtype=int32)
         """
         handle = self._live()
-        leaves, treedef = _stackable_leaves(x, tiled)
-        return _tree_call(
+        leaves, treedef = stackable_leaves(x, tiled)
+        return call_on_tree(
             leaves,
             treedef,
             "allgather",
-            _static_bool(tiled, "tiled"),
+            static_bool(tiled, "tiled"),
             size=self._size,
             handle=handle,
         )
@@ -1008,13 +744,13 @@ class JaxComm:
             Array([0, 1, 2, 3], dtype=int32)   # on rank 1; [0, 0, 0, 0] elsewhere
         """
         handle = self._live()
-        leaves, treedef = _stackable_leaves(x, tiled)
-        return _tree_call(
+        leaves, treedef = stackable_leaves(x, tiled)
+        return call_on_tree(
             leaves,
             treedef,
             "gather",
-            _static_bool(tiled, "tiled"),
-            root=self._root(root),
+            static_bool(tiled, "tiled"),
+            root=static_rank(root, "root", self._size),
             size=self._size,
             handle=handle,
         )
@@ -1052,10 +788,16 @@ class JaxComm:
             Array([2., 3.], dtype=float32)   # on rank 1: [2r, 2r + 1] on rank r
         """
         handle = self._live()
-        x = _as_array(x, "x")
-        tiled = _static_bool(tiled, "tiled")
-        self._split_rows(x, tiled)
-        return ops.scatter(x, root=self._root(root), size=self._size, tiled=tiled, handle=handle)
+        x = as_array(x, "x")
+        tiled = static_bool(tiled, "tiled")
+        check_split_rows(x, tiled, self._size)
+        return ops.scatter(
+            x,
+            root=static_rank(root, "root", self._size),
+            size=self._size,
+            tiled=tiled,
+            handle=handle,
+        )
 
     @_jitted_when_eager
     def alltoall(self, x: ArrayLike, *, tiled: bool = False) -> jax.Array:
@@ -1086,8 +828,8 @@ class JaxComm:
             Array([ 1, 11, 21, 31], dtype=int32)   # on rank 1
         """
         handle = self._live()
-        x = _as_array(x, "x")
-        self._split_rows(x, _static_bool(tiled, "tiled"))
+        x = as_array(x, "x")
+        check_split_rows(x, static_bool(tiled, "tiled"), self._size)
         return ops.alltoall(x, handle=handle)
 
     @_jitted_when_eager
@@ -1120,9 +862,9 @@ class JaxComm:
             Array([1, 2, 2], dtype=int32)
         """
         handle = self._live()
-        x = _as_array(x, "x")
-        counts = self._counts(counts, "counts")
-        self._own_rows(x, counts)
+        x = as_array(x, "x")
+        counts = static_counts(counts, "counts", self._size)
+        check_own_rows(x, counts, self._rank)
         return ops.allgatherv(x, counts=counts, handle=handle)
 
     @_jitted_when_eager
@@ -1156,10 +898,12 @@ class JaxComm:
             Array([1, 2, 2], dtype=int32)   # on rank 2; [0, 0, 0] elsewhere
         """
         handle = self._live()
-        x = _as_array(x, "x")
-        counts = self._counts(counts, "counts")
-        self._own_rows(x, counts)
-        return ops.gatherv(x, counts=counts, root=self._root(root), handle=handle)
+        x = as_array(x, "x")
+        counts = static_counts(counts, "counts", self._size)
+        check_own_rows(x, counts, self._rank)
+        return ops.gatherv(
+            x, counts=counts, root=static_rank(root, "root", self._size), handle=handle
+        )
 
     @_jitted_when_eager
     def scatterv(self, x: ArrayLike, counts: Any, root: int = 0) -> jax.Array:
@@ -1191,12 +935,18 @@ class JaxComm:
             Array([1, 2], dtype=int32)   # on rank 2; [] on rank 0, [0] on rank 1
         """
         handle = self._live()
-        x = _as_array(x, "x")
-        counts = self._counts(counts, "counts")
-        rows = _leading_axis(x, "to split among the ranks")
+        x = as_array(x, "x")
+        counts = static_counts(counts, "counts", self._size)
+        rows = leading_axis(x, "to split among the ranks")
         if rows != sum(counts):
             raise ValueError(f"x has {rows} rows, but counts add up to {sum(counts)}")
-        return ops.scatterv(x, counts=counts, root=self._root(root), rank=self._rank, handle=handle)
+        return ops.scatterv(
+            x,
+            counts=counts,
+            root=static_rank(root, "root", self._size),
+            rank=self._rank,
+            handle=handle,
+        )
 
     @_jitted_when_eager
     def alltoallv(self, x: ArrayLike, counts: Any) -> jax.Array:
@@ -1232,12 +982,12 @@ class JaxComm:
             Array([0, 1, 1, 1], dtype=int32)   # on rank 0; [0, 0] on rank 1
         """
         handle = self._live()
-        x = _as_array(x, "x")
-        rows = self._per_rank(counts, "counts")
-        matrix = [self._counts(row, f"counts[{i}]") for i, row in enumerate(rows)]
+        x = as_array(x, "x")
+        rows = per_rank(counts, "counts", self._size)
+        matrix = [static_counts(row, f"counts[{i}]", self._size) for i, row in enumerate(rows)]
         send = matrix[self._rank]
         recv = tuple(row[self._rank] for row in matrix)
-        own = _leading_axis(x, "of sum(counts[rank]) rows")
+        own = leading_axis(x, "of sum(counts[rank]) rows")
         if own != sum(send):
             raise ValueError(
                 f"x has {own} rows on rank {self._rank}, but counts[{self._rank}] "
@@ -1267,8 +1017,13 @@ class JaxComm:
             ValueError: for a ``dest`` or ``tag`` out of range.
         """
         handle = self._live()
-        x = _as_array(x, "x")
-        ops.send(x, dest=self._peer(dest, "dest"), tag=self._tag(tag, "tag"), handle=handle)
+        x = as_array(x, "x")
+        ops.send(
+            x,
+            dest=static_rank(dest, "dest", self._size, proc_null=True),
+            tag=static_tag(tag, "tag", self._tag_ub),
+            handle=handle,
+        )
 
     @_jitted_when_eager
     def recv(
@@ -1323,15 +1078,15 @@ class JaxComm:
             >>> source, tag, count = status.tolist()
         """
         handle = self._live()
-        _check_status(status)
-        return_status = _static_bool(return_status, "return_status")
+        check_status(status)
+        return_status = static_bool(return_status, "return_status")
         result, envelope = ops.recv(
-            _template(x, "x"),
-            source=self._peer(source, "source", any_source=True),
-            tag=self._tag(tag, "tag", any_tag=True),
+            template(x, "x"),
+            source=static_rank(source, "source", self._size, proc_null=True, any_source=True),
+            tag=static_tag(tag, "tag", self._tag_ub, any_tag=True),
             handle=handle,
         )
-        return _received(result, envelope, status, return_status, handle)
+        return received(result, envelope, status, return_status, handle)
 
     @_jitted_when_eager
     def sendrecv(
@@ -1375,10 +1130,10 @@ class JaxComm:
                 tag is out of range.
         """
         handle = self._live()
-        _check_status(status)
-        return_status = _static_bool(return_status, "return_status")
-        sendbuf = _as_array(sendbuf, "sendbuf")
-        shape, dtype = _shape_dtype(recvbuf, "recvbuf")
+        check_status(status)
+        return_status = static_bool(return_status, "return_status")
+        sendbuf = as_array(sendbuf, "sendbuf")
+        shape, dtype = shape_dtype(recvbuf, "recvbuf")
         if (shape, dtype) != (sendbuf.shape, np.dtype(sendbuf.dtype)):
             raise ValueError(
                 f"sendbuf ({sendbuf.dtype}{list(sendbuf.shape)}) and recvbuf "
@@ -1386,13 +1141,13 @@ class JaxComm:
             )
         result, envelope = ops.sendrecv(
             sendbuf,
-            source=self._peer(source, "source", any_source=True),
-            dest=self._peer(dest, "dest"),
-            sendtag=self._tag(sendtag, "sendtag"),
-            recvtag=self._tag(recvtag, "recvtag", any_tag=True),
+            source=static_rank(source, "source", self._size, proc_null=True, any_source=True),
+            dest=static_rank(dest, "dest", self._size, proc_null=True),
+            sendtag=static_tag(sendtag, "sendtag", self._tag_ub),
+            recvtag=static_tag(recvtag, "recvtag", self._tag_ub, any_tag=True),
             handle=handle,
         )
-        return _received(result, envelope, status, return_status, handle)
+        return received(result, envelope, status, return_status, handle)
 
     # Nonblocking operations --------------------------------------------------
     #
@@ -1426,12 +1181,12 @@ class JaxComm:
             >>> jc.wait(req)
         """
         handle = self._live()
-        x = _held(x, "x")
+        x = held(x, "x")
         return nonblocking.start(
             nonblocking.isend_p,
             x,
-            dest=self._peer(dest, "dest"),
-            tag=self._tag(tag, "tag"),
+            dest=static_rank(dest, "dest", self._size, proc_null=True),
+            tag=static_tag(tag, "tag", self._tag_ub),
             handle=handle,
         )
 
@@ -1462,9 +1217,9 @@ class JaxComm:
         handle = self._live()
         return nonblocking.start(
             nonblocking.irecv_p,
-            _template(x, "x"),
-            source=self._peer(source, "source", any_source=True),
-            tag=self._tag(tag, "tag", any_tag=True),
+            template(x, "x"),
+            source=static_rank(source, "source", self._size, proc_null=True, any_source=True),
+            tag=static_tag(tag, "tag", self._tag_ub, any_tag=True),
             handle=handle,
         )
 
@@ -1494,7 +1249,7 @@ class JaxComm:
             >>> grads = jc.wait(req)
         """
         handle = self._live()
-        x, code = _reduction_operand(_held(x, "x"), op)
+        x, code = reduction_operand(held(x, "x"), op)
         return nonblocking.start(nonblocking.iallreduce_p, x, op=code, handle=handle)
 
     def ibcast(self, x: ArrayLike, root: int = 0) -> Request:
@@ -1515,8 +1270,10 @@ class JaxComm:
             ValueError: if ``root`` is not a rank of the communicator.
         """
         handle = self._live()
-        x = _held(x, "x")
-        return nonblocking.start(nonblocking.ibcast_p, x, root=self._root(root), handle=handle)
+        x = held(x, "x")
+        return nonblocking.start(
+            nonblocking.ibcast_p, x, root=static_rank(root, "root", self._size), handle=handle
+        )
 
     def iallgather(self, x: ArrayLike, *, tiled: bool = False) -> Request:
         """Start collecting ``x`` from every rank on every rank; :meth:`wait` returns it.
@@ -1537,10 +1294,10 @@ class JaxComm:
             ValueError: for ``tiled=True`` with a 0-d ``x``.
         """
         handle = self._live()
-        tiled = _static_bool(tiled, "tiled")
-        x = _held(x, "x")
+        tiled = static_bool(tiled, "tiled")
+        x = held(x, "x")
         if tiled:
-            _leading_axis(x, "to concatenate along with tiled=True")
+            leading_axis(x, "to concatenate along with tiled=True")
         return nonblocking.start(
             nonblocking.iallgather_p, x, size=self._size, tiled=tiled, handle=handle
         )
@@ -1563,8 +1320,8 @@ class JaxComm:
             ValueError: for a leading axis that does not fit.
         """
         handle = self._live()
-        x = _held(x, "x")
-        self._split_rows(x, _static_bool(tiled, "tiled"))
+        x = held(x, "x")
+        check_split_rows(x, static_bool(tiled, "tiled"), self._size)
         return nonblocking.start(nonblocking.ialltoall_p, x, handle=handle)
 
     def during(self, requests: Sequence[Request], fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -1596,7 +1353,7 @@ class JaxComm:
             >>> interior = jc.during(reqs, update_interior, u)
             >>> halo, _ = jc.waitall(reqs)
         """
-        return nonblocking.during(_sequence(requests, "requests"), fn, *args, **kwargs)
+        return nonblocking.during(sequence(requests, "requests"), fn, *args, **kwargs)
 
     def wait(self, request: Request) -> jax.Array | None:
         """Complete a nonblocking operation and return its result.
@@ -1638,7 +1395,7 @@ class JaxComm:
             TypeError: ``requests`` is not a sequence of Requests.
             RuntimeError: as :meth:`wait`.
         """
-        items = _sequence(requests, "requests")
+        items = sequence(requests, "requests")
         for item in items:
             if not isinstance(item, Request):
                 raise TypeError(f"waitall takes jaxcomm Requests, got {type(item).__name__}")
