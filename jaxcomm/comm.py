@@ -2,13 +2,11 @@
 
 Every method validates its arguments (``jaxcomm._arguments``), turns them
 into plain parameters and delegates to a primitive in ``jaxcomm.ops``.
+Eager calls go through cached jitted functions (``jaxcomm._eager``).
 """
 
 from __future__ import annotations
 
-import collections
-import functools
-import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,7 +14,7 @@ import jax
 import numpy as np
 from mpi4py import MPI
 
-from . import _compat, ops
+from . import ops
 from ._arguments import (
     ArrayLike,
     as_array,
@@ -42,10 +40,10 @@ from ._arguments import (
     static_tag,
     template,
 )
+from ._eager import eager_cached, new_cache
 from ._runtime import (
     check_thread_level,
     clone,
-    monitoring,
     register_comm,
     set_check_comm,
     sync,
@@ -54,141 +52,8 @@ from ._runtime import (
     wait_for_dispatched,
 )
 from .ops import nonblocking
-from .ops._base import (
-    SUPPORTED_DTYPES,
-    derivative_comm,
-    register_derivative_comm,
-    unregister_derivative_comm,
-)
+from .ops._base import derivative_comm, register_derivative_comm, unregister_derivative_comm
 from .ops.nonblocking import Request
-
-# Eager calls ----------------------------------------------------------------
-#
-# An eager method call binds its primitive through JAX's Python dispatch,
-# about 40 us. Instead, each JaxComm keeps one jitted function per method and
-# static arguments, and an eager call goes through it: JAX's C++ dispatch then
-# keys its compiled programs on the arrays' shapes and dtypes, at the cost of a
-# plain jitted call. Arguments that cannot key such a cache (tracers, an
-# MPI.Status to fill, values JAX cannot pass) take the ordinary path, which
-# also raises jaxcomm's errors for invalid ones.
-
-# Compiled programs each JaxComm keeps for eager calls. Every distinct set of
-# static arguments (a tag, a root, counts) is a program of its own, about
-# 1.4 MiB with XLA:CPU, so a program that sends with tag=step would otherwise
-# grow without bound; the least recently used are dropped beyond this many.
-EAGER_CACHE_SIZE = 256
-
-
-def _is_concrete(x: Any) -> bool:
-    """Whether ``x`` is a non-empty pytree of concrete arrays or scalars."""
-    leaves = jax.tree_util.tree_leaves(x)
-    return bool(leaves) and all(
-        isinstance(leaf, (int, float, complex))
-        # JAX cannot pass NumPy values of other dtypes, and its error would not name them.
-        or (isinstance(leaf, (np.ndarray, np.generic)) and leaf.dtype in SUPPORTED_DTYPES)
-        or (isinstance(leaf, jax.Array) and not isinstance(leaf, jax.core.Tracer))
-        for leaf in leaves
-    )
-
-
-# Static arguments of these types are their own key. Tested first, by exact
-# type: an isinstance test against jax.Array costs microseconds per value,
-# which every eager call would pay for each of its keywords.
-_PLAIN_STATIC = frozenset({int, float, complex, bool, str, type(None)})
-
-
-def _static_key(value: Any) -> Any:
-    """A hashable stand-in for a static argument; raises TypeError for one that has none."""
-    if type(value) in _PLAIN_STATIC:
-        return (type(value), value)
-    if isinstance(value, MPI.Op):
-        return ("MPI.Op", value.py2f())
-    if isinstance(value, (list, tuple)):
-        return (type(value).__name__, *map(_static_key, value))
-    if isinstance(value, (jax.Array, np.ndarray, MPI.Status)):
-        raise TypeError("not a static argument")
-    hash(value)
-    # Typed, because 0 == 0.0 == False would share an entry (and skip a type check).
-    return (type(value), value)
-
-
-def _call_key(name, static, kwargs):
-    """The cache key of a call's static arguments, or None if they cannot make one."""
-    try:
-        return (name, _static_key(static), _static_key(sorted(kwargs.items())))
-    except TypeError:
-        return None
-
-
-def _jitted_when_eager(method):
-    """Send eager calls of ``method(self, *arrays, **static)`` through a cached jitted function.
-
-    ``method`` takes its arrays (pytrees) as the leading positional arguments
-    named in ``arrays`` and everything else as static values.
-    """
-
-    @functools.wraps(method)
-    def call(self, *args, **kwargs):
-        arrays, static = _split_arrays(method, args)
-        if self._comm is None or not all(map(_is_concrete, arrays)):
-            return method(self, *args, **kwargs)
-        if _compat.tracing():
-            # Inside a trace, concrete arrays (constants, or none: barrier)
-            # still make a call of the traced function; a jitted function
-            # nested there would also hide the user's frames from the call
-            # site the checker and the watchdog report.
-            return method(self, *args, **kwargs)
-        key = _call_key(method.__name__, static, kwargs)
-        if key is None:
-            return method(self, *args, **kwargs)
-        if monitoring():
-            # The checker and the watchdog name each call's own site, which
-            # the compiled function keeps from its first call.
-            caller = sys._getframe(1)
-            key = (key, caller.f_code.co_filename, caller.f_lineno)
-        jitted = self._eager.get(key)
-        if jitted is None:
-            jitted = jax.jit(
-                lambda *a, _static=static, _kwargs=kwargs: method(self, *a, *_static, **_kwargs)
-            )
-            self._eager[key] = jitted
-            if len(self._eager) > EAGER_CACHE_SIZE:
-                self._eager.popitem(last=False)
-        else:
-            self._eager.move_to_end(key)
-        return jitted(*arrays)
-
-    return call
-
-
-def _split_arrays(method, args):
-    """``args`` split into the method's leading array arguments and the rest."""
-    count = _ARRAY_ARGUMENTS[method.__name__]
-    return args[:count], args[count:]
-
-
-# How many leading positional arguments of each eagerly jitted method are arrays.
-_ARRAY_ARGUMENTS = {
-    "allreduce": 1,
-    "reduce": 1,
-    "scan": 1,
-    "exscan": 1,
-    "reduce_scatter": 1,
-    "bcast": 1,
-    "barrier": 0,
-    "allgather": 1,
-    "gather": 1,
-    "scatter": 1,
-    "alltoall": 1,
-    "allgatherv": 1,
-    "gatherv": 1,
-    "scatterv": 1,
-    "alltoallv": 1,
-    "send": 1,
-    "recv": 1,
-    "sendrecv": 2,
-    "shift": 1,
-}
 
 
 class JaxComm:
@@ -229,7 +94,7 @@ class JaxComm:
 
     def _own(self, comm: MPI.Intracomm) -> None:
         self._comm: MPI.Intracomm | None = comm
-        self._eager = collections.OrderedDict()  # see _jitted_when_eager
+        self._eager = new_cache()
         # Derivative messages travel apart from the program's own (ops/_base.py).
         self._derivative = clone(comm)
         for owned in (self._comm, self._derivative):
@@ -300,7 +165,8 @@ class JaxComm:
             self._derivative.Free()
             self._comm.Free()
             self._comm = None
-            self._eager.clear()
+            # Eager calls then go straight to the method, which raises.
+            self._eager = None
 
     def split(self, color: int, key: int = 0) -> JaxComm | None:
         """Split into disjoint communicators, one per ``color``.
@@ -441,7 +307,7 @@ class JaxComm:
             raise ValueError(f"direction={direction} is not an axis of a {cart.ndim}-d grid")
         return cart.Shift(direction, static_int(disp, "disp"))
 
-    @_jitted_when_eager
+    @eager_cached(arrays=("x",))
     def shift(self, x: ArrayLike, direction: int, disp: int = 1, tag: int = 0) -> jax.Array:
         """Send ``x`` ``disp`` steps along a grid axis; receive the same from behind.
 
@@ -491,7 +357,7 @@ class JaxComm:
 
     # Collectives -------------------------------------------------------------
 
-    @_jitted_when_eager
+    @eager_cached(arrays=("x",))
     def allreduce(self, x: Any, op: MPI.Op = MPI.SUM) -> Any:
         """Combine ``x`` from every rank with ``op``; every rank gets the result.
 
@@ -522,7 +388,7 @@ class JaxComm:
         leaves, treedef, code = reduction_leaves(x, op)
         return call_on_tree(leaves, treedef, "allreduce", op=code, handle=handle)
 
-    @_jitted_when_eager
+    @eager_cached(arrays=("x",))
     def reduce(self, x: Any, op: MPI.Op = MPI.SUM, root: int = 0) -> Any:
         """Combine ``x`` from every rank with ``op`` onto rank ``root``.
 
@@ -551,7 +417,7 @@ class JaxComm:
         root = static_rank(root, "root", self._size)
         return call_on_tree(leaves, treedef, "reduce", op=code, root=root, handle=handle)
 
-    @_jitted_when_eager
+    @eager_cached(arrays=("x",))
     def scan(self, x: ArrayLike, op: MPI.Op = MPI.SUM) -> jax.Array:
         """Combine ``x`` from ranks ``0..rank`` with ``op`` (inclusive prefix reduction).
 
@@ -574,7 +440,7 @@ class JaxComm:
         x, code = reduction_operand(x, op)
         return ops.scan(x, op=code, handle=handle)
 
-    @_jitted_when_eager
+    @eager_cached(arrays=("x",))
     def exscan(self, x: ArrayLike, op: MPI.Op = MPI.SUM) -> jax.Array:
         """Combine ``x`` from ranks ``0..rank-1`` with ``op`` (exclusive prefix reduction).
 
@@ -598,7 +464,7 @@ class JaxComm:
         x, code = reduction_operand(x, op)
         return ops.exscan(x, op=code, handle=handle)
 
-    @_jitted_when_eager
+    @eager_cached(arrays=("x",))
     def reduce_scatter(
         self, x: ArrayLike, op: MPI.Op = MPI.SUM, *, tiled: bool = False
     ) -> jax.Array:
@@ -633,7 +499,7 @@ class JaxComm:
         check_split_rows(x, tiled, self._size, op="reduce_scatter")
         return ops.reduce_scatter(x, op=code, size=self._size, tiled=tiled, handle=handle)
 
-    @_jitted_when_eager
+    @eager_cached(arrays=("x",))
     def bcast(self, x: Any, root: int = 0) -> Any:
         """Send root's ``x`` to every rank.
 
@@ -660,7 +526,7 @@ class JaxComm:
             leaves, treedef, "bcast", root=static_rank(root, "root", self._size), handle=handle
         )
 
-    @_jitted_when_eager
+    @eager_cached(arrays=())
     def barrier(self) -> None:
         """Block until every rank has reached this barrier.
 
@@ -671,7 +537,7 @@ class JaxComm:
         handle = self._live()
         ops.barrier(handle=handle)
 
-    @_jitted_when_eager
+    @eager_cached(arrays=("x",))
     def allgather(self, x: Any, *, tiled: bool = False) -> Any:
         """Collect ``x`` from every rank on every rank, in rank order.
 
@@ -712,7 +578,7 @@ class JaxComm:
             handle=handle,
         )
 
-    @_jitted_when_eager
+    @eager_cached(arrays=("x",))
     def gather(self, x: Any, root: int = 0, *, tiled: bool = False) -> Any:
         """Collect ``x`` from every rank on ``root``, in rank order.
 
@@ -755,7 +621,7 @@ class JaxComm:
             handle=handle,
         )
 
-    @_jitted_when_eager
+    @eager_cached(arrays=("x",))
     def scatter(self, x: ArrayLike, root: int = 0, *, tiled: bool = False) -> jax.Array:
         """Send one piece of root's ``x`` to each rank: rank ``r`` gets piece ``r``.
 
@@ -799,7 +665,7 @@ class JaxComm:
             handle=handle,
         )
 
-    @_jitted_when_eager
+    @eager_cached(arrays=("x",))
     def alltoall(self, x: ArrayLike, *, tiled: bool = False) -> jax.Array:
         """Send block ``r`` of ``x``'s leading axis to rank ``r``, from every rank.
 
@@ -832,7 +698,7 @@ class JaxComm:
         check_split_rows(x, static_bool(tiled, "tiled"), self._size)
         return ops.alltoall(x, handle=handle)
 
-    @_jitted_when_eager
+    @eager_cached(arrays=("x",))
     def allgatherv(self, x: ArrayLike, counts: Any) -> jax.Array:
         """Concatenate ``x`` from every rank along its leading axis, on every rank.
 
@@ -867,7 +733,7 @@ class JaxComm:
         check_own_rows(x, counts, self._rank)
         return ops.allgatherv(x, counts=counts, handle=handle)
 
-    @_jitted_when_eager
+    @eager_cached(arrays=("x",))
     def gatherv(self, x: ArrayLike, counts: Any, root: int = 0) -> jax.Array:
         """Concatenate ``x`` from every rank along its leading axis, on ``root``.
 
@@ -905,7 +771,7 @@ class JaxComm:
             x, counts=counts, root=static_rank(root, "root", self._size), handle=handle
         )
 
-    @_jitted_when_eager
+    @eager_cached(arrays=("x",))
     def scatterv(self, x: ArrayLike, counts: Any, root: int = 0) -> jax.Array:
         """Split root's ``x`` along its leading axis into pieces of ``counts`` rows.
 
@@ -948,7 +814,7 @@ class JaxComm:
             handle=handle,
         )
 
-    @_jitted_when_eager
+    @eager_cached(arrays=("x",))
     def alltoallv(self, x: ArrayLike, counts: Any) -> jax.Array:
         """Exchange blocks of rows of different sizes between every pair of ranks.
 
@@ -1000,7 +866,7 @@ class JaxComm:
 
     # Point to point ----------------------------------------------------------
 
-    @_jitted_when_eager
+    @eager_cached(arrays=("x",))
     def send(self, x: ArrayLike, dest: int, tag: int = 0) -> None:
         """Send ``x`` to rank ``dest``.
 
@@ -1025,7 +891,7 @@ class JaxComm:
             handle=handle,
         )
 
-    @_jitted_when_eager
+    @eager_cached(arrays=("x",))
     def recv(
         self,
         x: Any,
@@ -1088,7 +954,7 @@ class JaxComm:
         )
         return received(result, envelope, status, return_status, handle)
 
-    @_jitted_when_eager
+    @eager_cached(arrays=("sendbuf", "recvbuf"))
     def sendrecv(
         self,
         sendbuf: ArrayLike,

@@ -107,7 +107,7 @@ def test_jitted_and_eager_calls_need_no_runtime_token(jc):
 def test_eager_programs_kept_are_bounded(monkeypatch):
     # Eager calls keep one compiled program per set of static arguments (here
     # the op); a program sending with ever new tags must not keep them all.
-    monkeypatch.setattr(jaxcomm.comm, "EAGER_CACHE_SIZE", 2)
+    monkeypatch.setattr(jaxcomm._eager, "EAGER_CACHE_SIZE", 2)
     x = np.arange(1.0, 4.0)
     with JaxComm(MPI.COMM_WORLD) as jc:
         expected = {"SUM": x * jc.size, "PROD": x**jc.size, "MAX": x}
