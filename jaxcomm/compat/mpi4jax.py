@@ -25,6 +25,7 @@ from typing import Any
 import jax.numpy as jnp
 from mpi4py import MPI
 
+from .._arguments import shape_dtype
 from .._gpu import cuda_info
 from ..comm import JaxComm
 
@@ -266,18 +267,12 @@ def sendrecv(
     _refuse_token(token)
     jc = _jaxcomm(comm)
     sendbuf = jnp.asarray(sendbuf)
-    if _shape_dtype(recvbuf) == (tuple(sendbuf.shape), jnp.dtype(sendbuf.dtype)):
+    if shape_dtype(recvbuf, "recvbuf") == (tuple(sendbuf.shape), jnp.dtype(sendbuf.dtype)):
         return jc.sendrecv(sendbuf, recvbuf, source, dest, sendtag, recvtag, status=status)
     request = jc.isend(sendbuf, dest, sendtag)
     result = jc.recv(recvbuf, source, recvtag, status=status)
     jc.wait(request)
     return result
-
-
-def _shape_dtype(x: Any) -> tuple[tuple[int, ...], Any]:
-    if not (hasattr(x, "shape") and hasattr(x, "dtype")):
-        x = jnp.asarray(x)
-    return tuple(x.shape), jnp.dtype(x.dtype)
 
 
 def has_cuda_support() -> bool:
