@@ -4,6 +4,8 @@ These functions take plain integer parameters; ``jaxcomm.JaxComm`` validates
 user arguments and calls them.
 """
 
+# Registers the derivative rules that bind another family's collectives.
+from . import _crossing  # noqa: F401
 from .barrier import barrier, barrier_p
 from .bcast import bcast, bcast_p
 from .gather import (

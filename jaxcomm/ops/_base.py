@@ -34,6 +34,14 @@ REDUCTION_OPS = (
     ("BXOR", MPI.BXOR),
 )
 
+SUM = [name for name, _ in REDUCTION_OPS].index("SUM")
+
+
+def op_name(op):
+    """The name (``"SUM"``, ``"MAX"``, ...) of the reduction code ``op``."""
+    return REDUCTION_OPS[op][0]
+
+
 _INTEGER = frozenset(
     np.dtype(t) for t in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
 )
@@ -231,6 +239,11 @@ def def_linear(prim, transposed):
             the derivative communicator it is passed as ``handle``).
     """
     ad.primitive_jvps[prim] = partial(linear_jvp, prim)
+    def_transpose(prim, transposed)
+
+
+def def_transpose(prim, transposed):
+    """Register the transpose rule of :func:`def_linear` alone, for a primitive with its own JVP."""
     ad.primitive_transposes[prim] = partial(_transpose_with, transposed)
 
 

@@ -48,14 +48,14 @@ def batch_whole(prim, layout):
             outs = prim.bind(*args, **params)
             return outs, [None] * len(outs)
         in_axis, out_axis = layout(**params)
-        args = [_placed(x, dim, in_axis, axis_data.size) for x, dim in zip(args, dims)]
+        args = [placed(x, dim, in_axis, axis_data.size) for x, dim in zip(args, dims)]
         outs = prim.bind(*args, **params)
         return outs, [out_axis] * len(outs)
 
     _compat.fancy_primitive_batchers[prim] = rule
 
 
-def _placed(x, dim, axis, size):
+def placed(x, dim, axis, size):
     """``x`` with its batch axis, of length ``size``, at ``axis``."""
     if dim is None:
         shape = list(x.shape)
@@ -107,7 +107,7 @@ def batched_alike(x):
 
 def _always_batched(axis_data, args, dims):
     (x,), (dim,) = args, dims
-    x = _placed(x, dim, 0, axis_data.size)
+    x = placed(x, dim, 0, axis_data.size)
     return batched_alike(x), 0
 
 

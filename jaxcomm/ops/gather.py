@@ -8,7 +8,7 @@ and scale them by the elements of one row.
 
 import jax
 
-from ._adjoint import register, replicated_adjoint
+from ._adjoint import register
 from ._base import comm_primitive, def_linear, rank_of, same_as_input
 from ._batching import batch_whole, behind_rows, split, stacked
 
@@ -65,7 +65,7 @@ alltoallv_p = comm_primitive(
 def allgather(x, *, size, tiled, handle, replicated=True):
     """Bind ``allgather_p``: ``MPI_Allgather`` of ``x``, stacked or concatenated.
 
-    ``replicated`` picks the transpose (see ``_allgather_transpose``).
+    ``replicated`` picks the transpose (see ``_crossing.py``).
     """
     (y,) = allgather_p.bind(x, size=size, tiled=tiled, handle=handle, replicated=replicated)
     return y
@@ -92,7 +92,7 @@ def alltoall(x, *, handle):
 def allgatherv(x, *, counts, handle, replicated=True):
     """Bind ``allgatherv_p``: ``MPI_Allgatherv``; ``counts`` holds every rank's rows.
 
-    ``replicated`` picks the transpose (see ``_allgatherv_transpose``).
+    ``replicated`` picks the transpose (see ``_crossing.py``).
     """
     (y,) = allgatherv_p.bind(x, counts=counts, handle=handle, replicated=replicated)
     return y
@@ -138,9 +138,10 @@ for _prim in (alltoall_p, allgatherv_p, gatherv_p, scatterv_p, alltoallv_p):
 # replicated values, so each rank's input gets its own slice of the cotangent
 # (bound as replicated_adjoint_p, whose transpose is the gather again). An
 # allgather bound by a transpose (of reduce_scatter) maps per-rank values to
-# per-rank values and transposes exactly. The other ops transpose exactly:
-# gather <-> scatter, gatherv <-> scatterv, alltoall to itself and alltoallv
-# to itself with the counts matrix transposed.
+# per-rank values and transposes exactly, to a reduction: the rules of
+# allgather and allgatherv are registered in _crossing.py. The other ops
+# transpose exactly: gather <-> scatter, gatherv <-> scatterv, alltoall to
+# itself and alltoallv to itself with the counts matrix transposed.
 
 
 def _own_block(ct, rank, *, size, tiled):
@@ -150,27 +151,10 @@ def _own_block(ct, rank, *, size, tiled):
     return ct[rank * rows : (rank + 1) * rows]
 
 
-def _rank_rows(ct, rank, *, counts):
+def rank_rows(ct, rank, *, counts):
+    """``rank``'s rows of an allgatherv result ``ct`` of ``counts`` rows per rank."""
     start = sum(counts[:rank])
     return ct[start : start + counts[rank]]
-
-
-def _allgather_transpose(ct, aval, *, size, tiled, handle, replicated):
-    if replicated:
-        return replicated_adjoint(ct, kind="allgather", size=size, tiled=tiled, handle=handle)
-    # reduction.py imports this module for reduce_scatter's transpose.
-    from .reduction import SUM, reduce_scatter
-
-    return reduce_scatter(ct, op=SUM, size=size, tiled=tiled, handle=handle)
-
-
-def _allgatherv_transpose(ct, aval, *, counts, handle, replicated):
-    if replicated:
-        return replicated_adjoint(ct, kind="allgatherv", counts=counts, handle=handle)
-    from .reduction import SUM, allreduce
-
-    total = allreduce(ct, op=SUM, handle=handle, replicated=False)
-    return _rank_rows(total, rank_of(handle), counts=counts)
 
 
 register(
@@ -180,7 +164,7 @@ register(
 )
 register(
     "allgatherv",
-    _rank_rows,
+    rank_rows,
     lambda ct, aval, *, counts, handle: allgatherv(ct, counts=counts, handle=handle),
 )
 
@@ -213,11 +197,9 @@ def _alltoallv_transpose(ct, aval, *, sendcounts, recvcounts, max_rows, handle):
     )
 
 
-def_linear(allgather_p, _allgather_transpose)
 def_linear(gather_p, _gather_transpose)
 def_linear(scatter_p, _scatter_transpose)
 def_linear(alltoall_p, _alltoall_transpose)
-def_linear(allgatherv_p, _allgatherv_transpose)
 def_linear(gatherv_p, _gatherv_transpose)
 def_linear(scatterv_p, _scatterv_transpose)
 def_linear(alltoallv_p, _alltoallv_transpose)

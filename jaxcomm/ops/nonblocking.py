@@ -30,10 +30,11 @@ from jax.interpreters import ad
 
 from .. import _compat, _runtime
 from ._adjoint import replicated_adjoint
-from ._base import comm_primitive, derivative_comm, no_output, not_differentiable
-from ._batching import _placed, batched_alike, behind_rows, flat, stacked
-from .p2p import _wildcard
-from .reduction import SUM, _contribution, allreduce
+from ._base import SUM, comm_primitive, derivative_comm, no_output, not_differentiable
+from ._batching import batched_alike, behind_rows, flat, placed, stacked
+from ._crossing import contribution
+from .p2p import wildcard
+from .reduction import allreduce
 
 
 def _request_id_aval():
@@ -434,7 +435,7 @@ def _start_batched(prim, axis_data, args, dims, **params):
         outs = prim.bind(x, **params)
         return outs, [None] * len(outs)
     in_axis, out_axis = _LAYOUT[prim](**params)
-    moved = _placed(x, dim, in_axis, axis_data.size)
+    moved = placed(x, dim, in_axis, axis_data.size)
     outs = prim.bind(moved, **params)
     if moved is not x and prim is not irecv_p:
         _moved_sends.setdefault(id(x), []).append((x, outs[0], moved))
@@ -535,7 +536,7 @@ def _has_tangent(prim, x, params):
     """Whether the start of ``prim`` on ``x`` starts a tangent request too."""
     if not _inexact(jax.typeof(x)):
         return False
-    if prim is irecv_p and _wildcard(params["source"], params["tag"]):
+    if prim is irecv_p and wildcard(params["source"], params["tag"]):
         # The tangent's receive could match another sender's tangent.
         raise not_differentiable(
             "irecv from MPI.ANY_SOURCE or with MPI.ANY_TAG: the tangent must come "
@@ -574,9 +575,9 @@ def _wait_plan(buffers, handle, start):
     if not _inexact(jax.typeof(buffers[0])):
         return None
     if name == "iallreduce" and not _reduces_by_sum(params):
-        # The tangent is the SUM of factor * t over ranks (reduction.py).
+        # The tangent is the SUM of factor * t over ranks (_crossing.py).
         x = buffers[0]
-        factor = _contribution(x, jnp.ones_like(x), params["op"], derivative_comm(handle), name)
+        factor = contribution(x, jnp.ones_like(x), params["op"], derivative_comm(handle), name)
         return ("reduce", factor)
     return "wait"
 

@@ -175,7 +175,11 @@ _compat.fancy_primitive_batchers[sendrecv_addressed_p] = _addressed_batched
 # the cotangent the receiver's transposed recv sends back.
 
 
-def _wildcard(source, tag):
+def wildcard(source, tag):
+    """Whether a receive from ``source`` with ``tag`` takes MPI.ANY_SOURCE or MPI.ANY_TAG.
+
+    A receive from MPI.PROC_NULL never is one: it matches no message.
+    """
     return source != MPI.PROC_NULL and (source == MPI.ANY_SOURCE or tag == MPI.ANY_TAG)
 
 
@@ -202,7 +206,7 @@ def _send_jvp(primals, tangents, *, dest, tag, handle):
     return [], []
 
 
-def _receive_jvp(prim, wildcard, primals, tangents, *, handle, **params):
+def _receive_jvp(prim, wildcard_of, primals, tangents, *, handle, **params):
     y, envelope = prim.bind(*primals, handle=handle, **params)
     t = _tangent(tangents[0])
     derivative = derivative_comm(handle)
@@ -210,7 +214,7 @@ def _receive_jvp(prim, wildcard, primals, tangents, *, handle, **params):
         ty = ad.Zero(y.aval.to_tangent_aval())
     elif prim is sendrecv_addressed_p:
         ty, _ = prim.bind(t, primals[1], handle=derivative, **params)
-    elif wildcard(**params):
+    elif wildcard_of(**params):
         ty, _ = sendrecv_addressed_p.bind(
             t,
             envelope,
@@ -227,11 +231,11 @@ def _receive_jvp(prim, wildcard, primals, tangents, *, handle, **params):
 
 
 def _recv_wildcard(*, source, tag, **_):
-    return _wildcard(source, tag)
+    return wildcard(source, tag)
 
 
 def _sendrecv_wildcard(*, source, recvtag, **_):
-    return _wildcard(source, recvtag)
+    return wildcard(source, recvtag)
 
 
 def _cotangent(ct):
@@ -257,14 +261,14 @@ def _refuse_wildcard(op, tag_name):
 def _recv_transpose(cts, template, *, source, tag, handle):
     # The cotangent of what arrived goes back to its sender, with the tag it
     # came with; the sender's send transposes to the matching receive.
-    if _wildcard(source, tag):
+    if wildcard(source, tag):
         raise _refuse_wildcard("recv", "tag")
     send(_cotangent(cts[0]), dest=source, tag=_tag_back(tag), handle=handle)
     return [None]
 
 
 def _sendrecv_transpose(cts, x, *, source, dest, sendtag, recvtag, handle):
-    if _wildcard(source, recvtag):
+    if wildcard(source, recvtag):
         raise _refuse_wildcard("sendrecv", "recvtag")
     back, _ = sendrecv(
         _cotangent(cts[0]),

@@ -3,26 +3,19 @@
 from functools import partial
 
 import jax
-import jax.numpy as jnp
 from jax.interpreters import ad
 
 from ._adjoint import register, replicated_adjoint
 from ._base import (
-    REDUCTION_OPS,
+    SUM,
     comm_primitive,
-    def_linear,
-    derivative_comm,
+    def_transpose,
     linear_jvp,
     not_differentiable,
-    rank_of,
+    op_name,
     same_as_input,
-    size_of,
 )
 from ._batching import batch_whole, flat, split
-from .bcast import bcast
-from .gather import allgather, alltoall
-
-SUM = [name for name, _ in REDUCTION_OPS].index("SUM")
 
 
 def _reduce_scatter_abstract_eval(aval, *, size, tiled, **_):
@@ -98,55 +91,14 @@ batch_whole(reduce_scatter_p, split)
 # exscan and reduce_scatter outputs differ per rank and transpose exactly, and
 # so do the collectives their transposes bind (replicated=False). MAX, MIN and
 # PROD allreduce/reduce are differentiated through a SUM of per-rank
-# contributions (see _contribution), so they transpose too.
-
-
-def _op_name(op):
-    return REDUCTION_OPS[op][0]
-
-
-def _contribution(x, t, op, handle, what):
-    """This rank's term of the tangent of the reduction of ``x`` with ``op``.
-
-    The reduction's tangent is the SUM over ranks of these terms. MAX and MIN
-    split the tangent evenly among the ranks (and elements) that hold the
-    extremum. PROD multiplies by the product of the other ranks' values,
-    gathered rather than divided out so that zeros are handled exactly.
-    """
-    name = _op_name(op)
-    if name == "SUM":
-        return t
-    if name in ("MAX", "MIN"):
-        # Where the extremum sits has no derivative; say so rather than
-        # differentiate the comparison.
-        x = jax.lax.stop_gradient(x)
-        hit = x == allreduce(x, op=op, handle=handle)
-        count = allreduce(hit.astype(t.dtype), op=SUM, handle=handle)
-        # count >= 1 wherever hit holds; the maximum only guards NaN inputs.
-        return jnp.where(hit, t / jnp.maximum(count, 1), jnp.zeros_like(t))
-    if name == "PROD":
-        # Every rank's x, by an alltoall of copies: unlike allgather (whose
-        # replicated cotangent would be wrong here, since each rank uses the
-        # rows differently) it transposes exactly, so higher orders are right.
-        size = size_of(handle)
-        rows = alltoall(jnp.broadcast_to(x, (size, *x.shape)), handle=handle)
-        others = jnp.prod(rows.at[rank_of(handle)].set(1), axis=0)
-        return others * t
-    raise not_differentiable(f"{what} with MPI.{name}")
-
-
-def _reduction_jvp(prim, primals, tangents, *, op, handle, **params):
-    (x,), (t,) = primals, tangents
-    t = ad.instantiate_zeros(t)
-    y = prim.bind(x, op=op, handle=handle, **params)
-    derivative = derivative_comm(handle)
-    term = _contribution(x, t, op, derivative, prim.name)
-    return y, prim.bind(term, op=SUM, handle=derivative, **params)
+# contributions, so they transpose too. Rules that bind other families'
+# collectives (the transposes of reduce and reduce_scatter, the JVPs of
+# allreduce and reduce) are registered in _crossing.py.
 
 
 def _sum_only_jvp(prim, primals, tangents, *, op, **params):
-    if _op_name(op) != "SUM":
-        raise not_differentiable(f"{prim.name} with MPI.{_op_name(op)}")
+    if op_name(op) != "SUM":
+        raise not_differentiable(f"{prim.name} with MPI.{op_name(op)}")
     return linear_jvp(prim, primals, tangents, op=op, **params)
 
 
@@ -161,10 +113,6 @@ def _allreduce_transpose(ct, aval, *, op, handle, replicated):
     return _total(ct, handle)
 
 
-def _reduce_transpose(ct, aval, *, op, root, handle):
-    return bcast(ct, root=root, handle=handle, replicated=False)
-
-
 def _scan_transpose(ct, aval, *, op, handle):
     # Rank r's input reaches outputs r, r + 1, ...: the total minus the
     # exclusive prefix (zeros on rank 0) of the cotangents.
@@ -177,21 +125,13 @@ def _exscan_transpose(ct, aval, *, op, handle):
     return _total(ct, handle) - scan(ct, op=SUM, handle=handle)
 
 
-def _reduce_scatter_transpose(ct, aval, *, op, size, tiled, handle):
-    return allgather(ct, size=size, tiled=tiled, handle=handle, replicated=False)
-
-
 register(
     "allreduce",
     lambda ct, rank: ct,
     lambda ct, aval, *, handle: allreduce(ct, op=SUM, handle=handle),
 )
-def_linear(allreduce_p, _allreduce_transpose)
-def_linear(reduce_p, _reduce_transpose)
-def_linear(scan_p, _scan_transpose)
-def_linear(exscan_p, _exscan_transpose)
-def_linear(reduce_scatter_p, _reduce_scatter_transpose)
-ad.primitive_jvps[allreduce_p] = partial(_reduction_jvp, allreduce_p)
-ad.primitive_jvps[reduce_p] = partial(_reduction_jvp, reduce_p)
+def_transpose(allreduce_p, _allreduce_transpose)
+def_transpose(scan_p, _scan_transpose)
+def_transpose(exscan_p, _exscan_transpose)
 for _prim in (scan_p, exscan_p, reduce_scatter_p):
     ad.primitive_jvps[_prim] = partial(_sum_only_jvp, _prim)
