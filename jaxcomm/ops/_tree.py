@@ -11,19 +11,24 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
-from . import _base  # noqa: F401  (primitives must exist before tree_call traces)
+from .bcast import bcast
+from .gather import allgather, gather
+from .reduction import allreduce, reduce
+
+# The ops that work on packed buffers, by name.
+TREE_OPS = {op.__name__: op for op in (allreduce, reduce, bcast, allgather, gather)}
 
 
 @partial(jax.jit, static_argnames=("op_name", "params", "tiled"))
 def tree_call(leaves, op_name, params, tiled=False):
-    """Apply the ``jaxcomm.ops`` function ``op_name`` to each dtype group of ``leaves``.
+    """Apply the op ``op_name`` (a key of ``TREE_OPS``) to each dtype group of ``leaves``.
 
     The op must map a 1-D buffer to an array whose last axis is that buffer's
     layout (an allreduce keeps the shape; an allgather adds a leading axis).
 
     Args:
         leaves: tuple of arrays.
-        op_name: name of a function in ``jaxcomm.ops``.
+        op_name: the op's name, a key of ``TREE_OPS``.
         params: the function's keyword arguments as a tuple of pairs
             (hashable, so that compiled programs are cached across calls).
         tiled: merge the added leading axis into each leaf's first axis.
@@ -31,9 +36,7 @@ def tree_call(leaves, op_name, params, tiled=False):
     Returns:
         The list of result leaves, in the order of ``leaves``.
     """
-    from .. import ops
-
-    call = partial(getattr(ops, op_name), **dict(params))
+    call = partial(TREE_OPS[op_name], **dict(params))
     groups = {}
     for i, leaf in enumerate(leaves):
         groups.setdefault(leaf.dtype, []).append(i)
