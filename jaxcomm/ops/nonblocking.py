@@ -13,6 +13,11 @@ the result comes out of the wait, aliased to the buffer MPI fills, nothing
 reads it earlier and no data moves. The wait checks that it was handed the
 very buffers the start was given.
 
+Each operation is one row of ``OPERATIONS`` (an :class:`Operation`): its
+start, its wait, its blocking counterpart, where ``vmap`` puts the batch and
+how it is differentiated. Every rule below reads the row rather than asking
+which operation it has.
+
 A :class:`Request` must be waited exactly once, in the traced function that
 started it. :func:`check_requests` enforces that on every jaxpr lowered; the
 Python object catches what it can earlier (waiting twice, a request passed
@@ -21,11 +26,14 @@ through a jit boundary or a loop carry).
 
 import contextvars
 import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.extend.core import Primitive
 from jax.interpreters import ad
 
 from .. import _compat, _runtime
@@ -33,7 +41,9 @@ from ._adjoint import replicated_adjoint
 from ._base import SUM, comm_primitive, derivative_comm, no_output, not_differentiable
 from ._batching import batched_alike, behind_rows, flat, placed, stacked
 from ._crossing import contribution
-from .p2p import wildcard
+from .bcast import bcast
+from .gather import allgather, alltoall
+from .p2p import recv, send, wildcard
 from .reduction import allreduce
 
 
@@ -85,12 +95,133 @@ fence_p = comm_primitive(
     ("handle",),
 )
 
-STARTS = (isend_p, irecv_p, iallreduce_p, ibcast_p, iallgather_p, ialltoall_p)
-WAITS = (wait_send_p, wait_recv_p, wait_exchange_p)
-_WAIT_OF = {isend_p: wait_send_p, irecv_p: wait_recv_p}
 
-# The method each start stands for, for messages.
-_METHOD = {p: p.name for p in STARTS}
+# The operations -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Wait:
+    """A wait primitive and the buffers it takes after the request_id.
+
+    Attributes:
+        prim: the primitive.
+        sends: it takes the send buffer, which MPI reads until the wait.
+        receives: it takes the receive buffer, last, and returns it filled.
+    """
+
+    prim: Primitive
+    sends: bool
+    receives: bool
+
+
+WAIT_SEND = Wait(wait_send_p, sends=True, receives=False)
+WAIT_RECV = Wait(wait_recv_p, sends=False, receives=True)
+WAIT_EXCHANGE = Wait(wait_exchange_p, sends=True, receives=True)
+
+
+@dataclass(frozen=True)
+class Reverse:
+    """Reverse mode by a request in reverse: the cotangent goes back along the message's path.
+
+    The wait's transpose starts the operation ``op``, and the start's
+    transpose, later in the transposed program, waits it.
+
+    Attributes:
+        op: the name of the reverse operation.
+        params: maps this operation's params (but ``handle``) to the reverse one's.
+    """
+
+    op: str
+    params: Callable[[dict], dict]
+
+
+@dataclass(frozen=True)
+class Replicated:
+    """Reverse mode without a message, as the blocking replicated collective (``_adjoint.py``).
+
+    The cotangent of the result is one replicated value; the start's
+    transpose maps it to this rank's cotangent with ``replicated_adjoint`` of
+    the blocking op's kind.
+
+    Attributes:
+        params: the params (of this operation) that the local map takes.
+    """
+
+    params: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Operation:
+    """One nonblocking operation, a row of ``OPERATIONS``.
+
+    Attributes:
+        start: its start primitive, whose operand is the send buffer (irecv:
+            the template) and whose outputs are the request_id and, where the
+            wait receives, the buffer MPI fills.
+        wait: the wait that completes it.
+        blocking: the blocking op it is the nonblocking form of.
+        layout: where ``vmap`` puts the batch in its buffers (``_batching.py``),
+            as the blocking op's batching rule puts it.
+        transpose: how reverse mode takes a cotangent back
+            (:class:`Reverse` or :class:`Replicated`).
+        reduction: it reduces with its ``op`` param. A SUM is linear; with
+            MAX, MIN or PROD the tangent needs the reduced value, so the
+            start makes no tangent request and the wait's rule computes the
+            tangent with the blocking op after the primal wait.
+        from_wildcard: maps its params to whether it receives from
+            MPI.ANY_SOURCE or with MPI.ANY_TAG, which it cannot
+            differentiate (None: it names its sources).
+    """
+
+    start: Primitive
+    wait: Wait
+    blocking: Callable
+    layout: Callable
+    transpose: Reverse | Replicated
+    reduction: bool = False
+    from_wildcard: Callable[[dict], bool] | None = None
+
+    @property
+    def name(self) -> str:
+        """The method that starts it (``"isend"``, ``"iallreduce"``, ...)."""
+        return self.start.name
+
+
+def _same(params):
+    return params
+
+
+# By name (the start primitive's, and the JaxComm method's). Columns: start,
+# wait, blocking, layout, transpose, then the choices that differ from the
+# defaults.
+OPERATIONS = {
+    operation.name: operation
+    for operation in (
+        Operation(
+            isend_p,
+            WAIT_SEND,
+            send,
+            flat,
+            Reverse("irecv", lambda p: dict(source=p["dest"], tag=p["tag"])),
+        ),
+        Operation(
+            irecv_p,
+            WAIT_RECV,
+            recv,
+            flat,
+            Reverse("isend", lambda p: dict(dest=p["source"], tag=p["tag"])),
+            from_wildcard=lambda p: wildcard(p["source"], p["tag"]),
+        ),
+        Operation(iallreduce_p, WAIT_EXCHANGE, allreduce, flat, Replicated(), reduction=True),
+        Operation(ibcast_p, WAIT_EXCHANGE, bcast, flat, Replicated(("root",))),
+        Operation(iallgather_p, WAIT_EXCHANGE, allgather, stacked, Replicated(("size", "tiled"))),
+        Operation(ialltoall_p, WAIT_EXCHANGE, alltoall, behind_rows, Reverse("ialltoall", _same)),
+    )
+}
+
+STARTS = tuple(operation.start for operation in OPERATIONS.values())
+_WAITS = {wait.prim: wait for wait in (WAIT_SEND, WAIT_RECV, WAIT_EXCHANGE)}
+WAITS = tuple(_WAITS)
 
 
 # The request object ------------------------------------------------------------
@@ -120,13 +251,13 @@ class Request:
         "__weakref__",
     )
 
-    def __init__(self, op, wait, start, request_id, send, recv, handle):
+    def __init__(self, op, wait, start, request_id, sent, received, handle):
         self._op = op
         self._wait = wait
         self._start = start
         self._id = request_id
-        self._send = send
-        self._recv = recv
+        self._send = sent
+        self._recv = received
         self._handle = handle
         self._waited = False
         self._traced = True
@@ -144,12 +275,12 @@ class Request:
 
     def __repr__(self):
         state = "waited" if self._waited else "under way"
-        return f"<jaxcomm Request {self._op} {state}>"
+        return f"<jaxcomm Request {self.op} {state}>"
 
 
 def _no_crossing(request):
     raise TypeError(
-        f"a jaxcomm request ({request._op}) cannot be returned from or passed into a "
+        f"a jaxcomm request ({request.op}) cannot be returned from or passed into a "
         "jitted function, carried through a loop (fori_loop, scan, while_loop) or a "
         "cond, or flattened as a pytree: wait for it with jc.wait(request) in the "
         "same function (loop body, branch) that started it"
@@ -198,27 +329,29 @@ def start(prim, x, **params):
     Returns:
         The :class:`Request`.
     """
+    operation = OPERATIONS[prim.name]
     tracing = _compat.tracing()
     if tracing and not isinstance(x, jax.core.Tracer):
         # A constant: XLA may give each use of a literal its own copy, but
         # the start and the wait must see the same buffer.
         x = jax.lax.optimization_barrier(x)
     outs = prim.bind(x, **params)
-    request_id, recv = outs[0], (outs[1] if len(outs) > 1 else None)
-    send = None if prim is irecv_p else x
+    request_id = outs[0]
+    sent = x if operation.wait.sends else None
+    received = outs[1] if operation.wait.receives else None
     request = Request(
         prim.name,
-        _WAIT_OF.get(prim, wait_exchange_p),
+        operation.wait,
         _describe(prim, params),
         request_id,
-        send,
-        recv,
+        sent,
+        received,
         params["handle"],
     )
     request._traced = tracing
     if not tracing:
         _eager_requests.add(request)
-        request._finalizer = weakref.finalize(request, _orphaned, (request_id, send, recv))
+        request._finalizer = weakref.finalize(request, _orphaned, (request_id, sent, received))
     return request
 
 
@@ -237,17 +370,17 @@ def wait(request):
         raise TypeError(f"wait takes a jaxcomm Request, got {type(request).__name__}")
     if request._waited:
         raise RuntimeError(
-            f"this {request._op} request was waited already: wait for each request once"
+            f"this {request.op} request was waited already: wait for each request once"
         )
     traced = request._traced
     if isinstance(request._id, jax.core.Tracer) and not _compat.tracer_is_live(request._id):
         raise RuntimeError(
-            f"this {request._op} request was started inside a traced function (jax.jit, "
+            f"this {request.op} request was started inside a traced function (jax.jit, "
             "a loop body, a cond branch) that has finished: wait for it there"
         )
     if not traced and _compat.tracing():
         raise RuntimeError(
-            f"this {request._op} request was started eagerly and cannot be waited inside "
+            f"this {request.op} request was started eagerly and cannot be waited inside "
             "jax.jit or another transformation: wait for it eagerly, or start it "
             "inside the traced function"
         )
@@ -256,10 +389,11 @@ def wait(request):
         request._finalizer.detach()
         _eager_requests.discard(request)
     buffers = [b for b in (request._send, request._recv) if b is not None]
-    outs = request._wait.bind(request._id, *buffers, handle=request._handle, start=request._start)
+    wait = request._wait
+    outs = wait.prim.bind(request._id, *buffers, handle=request._handle, start=request._start)
     # The request no longer holds the buffers: MPI is done with them.
     request._send = request._recv = None
-    if request._wait is wait_send_p:
+    if not wait.receives:
         return None
     (y,) = outs
     return y
@@ -275,7 +409,7 @@ def during(requests, fn, *args, **kwargs):
         if not isinstance(request, Request):
             raise TypeError(f"during takes jaxcomm Requests, got {type(request).__name__}")
         if request._waited:
-            raise RuntimeError(f"this {request._op} request was waited already")
+            raise RuntimeError(f"this {request.op} request was waited already")
     if not _compat.tracing() or not requests:
         return fn(*args, **kwargs)
     # XLA orders work by data alone (optimization barriers do not survive
@@ -309,15 +443,15 @@ def _after(ready, leaf):
 
 
 @partial(jax.jit, static_argnums=(0, 1, 2), donate_argnums=(4,))
-def _donating_wait(prim, handle, start, request_id, recv, *send):
-    return prim.bind(request_id, *send, recv, handle=handle, start=start)
+def _donating_wait(prim, handle, start, request_id, received, *sent):
+    return prim.bind(request_id, *sent, received, handle=handle, start=start)
 
 
 def _wait_impl(prim, request_id, *buffers, handle, start):
-    if prim is wait_send_p:
+    if not _WAITS[prim].receives:
         return _compat.apply_primitive(prim, request_id, *buffers, handle=handle, start=start)
-    *send, recv = buffers
-    return _donating_wait(prim, handle, start, request_id, recv, *send)
+    *sent, received = buffers
+    return _donating_wait(prim, handle, start, request_id, received, *sent)
 
 
 # Set while an eager start or wait runs: its computation holds the start or
@@ -419,25 +553,17 @@ _compat.jaxpr_checks.append(_check_lowered)
 
 _moved_sends = {}
 
-_LAYOUT = {
-    isend_p: flat,
-    irecv_p: flat,
-    iallreduce_p: flat,
-    ibcast_p: flat,
-    iallgather_p: stacked,
-    ialltoall_p: behind_rows,
-}
 
-
-def _start_batched(prim, axis_data, args, dims, **params):
+def _start_batched(operation, axis_data, args, dims, **params):
     (x,), (dim,) = args, dims
+    prim = operation.start
     if dim is None:
         outs = prim.bind(x, **params)
         return outs, [None] * len(outs)
-    in_axis, out_axis = _LAYOUT[prim](**params)
+    in_axis, out_axis = operation.layout(**params)
     moved = placed(x, dim, in_axis, axis_data.size)
     outs = prim.bind(moved, **params)
-    if moved is not x and prim is not irecv_p:
+    if moved is not x and operation.wait.sends:
         _moved_sends.setdefault(id(x), []).append((x, outs[0], moved))
     return outs, [None] + [out_axis] * (len(outs) - 1)
 
@@ -454,15 +580,13 @@ def _moved_send(request_id, x):
     return x
 
 
-def _wait_batched(prim, axis_data, args, dims, **params):
+def _wait_batched(wait, axis_data, args, dims, **params):
     request_id, *buffers = args
     _, *buffer_dims = dims
-    if prim is not wait_recv_p:
+    if wait.sends:
         buffers[0] = _moved_send(request_id, buffers[0])
-    outs = prim.bind(request_id, *buffers, **params)
-    if prim is wait_send_p:
-        return outs, []
-    return outs, [buffer_dims[-1]]
+    outs = wait.prim.bind(request_id, *buffers, **params)
+    return outs, ([buffer_dims[-1]] if wait.receives else [])
 
 
 def _fence_batched(axis_data, args, dims, **params):
@@ -471,10 +595,10 @@ def _fence_batched(axis_data, args, dims, **params):
 
 
 _compat.fancy_primitive_batchers[fence_p] = _fence_batched
-for _prim in STARTS:
-    _compat.fancy_primitive_batchers[_prim] = partial(_start_batched, _prim)
-for _prim in WAITS:
-    _compat.fancy_primitive_batchers[_prim] = partial(_wait_batched, _prim)
+for _operation in OPERATIONS.values():
+    _compat.fancy_primitive_batchers[_operation.start] = partial(_start_batched, _operation)
+for _wait in _WAITS.values():
+    _compat.fancy_primitive_batchers[_wait.prim] = partial(_wait_batched, _wait)
 
 
 # Derivatives --------------------------------------------------------------------
@@ -482,7 +606,7 @@ for _prim in WAITS:
 # A start's tangent is the same start on the tangent, on the derivative
 # communicator, and its request_id is the request_id's tangent: the wait's rule finds
 # the tangent request beside the primal one and waits both. Transposing that
-# tangent program reverses each request: the wait's transpose starts the
+# tangent program reverses each request (Reverse): the wait's transpose starts the
 # reverse operation (the cotangent goes back along the message's path), and
 # the start's transpose, which comes later in the transposed program, waits
 # it. The reverse request_id is the tangent request_id's cotangent, so JAX hands it
@@ -490,9 +614,9 @@ for _prim in WAITS:
 # uses until the wait, ride beside it in _companions.
 #
 # Replicated collectives (iallreduce with SUM, ibcast, iallgather) transpose
-# locally, like their blocking forms (_adjoint.py): their cotangent needs no
-# message. iallreduce with MAX, MIN or PROD needs the reduced value for its
-# tangent, so its wait's rule computes the tangent with the blocking
+# locally, like their blocking forms (Replicated, _adjoint.py): their cotangent
+# needs no message. A reduction with MAX, MIN or PROD needs the reduced value
+# for its tangent, so its wait's rule computes the tangent with the blocking
 # collectives, after the primal wait. Rules run on every rank (_compat.py).
 
 # id(request_id) -> (request_id, buffers that go with it).
@@ -528,44 +652,44 @@ def _sendable(ct, aval):
     return batched_alike(ct)
 
 
-def _reduces_by_sum(params):
-    return params["op"] == SUM
+def _tangent_by_wait(operation, params):
+    """Whether the wait's rule, not a tangent request, makes the tangent."""
+    return operation.reduction and params["op"] != SUM
 
 
-def _has_tangent(prim, x, params):
-    """Whether the start of ``prim`` on ``x`` starts a tangent request too."""
+def _has_tangent(operation, x, params):
+    """Whether the start of ``operation`` on ``x`` starts a tangent request too."""
     if not _inexact(jax.typeof(x)):
         return False
-    if prim is irecv_p and wildcard(params["source"], params["tag"]):
+    if operation.from_wildcard is not None and operation.from_wildcard(params):
         # The tangent's receive could match another sender's tangent.
         raise not_differentiable(
-            "irecv from MPI.ANY_SOURCE or with MPI.ANY_TAG: the tangent must come "
-            "from the rank and tag the message came with. Pass an explicit source "
-            "and tag, or differentiate the blocking jc.recv"
+            f"{operation.name} from MPI.ANY_SOURCE or with MPI.ANY_TAG: the tangent must "
+            "come from the rank and tag the message came with. Pass an explicit source "
+            f"and tag, or differentiate the blocking jc.{operation.blocking.__name__}"
         )
-    # MAX, MIN and PROD: the wait's rule makes the tangent.
-    return prim is not iallreduce_p or _reduces_by_sum(params)
+    return not _tangent_by_wait(operation, params)
 
 
-def _tangent_start(prim, t, handle, params):
+def _tangent_start(operation, t, handle, params):
     t = ad.instantiate_zeros(t)
-    touts = prim.bind(t, handle=derivative_comm(handle), **params)
+    touts = operation.start.bind(t, handle=derivative_comm(handle), **params)
     # The tangent wait must get the very buffer the tangent start sent from.
-    _keep(touts[0], *(() if prim is irecv_p else (t,)))
+    _keep(touts[0], *((t,) if operation.wait.sends else ()))
     return touts
 
 
-def _start_linearize(prim, nonzeros, x, *, handle, **params):
+def _start_linearize(operation, nonzeros, x, *, handle, **params):
     # Checked first: a refusal must come before any MPI call.
-    tangent = _has_tangent(prim, x, params)
-    outs = prim.bind(x, handle=handle, **params)
+    tangent = _has_tangent(operation, x, params)
+    outs = operation.start.bind(x, handle=handle, **params)
     if not tangent:
         return outs, [False] * len(outs), [], lambda residuals, t: _zeros(outs)
     return (
         outs,
         [True] * len(outs),
         [],
-        lambda residuals, t: _tangent_start(prim, t, handle, params),
+        lambda residuals, t: _tangent_start(operation, t, handle, params),
     )
 
 
@@ -574,7 +698,7 @@ def _wait_plan(buffers, handle, start):
     name, params = start[0], dict(start[1])
     if not _inexact(jax.typeof(buffers[0])):
         return None
-    if name == "iallreduce" and not _reduces_by_sum(params):
+    if _tangent_by_wait(OPERATIONS[name], params):
         # The tangent is the SUM of factor * t over ranks (_crossing.py).
         x = buffers[0]
         factor = contribution(x, jnp.ones_like(x), params["op"], derivative_comm(handle), name)
@@ -582,19 +706,21 @@ def _wait_plan(buffers, handle, start):
     return "wait"
 
 
-def _wait_tangent(prim, plan, tangents, handle, start):
+def _wait_tangent(wait, plan, tangents, handle, start):
     t_handle, *t_buffers = tangents
     derivative = derivative_comm(handle)
     if plan != "wait":
         t = ad.instantiate_zeros(t_buffers[0])
-        return [allreduce(plan[1] * t, op=SUM, handle=derivative)]
+        name, params = start[0], dict(start[1])
+        blocking = OPERATIONS[name].blocking
+        return [blocking(plan[1] * t, **{**params, "op": SUM}, handle=derivative)]
     sent = _take(t_handle)
-    received = t_buffers[-1:] if prim is not wait_send_p else []
-    return prim.bind(t_handle, *sent, *received, handle=derivative, start=start)
+    received = t_buffers[-1:] if wait.receives else []
+    return wait.prim.bind(t_handle, *sent, *received, handle=derivative, start=start)
 
 
-def _wait_linearize(prim, nonzeros, request_id, *buffers, handle, start):
-    outs = prim.bind(request_id, *buffers, handle=handle, start=start)
+def _wait_linearize(wait, nonzeros, request_id, *buffers, handle, start):
+    outs = wait.prim.bind(request_id, *buffers, handle=handle, start=start)
     plan = _wait_plan(buffers, handle, start)
     if plan is None:
         return outs, [False] * len(outs), [], lambda residuals, *ts: _zeros(outs)
@@ -602,65 +728,45 @@ def _wait_linearize(prim, nonzeros, request_id, *buffers, handle, start):
 
     def linearized(residuals, *tangents):
         again = plan if plan == "wait" else ("reduce", residuals[0])
-        return _wait_tangent(prim, again, tangents, handle, start)
+        return _wait_tangent(wait, again, tangents, handle, start)
 
     return outs, [True] * len(outs), residuals, linearized
 
 
-def _start_transpose(prim, cts, x, *, handle, **params):
-    if prim is isend_p:
-        (received,) = _take(cts[0])
-        reverse = _describe(irecv_p, dict(source=params["dest"], tag=params["tag"]))
-        (back,) = wait_recv_p.bind(cts[0], received, handle=handle, start=reverse)
-        return [back]
-    if prim is irecv_p:
-        (sent,) = _take(cts[0])
-        reverse = _describe(isend_p, dict(dest=params["source"], tag=params["tag"]))
-        wait_send_p.bind(cts[0], sent, handle=handle, start=reverse)
-        return [None]
-    if prim is ialltoall_p:
-        sent, received = _take(cts[0])
-        (back,) = wait_exchange_p.bind(
-            cts[0], sent, received, handle=handle, start=_describe(ialltoall_p, params)
-        )
-        return [back]
-    # A replicated collective: the wait's rule handed the cotangent of the
-    # result over as the receive buffer's.
-    ct = ad.instantiate_zeros(cts[1])
-    if prim is iallreduce_p:
-        return [replicated_adjoint(ct, kind="allreduce", handle=handle)]
-    if prim is ibcast_p:
-        return [replicated_adjoint(ct, kind="bcast", root=params["root"], handle=handle)]
-    return [
-        replicated_adjoint(
-            ct, kind="allgather", size=params["size"], tiled=params["tiled"], handle=handle
-        )
-    ]
+def _start_transpose(operation, cts, x, *, handle, **params):
+    transpose = operation.transpose
+    if isinstance(transpose, Replicated):
+        # The wait's rule handed the cotangent of the result over as the
+        # receive buffer's.
+        ct = ad.instantiate_zeros(cts[1])
+        local = {name: params[name] for name in transpose.params}
+        kind = operation.blocking.__name__
+        return [replicated_adjoint(ct, kind=kind, handle=handle, **local)]
+    # Wait for the reverse request the wait's transpose started.
+    reverse = OPERATIONS[transpose.op]
+    described = _describe(reverse.start, transpose.params(params))
+    outs = reverse.wait.prim.bind(cts[0], *_take(cts[0]), handle=handle, start=described)
+    return [outs[0] if reverse.wait.receives else None]
 
 
-def _wait_transpose(prim, cts, request_id, *buffers, handle, start):
-    name, params = start[0], dict(start[1])
-    if name == "isend":
+def _wait_transpose(wait, cts, request_id, *buffers, handle, start):
+    operation, params = OPERATIONS[start[0]], dict(start[1])
+    transpose = operation.transpose
+    if isinstance(transpose, Replicated):
+        return [None] * len(buffers) + [cts[0]]
+    reverse = OPERATIONS[transpose.op]
+    if reverse.wait.sends:
+        # The cotangent of what arrived goes back.
+        operand = _sendable(cts[0], buffers[-1].aval)
+    else:
+        # The cotangent of what was sent comes back into a template.
         aval = buffers[0].aval
-        reverse, received = irecv_p.bind(
-            batched_alike(jnp.zeros(aval.shape, aval.dtype)),
-            source=params["dest"],
-            tag=params["tag"],
-            handle=handle,
-        )
-        _keep(reverse, received)
-        return [reverse, None]
-    aval = buffers[-1].aval
-    ct = _sendable(cts[0], aval)
-    if name == "irecv":
-        (reverse,) = isend_p.bind(ct, dest=params["source"], tag=params["tag"], handle=handle)
-        _keep(reverse, ct)
-        return [reverse, None]
-    if name == "ialltoall":
-        reverse, received = ialltoall_p.bind(ct, handle=handle, **params)
-        _keep(reverse, ct, received)
-        return [reverse, None, None]
-    return [None, None, cts[0]]
+        operand = batched_alike(jnp.zeros(aval.shape, aval.dtype))
+    outs = reverse.start.bind(operand, handle=handle, **transpose.params(params))
+    sent = (operand,) if reverse.wait.sends else ()
+    received = (outs[1],) if reverse.wait.receives else ()
+    _keep(outs[0], *sent, *received)
+    return [outs[0]] + [None] * len(buffers)
 
 
 def _jvp_of(linearize, primals, tangents, **params):
@@ -673,15 +779,15 @@ def _jvp_of(linearize, primals, tangents, **params):
 # themselves (JAX's fallback would trace the JVP rule apart from them), so
 # that _companions is keyed by the handles the waits get.
 for _prim, _linearize in (
-    *((p, partial(_start_linearize, p)) for p in STARTS),
-    *((p, partial(_wait_linearize, p)) for p in WAITS),
+    *((o.start, partial(_start_linearize, o)) for o in OPERATIONS.values()),
+    *((w.prim, partial(_wait_linearize, w)) for w in _WAITS.values()),
 ):
     ad.primitive_jvps[_prim] = partial(_jvp_of, _linearize)
     _compat.def_linearization(_prim, _linearize)
-for _prim in STARTS:
-    ad.primitive_transposes[_prim] = partial(_start_transpose, _prim)
-for _prim in WAITS:
-    ad.primitive_transposes[_prim] = partial(_wait_transpose, _prim)
+for _operation in OPERATIONS.values():
+    ad.primitive_transposes[_operation.start] = partial(_start_transpose, _operation)
+for _wait in _WAITS.values():
+    ad.primitive_transposes[_wait.prim] = partial(_wait_transpose, _wait)
 
 
 def _fence_jvp(primals, tangents, **params):
