@@ -3,17 +3,14 @@
 
 namespace jaxcomm {
 
-ffi::Error BcastImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
-                     ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle, int64_t root) {
-  MPI_Comm comm;
-  JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "bcast", &comm));
-  JAXCOMM_RETURN_IF_ERROR(
-      AnnounceCollective(comm_handle, comm, Collective{"bcast", x.element_type(), Count(x), root}));
+ffi::Error BcastImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffer x,
+                     ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> y, int64_t root) {
+  JAXCOMM_RETURN_IF_ERROR(call.Announce(Collective::Of(x).Root(root)));
   const size_t count = x.element_count();
-  JAXCOMM_RETURN_IF_ERROR(CheckOutput("bcast", comm, x, *y, x.element_count(), LikeTheInput));
+  JAXCOMM_RETURN_IF_ERROR(CheckOutput(call, x, *y, x.element_count(), LikeTheInput));
   LargeType type;
-  JAXCOMM_RETURN_IF_ERROR(LargeType::Make(x.element_type(), count, comm, &type));
-  const bool is_root = CommRank(comm) == root;
+  JAXCOMM_RETURN_IF_ERROR(LargeType::Make(x.element_type(), count, call.comm(), &type));
+  const bool is_root = call.rank() == root;
   void* data;
   if (SameBuffer(x, *y)) {
     // XLA gave y x's buffer (the lowering aliases them): the root's data is
@@ -25,11 +22,11 @@ ffi::Error BcastImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Result<f
     if (is_root) JAXCOMM_RETURN_IF_ERROR(memory.Preload(*y, 0, x));
   }
   JAXCOMM_RETURN_IF_ERROR(memory.Ready());
-  if (DebugEnabled()) {
-    DebugLog(comm,
-             "MPI_Bcast root " + std::to_string(root) + " " + Elements(count, x.element_type()));
-  }
-  JAXCOMM_MPI_CHECK(MPI_Bcast, data, type.count(), type.type(), static_cast<int>(root), comm);
+  call.Log([&] {
+    return "MPI_Bcast root " + std::to_string(root) + " " + Elements(count, x.element_type());
+  });
+  JAXCOMM_MPI_CHECK(call, MPI_Bcast, data, type.count(), type.type(), static_cast<int>(root),
+                    call.comm());
   return memory.Finish();
 }
 

@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "handles.h"
+
 #if __has_include(<mpi-ext.h>)
 #include <mpi-ext.h>  // Open MPI's MPIX_CUDA_AWARE_SUPPORT
 #endif

@@ -8,7 +8,7 @@
 
 #include <cstddef>
 
-#include "common.h"
+#include "memory.h"
 
 namespace jaxcomm {
 

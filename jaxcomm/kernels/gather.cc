@@ -73,26 +73,23 @@ std::string PerRank(int size, const char* what, size_t n) {
 
 // Allgather and Gather stack one input per rank into y. Checked on every rank,
 // though Gather only writes y on the root, so that all ranks fail alike.
-ffi::Error CheckStacked(const char* op, MPI_Comm comm, const ffi::AnyBuffer& x,
-                        const ffi::AnyBuffer& y) {
-  const int size = CommSize(comm);
-  return CheckOutput(op, comm, x, y, size * x.element_count(),
+ffi::Error CheckStacked(const Call& call, const ffi::AnyBuffer& x, const ffi::AnyBuffer& y) {
+  const int size = call.size();
+  return CheckOutput(call, x, y, size * x.element_count(),
                      [&] { return PerRank(size, "input", x.element_count()); });
 }
 
 // Checks a counts attribute: one non-negative count of rows per rank.
-ffi::Error CheckCounts(const char* op, MPI_Comm comm, const char* name,
-                       ffi::Span<const int64_t> counts, int size) {
+ffi::Error CheckCounts(const Call& call, const char* name, ffi::Span<const int64_t> counts,
+                       int size) {
   if (counts.size() != static_cast<size_t>(size)) {
-    return Invalid(op, comm,
-                   std::string(name) + " has " + std::to_string(counts.size()) +
-                       " entries, expected one per rank (" + std::to_string(size) + ")");
+    return call.Invalid(std::string(name) + " has " + std::to_string(counts.size()) +
+                        " entries, expected one per rank (" + std::to_string(size) + ")");
   }
   for (size_t r = 0; r < counts.size(); ++r) {
     if (counts[r] < 0) {
-      return Invalid(op, comm,
-                     std::string(name) + "[" + std::to_string(r) + "] is " +
-                         std::to_string(counts[r]) + ", expected a count of rows >= 0");
+      return call.Invalid(std::string(name) + "[" + std::to_string(r) + "] is " +
+                          std::to_string(counts[r]) + ", expected a count of rows >= 0");
     }
   }
   return ffi::Error::Success();
@@ -113,21 +110,21 @@ std::string RowsOf(const char* name, size_t rows, size_t row) {
 // The checks every *v op with one counts attribute makes: `counts` is valid,
 // `whole` holds sum(counts) rows and `own` this rank's count of them.
 // `whole_is_output` says which of x and y `whole` is.
-ffi::Error CheckRows(const char* op, MPI_Comm comm, ffi::Span<const int64_t> counts,
-                     const ffi::AnyBuffer& x, const ffi::AnyBuffer& y, bool whole_is_output) {
-  JAXCOMM_RETURN_IF_ERROR(CheckCounts(op, comm, "counts", counts, CommSize(comm)));
+ffi::Error CheckRows(const Call& call, ffi::Span<const int64_t> counts, const ffi::AnyBuffer& x,
+                     const ffi::AnyBuffer& y, bool whole_is_output) {
+  JAXCOMM_RETURN_IF_ERROR(CheckCounts(call, "counts", counts, call.size()));
   const ffi::AnyBuffer& whole = whole_is_output ? y : x;
   const size_t row = RowElements(whole.dimensions());
-  const size_t own = static_cast<size_t>(counts[CommRank(comm)]);
+  const size_t own = static_cast<size_t>(counts[call.rank()]);
   const size_t all = Sum(counts);
   const auto all_rows = [&] { return RowsOf("sum(counts)", all, row); };
   const auto own_rows = [&] { return RowsOf("counts[rank]", own, row); };
   if (whole_is_output) {
-    JAXCOMM_RETURN_IF_ERROR(CheckOutput(op, comm, x, y, all * row, all_rows));
-    return CheckElements(op, comm, "input", x.element_count(), own * row, own_rows);
+    JAXCOMM_RETURN_IF_ERROR(CheckOutput(call, x, y, all * row, all_rows));
+    return CheckElements(call, "input", x.element_count(), own * row, own_rows);
   }
-  JAXCOMM_RETURN_IF_ERROR(CheckElements(op, comm, "input", x.element_count(), all * row, all_rows));
-  return CheckOutput(op, comm, x, y, own * row, own_rows);
+  JAXCOMM_RETURN_IF_ERROR(CheckElements(call, "input", x.element_count(), all * row, all_rows));
+  return CheckOutput(call, x, y, own * row, own_rows);
 }
 
 // MPI_Alltoallw arguments for blocks of any length at any offset: a non-empty
@@ -152,13 +149,13 @@ class PeerBlocks {
       LargeType span;
       JAXCOMM_RETURN_IF_ERROR(LargeType::Make(base, count, comm, &span));
       MPI_Aint lb, extent;
-      JAXCOMM_MPI_CHECK(MPI_Type_get_extent, base, &lb, &extent);
+      JAXCOMM_MPI_CHECK(comm, MPI_Type_get_extent, base, &lb, &extent);
       const int length = span.count();
       const MPI_Aint displacement = static_cast<MPI_Aint>(offset) * extent;
       owned_.push_back(MPI_DATATYPE_NULL);
-      JAXCOMM_MPI_CHECK(MPI_Type_create_hindexed, 1, &length, &displacement, span.type(),
+      JAXCOMM_MPI_CHECK(comm, MPI_Type_create_hindexed, 1, &length, &displacement, span.type(),
                         &owned_.back());
-      JAXCOMM_MPI_CHECK(MPI_Type_commit, &owned_.back());
+      JAXCOMM_MPI_CHECK(comm, MPI_Type_commit, &owned_.back());
       type = owned_.back();
     }
     counts_.push_back(count > 0 ? 1 : 0);
@@ -180,13 +177,11 @@ class PeerBlocks {
 // datatypes carry the offsets as MPI_Aint. It stays a collective, so unlike
 // point-to-point messages (every tag belongs to the user) it can never match
 // the user's own sends and receives on this communicator.
-ffi::Error Alltoallw(const ffi::AnyBuffer& x, const void* in, const PeerBlocks& send, void* out,
-                     const PeerBlocks& recv, MPI_Comm comm) {
-  if (DebugEnabled()) {
-    DebugLog(comm, "MPI_Alltoallw " + Elements(x.element_count(), x.element_type()));
-  }
-  JAXCOMM_MPI_CHECK(MPI_Alltoallw, in, send.counts(), send.displs(), send.types(), out,
-                    recv.counts(), recv.displs(), recv.types(), comm);
+ffi::Error Alltoallw(const Call& call, const ffi::AnyBuffer& x, const void* in,
+                     const PeerBlocks& send, void* out, const PeerBlocks& recv) {
+  call.Log([&] { return "MPI_Alltoallw " + Elements(x.element_count(), x.element_type()); });
+  JAXCOMM_MPI_CHECK(call, MPI_Alltoallw, in, send.counts(), send.displs(), send.types(), out,
+                    recv.counts(), recv.displs(), recv.types(), call.comm());
   return ffi::Error::Success();
 }
 
@@ -199,127 +194,103 @@ ffi::Error Buffers(Memory& memory, ffi::AnyBuffer& x, ffi::AnyBuffer& y, void** 
 
 }  // namespace
 
-ffi::Error AllgatherImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
-                         ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle) {
-  MPI_Comm comm;
-  JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "allgather", &comm));
+ffi::Error AllgatherImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffer x,
+                         ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> y) {
+  JAXCOMM_RETURN_IF_ERROR(call.Announce(Collective::Of(x)));
+  JAXCOMM_RETURN_IF_ERROR(CheckStacked(call, x, *y));
+  LargeType block;
   JAXCOMM_RETURN_IF_ERROR(
-      AnnounceCollective(comm_handle, comm, Collective{"allgather", x.element_type(), Count(x)}));
-  JAXCOMM_RETURN_IF_ERROR(CheckStacked("allgather", comm, x, *y));
-  LargeType block;
-  JAXCOMM_RETURN_IF_ERROR(LargeType::Make(x.element_type(), x.element_count(), comm, &block));
+      LargeType::Make(x.element_type(), x.element_count(), call.comm(), &block));
   void *in, *out;
   JAXCOMM_RETURN_IF_ERROR(Buffers(memory, x, *y, &in, &out));
-  if (DebugEnabled()) {
-    DebugLog(comm, "MPI_Allgather " + Elements(x.element_count(), x.element_type()));
-  }
-  JAXCOMM_MPI_CHECK(MPI_Allgather, in, block.count(), block.type(), out, block.count(),
-                    block.type(), comm);
+  call.Log([&] { return "MPI_Allgather " + Elements(x.element_count(), x.element_type()); });
+  JAXCOMM_MPI_CHECK(call, MPI_Allgather, in, block.count(), block.type(), out, block.count(),
+                    block.type(), call.comm());
   return memory.Finish();
 }
 
-ffi::Error GatherImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
-                      ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle, int64_t root) {
-  MPI_Comm comm;
-  JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "gather", &comm));
-  JAXCOMM_RETURN_IF_ERROR(AnnounceCollective(
-      comm_handle, comm, Collective{"gather", x.element_type(), Count(x), root}));
-  JAXCOMM_RETURN_IF_ERROR(CheckStacked("gather", comm, x, *y));
+ffi::Error GatherImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffer x,
+                      ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> y, int64_t root) {
+  JAXCOMM_RETURN_IF_ERROR(call.Announce(Collective::Of(x).Root(root)));
+  JAXCOMM_RETURN_IF_ERROR(CheckStacked(call, x, *y));
   LargeType block;
-  JAXCOMM_RETURN_IF_ERROR(LargeType::Make(x.element_type(), x.element_count(), comm, &block));
+  JAXCOMM_RETURN_IF_ERROR(
+      LargeType::Make(x.element_type(), x.element_count(), call.comm(), &block));
   void *in, *out;
   JAXCOMM_RETURN_IF_ERROR(Buffers(memory, x, *y, &in, &out));
-  if (DebugEnabled()) {
-    DebugLog(comm, "MPI_Gather root " + std::to_string(root) + " " +
-                       Elements(x.element_count(), x.element_type()));
-  }
-  JAXCOMM_MPI_CHECK(MPI_Gather, in, block.count(), block.type(), out, block.count(), block.type(),
-                    static_cast<int>(root), comm);
-  if (CommRank(comm) != root) JAXCOMM_RETURN_IF_ERROR(memory.Zero(*y));
+  call.Log([&] {
+    return "MPI_Gather root " + std::to_string(root) + " " +
+           Elements(x.element_count(), x.element_type());
+  });
+  JAXCOMM_MPI_CHECK(call, MPI_Gather, in, block.count(), block.type(), out, block.count(),
+                    block.type(), static_cast<int>(root), call.comm());
+  if (call.rank() != root) JAXCOMM_RETURN_IF_ERROR(memory.Zero(*y));
   return memory.Finish();
 }
 
-ffi::Error ScatterImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
-                       ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle, int64_t root) {
-  MPI_Comm comm;
-  JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "scatter", &comm));
-  JAXCOMM_RETURN_IF_ERROR(AnnounceCollective(
-      comm_handle, comm, Collective{"scatter", x.element_type(), Count(x), root}));
-  const int size = CommSize(comm);
+ffi::Error ScatterImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffer x,
+                       ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> y, int64_t root) {
+  JAXCOMM_RETURN_IF_ERROR(call.Announce(Collective::Of(x).Root(root)));
+  const int size = call.size();
   // The output's element type; its count is the block size.
   JAXCOMM_RETURN_IF_ERROR(
-      CheckOutput("scatter", comm, x, *y, y->element_count(), [] { return std::string(); }));
+      CheckOutput(call, x, *y, y->element_count(), [] { return std::string(); }));
   JAXCOMM_RETURN_IF_ERROR(
-      CheckElements("scatter", comm, "input", x.element_count(), size * y->element_count(),
+      CheckElements(call, "input", x.element_count(), size * y->element_count(),
                     [&] { return PerRank(size, "output", y->element_count()); }));
   LargeType block;
-  JAXCOMM_RETURN_IF_ERROR(LargeType::Make(x.element_type(), y->element_count(), comm, &block));
+  JAXCOMM_RETURN_IF_ERROR(
+      LargeType::Make(x.element_type(), y->element_count(), call.comm(), &block));
   void *in, *out;
   JAXCOMM_RETURN_IF_ERROR(Buffers(memory, x, *y, &in, &out));
-  if (DebugEnabled()) {
-    DebugLog(comm, "MPI_Scatter root " + std::to_string(root) + " " +
-                       Elements(x.element_count(), x.element_type()));
-  }
-  JAXCOMM_MPI_CHECK(MPI_Scatter, in, block.count(), block.type(), out, block.count(), block.type(),
-                    static_cast<int>(root), comm);
+  call.Log([&] {
+    return "MPI_Scatter root " + std::to_string(root) + " " +
+           Elements(x.element_count(), x.element_type());
+  });
+  JAXCOMM_MPI_CHECK(call, MPI_Scatter, in, block.count(), block.type(), out, block.count(),
+                    block.type(), static_cast<int>(root), call.comm());
   return memory.Finish();
 }
 
-ffi::Error AlltoallImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
-                        ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle) {
-  MPI_Comm comm;
-  JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "alltoall", &comm));
-  JAXCOMM_RETURN_IF_ERROR(
-      AnnounceCollective(comm_handle, comm, Collective{"alltoall", x.element_type(), Count(x)}));
-  const int size = CommSize(comm);
-  if (x.element_count() % size != 0) {
-    return Invalid("alltoall", comm,
-                   "input has " + std::to_string(x.element_count()) +
-                       " elements, expected a multiple of the communicator "
-                       "size " +
-                       std::to_string(size));
-  }
-  JAXCOMM_RETURN_IF_ERROR(CheckOutput("alltoall", comm, x, *y, x.element_count(), LikeTheInput));
+ffi::Error AlltoallImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffer x,
+                        ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> y) {
+  JAXCOMM_RETURN_IF_ERROR(call.Announce(Collective::Of(x)));
+  const int size = call.size();
+  JAXCOMM_RETURN_IF_ERROR(CheckDivisible(call, x, size));
+  JAXCOMM_RETURN_IF_ERROR(CheckOutput(call, x, *y, x.element_count(), LikeTheInput));
   LargeType block;
   JAXCOMM_RETURN_IF_ERROR(
-      LargeType::Make(x.element_type(), x.element_count() / size, comm, &block));
+      LargeType::Make(x.element_type(), x.element_count() / size, call.comm(), &block));
   void *in, *out;
   JAXCOMM_RETURN_IF_ERROR(Buffers(memory, x, *y, &in, &out));
-  if (DebugEnabled()) {
-    DebugLog(comm, "MPI_Alltoall " + Elements(x.element_count(), x.element_type()));
-  }
-  JAXCOMM_MPI_CHECK(MPI_Alltoall, in, block.count(), block.type(), out, block.count(), block.type(),
-                    comm);
+  call.Log([&] { return "MPI_Alltoall " + Elements(x.element_count(), x.element_type()); });
+  JAXCOMM_MPI_CHECK(call, MPI_Alltoall, in, block.count(), block.type(), out, block.count(),
+                    block.type(), call.comm());
   return memory.Finish();
 }
 
 // `counts` holds every rank's rows, so every rank takes the same path.
-ffi::Error AllgathervImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
-                          ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle,
+ffi::Error AllgathervImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffer x,
+                          ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> y,
                           ffi::Span<const int64_t> counts) {
-  MPI_Comm comm;
-  JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "allgatherv", &comm));
-  JAXCOMM_RETURN_IF_ERROR(AnnounceCollective(
-      comm_handle, comm, Collective{"allgatherv", x.element_type(), -1, -1, -1, counts}));
-  JAXCOMM_RETURN_IF_ERROR(CheckRows("allgatherv", comm, counts, x, *y, true));
+  JAXCOMM_RETURN_IF_ERROR(call.Announce(Collective::OfType(x.element_type()).Agreed(counts)));
+  JAXCOMM_RETURN_IF_ERROR(CheckRows(call, counts, x, *y, true));
   MPI_Datatype dtype;
   JAXCOMM_RETURN_IF_ERROR(MpiDatatype(x.element_type(), &dtype));
   const Blocks& blocks = Blocks::Of(0, counts, RowElements(y->dimensions()));
   void *in, *out;
   if (blocks.FitInt()) {
     JAXCOMM_RETURN_IF_ERROR(Buffers(memory, x, *y, &in, &out));
-    if (DebugEnabled()) {
-      DebugLog(comm, "MPI_Allgatherv " + Elements(x.element_count(), x.element_type()));
-    }
-    JAXCOMM_MPI_CHECK(MPI_Allgatherv, in, static_cast<int>(x.element_count()), dtype, out,
-                      blocks.IntCounts(), blocks.IntDispls(), dtype, comm);
+    call.Log([&] { return "MPI_Allgatherv " + Elements(x.element_count(), x.element_type()); });
+    JAXCOMM_MPI_CHECK(call, MPI_Allgatherv, in, static_cast<int>(x.element_count()), dtype, out,
+                      blocks.IntCounts(), blocks.IntDispls(), dtype, call.comm());
     return memory.Finish();
   }
   // Each rank broadcasts its block in turn, which needs no displacement
   // argument. Broadcast trees share the sending among ranks, where an
   // MPI_Alltoallw would have each owner send its block size - 1 times.
   // MPI_Bcast works in place: this rank's block goes to the output first.
-  const int rank = CommRank(comm);
+  const int rank = call.rank();
   JAXCOMM_RETURN_IF_ERROR(memory.Output(*y, &out));
   JAXCOMM_RETURN_IF_ERROR(
       memory.Preload(*y, blocks.displs[rank] * ffi::ByteWidth(y->element_type()), x));
@@ -328,106 +299,101 @@ ffi::Error AllgathervImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Res
     // Every rank knows every count, so all skip the same empty broadcasts.
     if (blocks.counts[r] == 0) continue;
     LargeType block;
-    JAXCOMM_RETURN_IF_ERROR(LargeType::Make(dtype, blocks.counts[r], comm, &block));
-    if (DebugEnabled()) {
-      DebugLog(comm, "MPI_Bcast root " + std::to_string(r) + " " +
-                         Elements(blocks.counts[r], x.element_type()));
-    }
-    JAXCOMM_MPI_CHECK(MPI_Bcast, ElementAt(out, y->element_type(), blocks.displs[r]), block.count(),
-                      block.type(), static_cast<int>(r), comm);
+    JAXCOMM_RETURN_IF_ERROR(LargeType::Make(dtype, blocks.counts[r], call.comm(), &block));
+    call.Log([&] {
+      return "MPI_Bcast root " + std::to_string(r) + " " +
+             Elements(blocks.counts[r], x.element_type());
+    });
+    JAXCOMM_MPI_CHECK(call, MPI_Bcast, ElementAt(out, y->element_type(), blocks.displs[r]),
+                      block.count(), block.type(), static_cast<int>(r), call.comm());
   }
   return memory.Finish();
 }
 
-ffi::Error GathervImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
-                       ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle,
+ffi::Error GathervImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffer x,
+                       ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> y,
                        ffi::Span<const int64_t> counts, int64_t root) {
-  MPI_Comm comm;
-  JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "gatherv", &comm));
-  JAXCOMM_RETURN_IF_ERROR(AnnounceCollective(
-      comm_handle, comm, Collective{"gatherv", x.element_type(), -1, root, -1, counts}));
-  JAXCOMM_RETURN_IF_ERROR(CheckRows("gatherv", comm, counts, x, *y, true));
+  JAXCOMM_RETURN_IF_ERROR(
+      call.Announce(Collective::OfType(x.element_type()).Root(root).Agreed(counts)));
+  JAXCOMM_RETURN_IF_ERROR(CheckRows(call, counts, x, *y, true));
   MPI_Datatype dtype;
   JAXCOMM_RETURN_IF_ERROR(MpiDatatype(x.element_type(), &dtype));
   const Blocks& blocks = Blocks::Of(0, counts, RowElements(y->dimensions()));
-  const int rank = CommRank(comm);
+  const int rank = call.rank();
   void *in, *out;
   JAXCOMM_RETURN_IF_ERROR(Buffers(memory, x, *y, &in, &out));
   if (blocks.FitInt()) {
-    if (DebugEnabled()) {
-      DebugLog(comm, "MPI_Gatherv root " + std::to_string(root) + " " +
-                         Elements(x.element_count(), x.element_type()));
-    }
-    JAXCOMM_MPI_CHECK(MPI_Gatherv, in, static_cast<int>(x.element_count()), dtype, out,
-                      blocks.IntCounts(), blocks.IntDispls(), dtype, static_cast<int>(root), comm);
+    call.Log([&] {
+      return "MPI_Gatherv root " + std::to_string(root) + " " +
+             Elements(x.element_count(), x.element_type());
+    });
+    JAXCOMM_MPI_CHECK(call, MPI_Gatherv, in, static_cast<int>(x.element_count()), dtype, out,
+                      blocks.IntCounts(), blocks.IntDispls(), dtype, static_cast<int>(root),
+                      call.comm());
   } else {
     PeerBlocks send, recv;
     for (size_t p = 0; p < blocks.counts.size(); ++p) {
       const bool to_root = static_cast<int64_t>(p) == root;
-      JAXCOMM_RETURN_IF_ERROR(send.Add(dtype, 0, to_root ? x.element_count() : 0, comm));
+      JAXCOMM_RETURN_IF_ERROR(send.Add(dtype, 0, to_root ? x.element_count() : 0, call.comm()));
       JAXCOMM_RETURN_IF_ERROR(
-          recv.Add(dtype, blocks.displs[p], rank == root ? blocks.counts[p] : 0, comm));
+          recv.Add(dtype, blocks.displs[p], rank == root ? blocks.counts[p] : 0, call.comm()));
     }
-    JAXCOMM_RETURN_IF_ERROR(Alltoallw(x, in, send, out, recv, comm));
+    JAXCOMM_RETURN_IF_ERROR(Alltoallw(call, x, in, send, out, recv));
   }
   if (rank != root) JAXCOMM_RETURN_IF_ERROR(memory.Zero(*y));
   return memory.Finish();
 }
 
-ffi::Error ScattervImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
-                        ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle,
+ffi::Error ScattervImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffer x,
+                        ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> y,
                         ffi::Span<const int64_t> counts, int64_t root) {
-  MPI_Comm comm;
-  JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "scatterv", &comm));
-  JAXCOMM_RETURN_IF_ERROR(AnnounceCollective(
-      comm_handle, comm, Collective{"scatterv", x.element_type(), -1, root, -1, counts}));
-  JAXCOMM_RETURN_IF_ERROR(CheckRows("scatterv", comm, counts, x, *y, false));
+  JAXCOMM_RETURN_IF_ERROR(
+      call.Announce(Collective::OfType(x.element_type()).Root(root).Agreed(counts)));
+  JAXCOMM_RETURN_IF_ERROR(CheckRows(call, counts, x, *y, false));
   MPI_Datatype dtype;
   JAXCOMM_RETURN_IF_ERROR(MpiDatatype(x.element_type(), &dtype));
   const Blocks& blocks = Blocks::Of(0, counts, RowElements(x.dimensions()));
   void *in, *out;
   JAXCOMM_RETURN_IF_ERROR(Buffers(memory, x, *y, &in, &out));
   if (blocks.FitInt()) {
-    if (DebugEnabled()) {
-      DebugLog(comm, "MPI_Scatterv root " + std::to_string(root) + " " +
-                         Elements(x.element_count(), x.element_type()));
-    }
-    JAXCOMM_MPI_CHECK(MPI_Scatterv, in, blocks.IntCounts(), blocks.IntDispls(), dtype, out,
-                      static_cast<int>(y->element_count()), dtype, static_cast<int>(root), comm);
+    call.Log([&] {
+      return "MPI_Scatterv root " + std::to_string(root) + " " +
+             Elements(x.element_count(), x.element_type());
+    });
+    JAXCOMM_MPI_CHECK(call, MPI_Scatterv, in, blocks.IntCounts(), blocks.IntDispls(), dtype, out,
+                      static_cast<int>(y->element_count()), dtype, static_cast<int>(root),
+                      call.comm());
     return memory.Finish();
   }
-  const int rank = CommRank(comm);
+  const int rank = call.rank();
   PeerBlocks send, recv;
   for (size_t p = 0; p < blocks.counts.size(); ++p) {
     const bool from_root = static_cast<int64_t>(p) == root;
     JAXCOMM_RETURN_IF_ERROR(
-        send.Add(dtype, blocks.displs[p], rank == root ? blocks.counts[p] : 0, comm));
-    JAXCOMM_RETURN_IF_ERROR(recv.Add(dtype, 0, from_root ? y->element_count() : 0, comm));
+        send.Add(dtype, blocks.displs[p], rank == root ? blocks.counts[p] : 0, call.comm()));
+    JAXCOMM_RETURN_IF_ERROR(recv.Add(dtype, 0, from_root ? y->element_count() : 0, call.comm()));
   }
-  JAXCOMM_RETURN_IF_ERROR(Alltoallw(x, in, send, out, recv, comm));
+  JAXCOMM_RETURN_IF_ERROR(Alltoallw(call, x, in, send, out, recv));
   return memory.Finish();
 }
 
 // A rank only gets its own row and column of the counts matrix; `max_rows`,
 // the largest count or displacement in the whole matrix, lets every rank
 // take the same path.
-ffi::Error AlltoallvImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
-                         ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle,
+ffi::Error AlltoallvImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffer x,
+                         ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> y,
                          ffi::Span<const int64_t> sendcounts, ffi::Span<const int64_t> recvcounts,
                          int64_t max_rows) {
-  MPI_Comm comm;
-  JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "alltoallv", &comm));
-  JAXCOMM_RETURN_IF_ERROR(AnnounceCollective(comm_handle, comm,
-                                             Collective{"alltoallv", x.element_type(), -1, -1, -1,
-                                                        ffi::Span<const int64_t>(&max_rows, 1)}));
-  const int size = CommSize(comm);
-  JAXCOMM_RETURN_IF_ERROR(CheckCounts("alltoallv", comm, "sendcounts", sendcounts, size));
-  JAXCOMM_RETURN_IF_ERROR(CheckCounts("alltoallv", comm, "recvcounts", recvcounts, size));
+  JAXCOMM_RETURN_IF_ERROR(call.Announce(
+      Collective::OfType(x.element_type()).Agreed(ffi::Span<const int64_t>(&max_rows, 1))));
+  const int size = call.size();
+  JAXCOMM_RETURN_IF_ERROR(CheckCounts(call, "sendcounts", sendcounts, size));
+  JAXCOMM_RETURN_IF_ERROR(CheckCounts(call, "recvcounts", recvcounts, size));
   const size_t row = RowElements(x.dimensions());
   const size_t sent = Sum(sendcounts), received = Sum(recvcounts);
-  JAXCOMM_RETURN_IF_ERROR(CheckElements("alltoallv", comm, "input", x.element_count(), sent * row,
+  JAXCOMM_RETURN_IF_ERROR(CheckElements(call, "input", x.element_count(), sent * row,
                                         [&] { return RowsOf("sum(sendcounts)", sent, row); }));
-  JAXCOMM_RETURN_IF_ERROR(CheckOutput("alltoallv", comm, x, *y, received * row,
+  JAXCOMM_RETURN_IF_ERROR(CheckOutput(call, x, *y, received * row,
                                       [&] { return RowsOf("sum(recvcounts)", received, row); }));
   MPI_Datatype dtype;
   JAXCOMM_RETURN_IF_ERROR(MpiDatatype(x.element_type(), &dtype));
@@ -442,27 +408,27 @@ ffi::Error AlltoallvImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Resu
     }
   }
   if (max_rows < 0 || static_cast<size_t>(max_rows) * row < largest) {
-    return Invalid("alltoallv", comm,
-                   "max_rows is " + std::to_string(max_rows) + ", expected at least " +
-                       std::to_string(row == 0 ? 0 : largest / row) +
-                       " (the largest count or displacement, in rows)");
+    return call.Invalid("max_rows is " + std::to_string(max_rows) + ", expected at least " +
+                        std::to_string(row == 0 ? 0 : largest / row) +
+                        " (the largest count or displacement, in rows)");
   }
   void *in, *out;
   JAXCOMM_RETURN_IF_ERROR(Buffers(memory, x, *y, &in, &out));
   if (static_cast<size_t>(max_rows) * row <= MaxCount()) {
-    if (DebugEnabled()) {
-      DebugLog(comm, "MPI_Alltoallv " + Elements(x.element_count(), x.element_type()));
-    }
-    JAXCOMM_MPI_CHECK(MPI_Alltoallv, in, send_blocks.IntCounts(), send_blocks.IntDispls(), dtype,
-                      out, recv_blocks.IntCounts(), recv_blocks.IntDispls(), dtype, comm);
+    call.Log([&] { return "MPI_Alltoallv " + Elements(x.element_count(), x.element_type()); });
+    JAXCOMM_MPI_CHECK(call, MPI_Alltoallv, in, send_blocks.IntCounts(), send_blocks.IntDispls(),
+                      dtype, out, recv_blocks.IntCounts(), recv_blocks.IntDispls(), dtype,
+                      call.comm());
     return memory.Finish();
   }
   PeerBlocks send, recv;
   for (size_t p = 0; p < sendcounts.size(); ++p) {
-    JAXCOMM_RETURN_IF_ERROR(send.Add(dtype, send_blocks.displs[p], send_blocks.counts[p], comm));
-    JAXCOMM_RETURN_IF_ERROR(recv.Add(dtype, recv_blocks.displs[p], recv_blocks.counts[p], comm));
+    JAXCOMM_RETURN_IF_ERROR(
+        send.Add(dtype, send_blocks.displs[p], send_blocks.counts[p], call.comm()));
+    JAXCOMM_RETURN_IF_ERROR(
+        recv.Add(dtype, recv_blocks.displs[p], recv_blocks.counts[p], call.comm()));
   }
-  JAXCOMM_RETURN_IF_ERROR(Alltoallw(x, in, send, out, recv, comm));
+  JAXCOMM_RETURN_IF_ERROR(Alltoallw(call, x, in, send, out, recv));
   return memory.Finish();
 }
 

@@ -11,6 +11,11 @@
 #include <string>
 
 #include "common.h"
+#include "debug.h"
+#include "handles.h"
+#include "monitor.h"
+#include "nonblocking.h"
+#include "reduce_ops.h"
 #ifdef JAXCOMM_CUDA
 #include "cuda_memory.h"
 #endif
@@ -51,54 +56,64 @@ xla::ffi::Error Outcome(xla::ffi::Error error) {
   return error;
 }
 
-// The body `Impl` of an op, run with this platform's Memory: the handler
-// XLA calls gets the stream first on a GPU, then the call site (the "site"
-// attribute every target takes, for the checker and the watchdog), then the
-// buffers and attributes.
+// The handler XLA calls for the body `Impl` of the operation `op`: on a GPU
+// it takes the stream first, then every target takes the call site (the
+// "site" attribute, for the checker and the watchdog) and the communicator
+// (the "handle" attribute), then the buffers and attributes of its row of
+// ops.def. It runs the body with this platform's Memory (RunCall, call.h).
 // The emulated CUDA module (tests/cuda_emulation) runs the CUDA platform
 // layer on XLA's CPU, which has no stream.
 #if defined(JAXCOMM_CUDA_EMULATION)
-template <auto Impl>
+template <auto Impl, bool kOnComm>
 struct OnPlatform {
+  const char* op;
   template <typename... Args>
-  xla::ffi::Error operator()(int64_t site, Args... args) const {
+  xla::ffi::Error operator()(int64_t site, int64_t handle, Args... args) const {
     jaxcomm::CallScope scope(site);
     jaxcomm::CudaMemory memory(nullptr);
-    return Outcome(Impl(memory, args...));
+    return Outcome(jaxcomm::RunCall<Impl, kOnComm>(op, handle, memory, args...));
   }
 };
-auto PlatformBinding() { return xla::ffi::Ffi::Bind().Attr<int64_t>("site"); }
+auto PlatformBinding() { return xla::ffi::Ffi::Bind(); }
 #elif defined(JAXCOMM_CUDA)
-template <auto Impl>
+template <auto Impl, bool kOnComm>
 struct OnPlatform {
+  const char* op;
   template <typename... Args>
-  xla::ffi::Error operator()(cudaStream_t stream, int64_t site, Args... args) const {
+  xla::ffi::Error operator()(cudaStream_t stream, int64_t site, int64_t handle,
+                             Args... args) const {
     jaxcomm::CallScope scope(site);
     jaxcomm::CudaMemory memory(stream);
-    return Outcome(Impl(memory, args...));
+    return Outcome(jaxcomm::RunCall<Impl, kOnComm>(op, handle, memory, args...));
   }
 };
 auto PlatformBinding() {
-  return xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t> >().Attr<int64_t>("site");
+  return xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t> >();
 }
 #else
-template <auto Impl>
+template <auto Impl, bool kOnComm>
 struct OnPlatform {
+  const char* op;
   template <typename... Args>
-  xla::ffi::Error operator()(int64_t site, Args... args) const {
+  xla::ffi::Error operator()(int64_t site, int64_t handle, Args... args) const {
     jaxcomm::CallScope scope(site);
     jaxcomm::HostMemory memory;
-    return Outcome(Impl(memory, args...));
+    return Outcome(jaxcomm::RunCall<Impl, kOnComm>(op, handle, memory, args...));
   }
 };
-auto PlatformBinding() { return xla::ffi::Ffi::Bind().Attr<int64_t>("site"); }
+auto PlatformBinding() { return xla::ffi::Ffi::Bind(); }
 #endif
+
+// The attributes every target takes first, in this order.
+auto SharedBinding() { return PlatformBinding().Attr<int64_t>("site").Attr<int64_t>("handle"); }
 
 }  // namespace
 
-#define JAXCOMM_OP(name, Name, buffers, attributes)                                       \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommHandler##Name, OnPlatform<&jaxcomm::Name##Impl>{}, \
-                                jaxcomm::bindings::Name(PlatformBinding()));
+#define JAXCOMM_OP(name, label, Name, buffers, attributes)                     \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                               \
+      JaxcommHandler##Name,                                                    \
+      (OnPlatform<&jaxcomm::Name##Impl, JAXCOMM_##buffers##_ON_COMM>{#label}), \
+      jaxcomm::bindings::Name(SharedBinding()));
 #include "ops.def"
 #undef JAXCOMM_OP
 
@@ -121,7 +136,7 @@ PYBIND11_MODULE(JAXCOMM_MODULE, m) {
 #endif
   m.def("registrations", []() {
     py::dict targets;
-#define JAXCOMM_OP(name, Name, buffers, attributes) \
+#define JAXCOMM_OP(name, label, Name, buffers, attributes) \
   targets["jaxcomm_" #name] = py::capsule(reinterpret_cast<void*>(JaxcommHandler##Name));
 #include "ops.def"
 #undef JAXCOMM_OP
@@ -133,10 +148,11 @@ PYBIND11_MODULE(JAXCOMM_MODULE, m) {
         py::dict targets;
 #define I64(name) attrs.append(py::make_tuple(#name, "int64"));
 #define I64S(name) attrs.append(py::make_tuple(#name, "int64[]"));
-#define JAXCOMM_OP(name, Name, buffers, attributes)          \
+#define JAXCOMM_OP(name, label, Name, buffers, attributes)   \
   {                                                          \
     py::list attrs;                                          \
     I64(site)                                                \
+    I64(handle)                                              \
     attributes targets["jaxcomm_" #name] = py::tuple(attrs); \
   }
 #include "ops.def"
@@ -146,7 +162,7 @@ PYBIND11_MODULE(JAXCOMM_MODULE, m) {
         return targets;
       },
       "{target: ((attribute, type), ...)} as the handlers bind them, the "
-      "call site first; type is 'int64' or 'int64[]'.");
+      "call site and the communicator first; type is 'int64' or 'int64[]'.");
 #ifdef JAXCOMM_CUDA
   m.def("mpi_cuda_support", &jaxcomm::MpiCudaSupport,
         "What the MPI library says about device buffers: 1 CUDA-aware, 0 not, "
@@ -179,14 +195,14 @@ PYBIND11_MODULE(JAXCOMM_MODULE, m) {
         return handle;
       },
       py::arg("fortran_handle"),
-      "Make a communicator known to the kernels; returns its 'comm' "
+      "Make a communicator known to the kernels; returns its 'handle' "
       "attribute value.");
   m.def("unregister_comm", &jaxcomm::UnregisterComm, py::arg("handle"),
-        "Make the kernels refuse a 'comm' attribute value from now on.");
+        "Make the kernels refuse a 'handle' attribute value from now on.");
   m.def(
       "fortran_handle",
       [](int64_t handle) { return static_cast<int64_t>(jaxcomm::FortranHandle(handle)); },
-      py::arg("handle"), "The Fortran handle inside a 'comm' attribute value.");
+      py::arg("handle"), "The Fortran handle inside a 'handle' attribute value.");
   m.def(
       "reduce_op",
       [](int64_t code, const std::string& dtype) {
@@ -259,7 +275,7 @@ PYBIND11_MODULE(JAXCOMM_MODULE, m) {
         jaxcomm::SetCheckComm(handle, static_cast<MPI_Fint>(check));
       },
       py::arg("handle"), py::arg("check"),
-      "The checker's private communicator (Fortran handle) for a 'comm' "
+      "The checker's private communicator (Fortran handle) for a 'handle' "
       "attribute value; MPI_COMM_NULL's forgets it.");
   m.def(
       "exit_with_status",

@@ -13,6 +13,8 @@
 // Watchdog: a handler records what it waits in; a thread that sleeps
 // between checks aborts the job when one call has taken longer than the
 // timeout, after printing what that call was.
+#include "monitor.h"
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -26,7 +28,10 @@
 #include <unordered_map>
 #include <vector>
 
-#include "common.h"
+#include "datatypes.h"
+#include "errors.h"
+#include "handles.h"
+#include "reduce_ops.h"
 
 namespace jaxcomm {
 namespace {
@@ -159,7 +164,7 @@ struct Signature {
 };
 
 static_assert(sizeof(Signature) == kSignatureBytes,
-              "kSignatureBytes (common.h) must be the signature's size");
+              "kSignatureBytes (monitor.h) must be the signature's size");
 
 // The part ranks must agree on: everything before the site.
 constexpr size_t kAgreedBytes = offsetof(Signature, site);
@@ -207,10 +212,10 @@ uint64_t Hash(ffi::Span<const int64_t> values) {
   return hash;
 }
 
-Signature CollectiveSignature(const Collective& call) {
+Signature CollectiveSignature(const char* op, const Collective& call) {
   Signature s;
   std::memset(&s, 0, sizeof s);
-  CopyText(s.op, sizeof s.op, call.op);
+  CopyText(s.op, sizeof s.op, op);
   s.dtype = static_cast<int32_t>(call.dtype);
   s.count = call.count;
   s.root = call.root;
@@ -344,19 +349,20 @@ CallScope::~CallScope() {
   watch_slot = -1;
 }
 
-ffi::Error AnnounceCollectiveSlow(int64_t handle, MPI_Comm comm, const Collective& call) {
+ffi::Error AnnounceCollectiveSlow(int64_t handle, MPI_Comm comm, const char* op,
+                                  const Collective& call) {
   const int flags = MonitorFlags();
-  const Signature mine = CollectiveSignature(call);
+  const Signature mine = CollectiveSignature(op, call);
   if (flags & kWatchCalls) {
     WatchSlot(Describe(mine) + " on a communicator of " + std::to_string(CommSize(comm)) +
               " ranks (rank " + std::to_string(CommRank(comm)) + " there)");
   }
   if (!(flags & kCheckCalls)) return ffi::Error::Success();
   MPI_Comm check;
-  JAXCOMM_RETURN_IF_ERROR(FindCheckComm(handle, call.op, comm, &check));
+  JAXCOMM_RETURN_IF_ERROR(FindCheckComm(handle, op, comm, &check));
   const int size = CommSize(comm);
   std::vector<Signature> all(size);
-  JAXCOMM_MPI_CHECK(MPI_Allgather, &mine, static_cast<int>(sizeof mine), MPI_BYTE, all.data(),
+  JAXCOMM_MPI_CHECK(comm, MPI_Allgather, &mine, static_cast<int>(sizeof mine), MPI_BYTE, all.data(),
                     static_cast<int>(sizeof mine), MPI_BYTE, check);
   bool agree = true;
   for (const Signature& other : all) {
@@ -416,9 +422,9 @@ ffi::Error AnnouncePointToPointSlow(int64_t handle, MPI_Comm comm, PointToPoint&
     // received this rank's message (receives ordered by tag). Its peer may
     // be itself, so the signature goes out without waiting either.
     pending_signature = PointToPointSignature(call, call.count, call.sendtag, site);
-    JAXCOMM_MPI_CHECK(MPI_Isend, &pending_signature, static_cast<int>(sizeof pending_signature),
-                      MPI_BYTE, static_cast<int>(call.dest), static_cast<int>(call.sendtag), check,
-                      &pending_request);
+    JAXCOMM_MPI_CHECK(
+        comm, MPI_Isend, &pending_signature, static_cast<int>(sizeof pending_signature), MPI_BYTE,
+        static_cast<int>(call.dest), static_cast<int>(call.sendtag), check, &pending_request);
     call.signature_pending = true;
     return ffi::Error::Success();
   }
@@ -426,7 +432,7 @@ ffi::Error AnnouncePointToPointSlow(int64_t handle, MPI_Comm comm, PointToPoint&
     const Signature out = PointToPointSignature(call, call.count, call.sendtag, site);
     // A blocking send: a signature is small enough to go out at once, as
     // small messages do (the data message relies on the same).
-    JAXCOMM_MPI_CHECK(MPI_Send, &out, static_cast<int>(sizeof out), MPI_BYTE,
+    JAXCOMM_MPI_CHECK(comm, MPI_Send, &out, static_cast<int>(sizeof out), MPI_BYTE,
                       static_cast<int>(call.dest), static_cast<int>(call.sendtag), check);
     return ffi::Error::Success();
   }
@@ -443,10 +449,10 @@ ffi::Error ReceiveSignatureSlow(int64_t handle, MPI_Comm comm, PointToPoint& cal
   const Signature expected = PointToPointSignature(call, call.capacity, *tag, site);
   Signature in;
   MPI_Status status;
-  JAXCOMM_MPI_CHECK(MPI_Recv, &in, static_cast<int>(sizeof in), MPI_BYTE, static_cast<int>(*source),
-                    static_cast<int>(*tag), check, &status);
+  JAXCOMM_MPI_CHECK(comm, MPI_Recv, &in, static_cast<int>(sizeof in), MPI_BYTE,
+                    static_cast<int>(*source), static_cast<int>(*tag), check, &status);
   if (pending_request != MPI_REQUEST_NULL) {
-    JAXCOMM_MPI_CHECK(MPI_Wait, &pending_request, MPI_STATUS_IGNORE);
+    JAXCOMM_MPI_CHECK(comm, MPI_Wait, &pending_request, MPI_STATUS_IGNORE);
   }
   // The data receive now takes exactly the message just checked: the sender
   // sends it next, and MPI does not reorder one sender's messages.
@@ -473,10 +479,11 @@ ffi::Error PostSignatureSend(int64_t handle, MPI_Comm comm, const char* op, ffi:
                              MPI_Request* request) {
   MPI_Comm check;
   JAXCOMM_RETURN_IF_ERROR(FindCheckComm(handle, op, comm, &check));
-  PointToPoint call{op, dtype, dest, tag, count};
+  PointToPoint call = PointToPoint::Of(dtype).Send(dest, tag, count);
+  call.op = op;
   const Signature out = PointToPointSignature(call, count, tag, SiteTextOf(current_site));
   std::memcpy(signature, &out, sizeof out);
-  JAXCOMM_MPI_CHECK(MPI_Isend, signature, static_cast<int>(kSignatureBytes), MPI_BYTE,
+  JAXCOMM_MPI_CHECK(comm, MPI_Isend, signature, static_cast<int>(kSignatureBytes), MPI_BYTE,
                     static_cast<int>(dest), static_cast<int>(tag), check, request);
   return ffi::Error::Success();
 }
@@ -485,7 +492,7 @@ ffi::Error PostSignatureReceive(int64_t handle, MPI_Comm comm, const char* op, i
                                 int64_t tag, void* signature, MPI_Request* request) {
   MPI_Comm check;
   JAXCOMM_RETURN_IF_ERROR(FindCheckComm(handle, op, comm, &check));
-  JAXCOMM_MPI_CHECK(MPI_Irecv, signature, static_cast<int>(kSignatureBytes), MPI_BYTE,
+  JAXCOMM_MPI_CHECK(comm, MPI_Irecv, signature, static_cast<int>(kSignatureBytes), MPI_BYTE,
                     static_cast<int>(source), static_cast<int>(tag), check, request);
   return ffi::Error::Success();
 }
@@ -494,7 +501,7 @@ ffi::Error ReceiveSignatureNow(int64_t handle, MPI_Comm comm, const char* op, in
                                int64_t tag, void* signature) {
   MPI_Comm check;
   JAXCOMM_RETURN_IF_ERROR(FindCheckComm(handle, op, comm, &check));
-  JAXCOMM_MPI_CHECK(MPI_Recv, signature, static_cast<int>(kSignatureBytes), MPI_BYTE,
+  JAXCOMM_MPI_CHECK(comm, MPI_Recv, signature, static_cast<int>(kSignatureBytes), MPI_BYTE,
                     static_cast<int>(source), static_cast<int>(tag), check, MPI_STATUS_IGNORE);
   return ffi::Error::Success();
 }

@@ -23,6 +23,8 @@
 // take the mutex once each and allocate nothing (a new chunk is allocated
 // when all slots are taken). A slot's serial changes every time it is
 // taken, so a handle waited twice, or kept from an earlier run, is refused.
+#include "nonblocking.h"
+
 #include <array>
 #include <atomic>
 #include <cstring>
@@ -32,6 +34,8 @@
 #include <vector>
 
 #include "common.h"
+#include "monitor.h"
+#include "reduce_ops.h"
 
 namespace jaxcomm {
 namespace {
@@ -191,63 +195,92 @@ ffi::Error WriteHandle(Memory& memory, ffi::AnyBuffer& handle, int32_t index, ui
   return ffi::Error::Success();
 }
 
-// A start that took slot `index` and then failed, or a wait, gives it back
-// with the memory it still holds.
-struct SlotGuard {
-  Memory& memory;
-  int32_t index;
-  bool keep = false;
-  ~SlotGuard() {
-    if (keep) return;
-    Slot& slot = SlotAt(TheTable(), index);
-    // Nothing to report a failure to here: the call fails already, or
-    // completed its request.
-    (void)memory.Unhold(slot.send, nullptr, 0);
-    (void)memory.Unhold(slot.recv, nullptr, 0);
-    Release(index);
-  }
-};
-
-// Takes a slot for a request of `kind` described by the other arguments and
-// writes its handle; the caller then holds its buffers and makes the MPI
-// call into slot->data.
-ffi::Error Begin(Memory& memory, Kind kind, const char* op, int64_t comm_handle, MPI_Comm comm,
-                 int64_t peer, int64_t tag, const ffi::AnyBuffer& x, ffi::AnyBuffer& handle,
-                 int32_t* index, Slot** slot) {
-  if (handle.element_type() != ffi::DataType::F32 || handle.element_count() != 2) {
-    return Invalid(op, comm, "the request handle output must be 2 float32");
-  }
-  uint32_t serial = 0;
-  JAXCOMM_RETURN_IF_ERROR(Acquire(op, index, &serial));
-  Slot& s = SlotAt(TheTable(), *index);
-  s.kind = kind;
-  s.op = op;
-  s.comm_handle = comm_handle;
-  s.comm = comm;
-  s.peer = peer;
-  s.tag = tag;
-  s.count = Count(x);
-  s.dtype = x.element_type();
-  s.site = CurrentSite();
-  s.send = Held{};
-  s.recv = Held{};
-  ffi::Error written = WriteHandle(memory, handle, *index, serial);
-  if (written.failure()) {
-    Release(*index);
-    return written;
-  }
-  *slot = &s;
-  return ffi::Error::Success();
+// Gives slot `index` back with the memory it still holds: a wait's, or a
+// start's that failed after it took the slot.
+void GiveBack(Memory& memory, int32_t index) {
+  Slot& slot = SlotAt(TheTable(), index);
+  // Nothing to report a failure to here: the call fails already, or
+  // completed its request.
+  (void)memory.Unhold(slot.send, nullptr, 0);
+  (void)memory.Unhold(slot.recv, nullptr, 0);
+  Release(index);
 }
 
+// A request being started, from its slot to the MPI call that starts it:
+// Begin takes a slot and writes the request's handle, HoldInput and
+// HoldOutput give the pointers MPI uses until the wait, request() is where
+// the MPI call puts its request, and Started keeps the slot for the wait.
+// A start that fails before Started gives the slot back.
+class Start {
+ public:
+  Start(const Call& call, Memory& memory, Kind kind) : call_(call), memory_(memory), kind_(kind) {}
+  Start(const Start&) = delete;
+  Start& operator=(const Start&) = delete;
+  ~Start() {
+    if (slot_ != nullptr && !started_) GiveBack(memory_, index_);
+  }
+
+  // Takes a slot for a request with `peer` (dest, source or root; kNoPeer
+  // for none) and `tag` on input (or template) `x`, and writes its handle.
+  ffi::Error Begin(int64_t peer, int64_t tag, const ffi::AnyBuffer& x, ffi::AnyBuffer& handle) {
+    if (handle.element_type() != ffi::DataType::F32 || handle.element_count() != 2) {
+      return call_.Invalid("the request handle output must be 2 float32");
+    }
+    uint32_t serial = 0;
+    JAXCOMM_RETURN_IF_ERROR(Acquire(call_.op(), &index_, &serial));
+    Slot& s = SlotAt(TheTable(), index_);
+    s.kind = kind_;
+    s.op = call_.op();
+    s.comm_handle = call_.handle();
+    s.comm = call_.comm();
+    s.peer = peer;
+    s.tag = tag;
+    s.count = Count(x);
+    s.dtype = x.element_type();
+    s.site = CurrentSite();
+    s.send = Held{};
+    s.recv = Held{};
+    ffi::Error written = WriteHandle(memory_, handle, index_, serial);
+    if (written.failure()) {
+      Release(index_);
+      return written;
+    }
+    slot_ = &s;
+    return ffi::Error::Success();
+  }
+
+  ffi::Error HoldInput(const ffi::AnyBuffer& x, const void** data) {
+    return memory_.HoldInput(x, data, &slot_->send);
+  }
+  ffi::Error HoldOutput(ffi::AnyBuffer& y, void** data) {
+    return memory_.HoldOutput(y, data, &slot_->recv);
+  }
+
+  Slot& slot() { return *slot_; }
+  MPI_Request* request() { return &slot_->data; }
+
+  // After the MPI call that started the request.
+  ffi::Error Started() {
+    started_ = true;
+    return memory_.Finish();
+  }
+
+ private:
+  const Call& call_;
+  Memory& memory_;
+  Kind kind_;
+  int32_t index_ = -1;
+  Slot* slot_ = nullptr;
+  bool started_ = false;
+};
+
 // Element count of a collective's buffer that MPI takes as one int count.
-ffi::Error OneCount(const char* op, MPI_Comm comm, size_t count) {
+ffi::Error OneCount(const Call& call, size_t count) {
   if (count <= MaxCount()) return ffi::Error::Success();
-  return Invalid(op, comm,
-                 std::to_string(count) +
-                     " elements are more than one "
-                     "nonblocking reduction can take (" +
-                     std::to_string(MaxCount()) + "); use the blocking form");
+  return call.Invalid(std::to_string(count) +
+                      " elements are more than one "
+                      "nonblocking reduction can take (" +
+                      std::to_string(MaxCount()) + "); use the blocking form");
 }
 
 }  // namespace
@@ -277,60 +310,49 @@ void MarkRequestReported(int64_t index, int64_t serial) {
 
 // Starts ----------------------------------------------------------------------
 
-ffi::Error IsendImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
-                     ffi::Result<ffi::AnyBuffer> handle, int64_t comm_handle, int64_t dest,
+ffi::Error IsendImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffer x,
+                     ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> handle, int64_t dest,
                      int64_t tag) {
-  MPI_Comm comm;
-  JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "isend", &comm));
   LargeType type;
-  JAXCOMM_RETURN_IF_ERROR(LargeType::Make(x.element_type(), x.element_count(), comm, &type));
-  int32_t index;
-  Slot* slot;
-  JAXCOMM_RETURN_IF_ERROR(
-      Begin(memory, Kind::kSend, "isend", comm_handle, comm, dest, tag, x, *handle, &index, &slot));
-  SlotGuard guard{memory, index};
+  JAXCOMM_RETURN_IF_ERROR(LargeType::Make(x.element_type(), x.element_count(), call.comm(), &type));
+  Start start(call, memory, Kind::kSend);
+  JAXCOMM_RETURN_IF_ERROR(start.Begin(dest, tag, x, *handle));
   const void* in;
-  JAXCOMM_RETURN_IF_ERROR(memory.HoldInput(x, &in, &slot->send));
+  JAXCOMM_RETURN_IF_ERROR(start.HoldInput(x, &in));
   JAXCOMM_RETURN_IF_ERROR(memory.Ready());
   if ((MonitorFlags() & kCheckCalls) && dest != MPI_PROC_NULL) {
     // Checking: the signature goes out ahead of the message, as for send,
     // but without waiting: the receive may be this rank's own, posted later.
-    JAXCOMM_RETURN_IF_ERROR(PostSignatureSend(comm_handle, comm, "isend", x.element_type(),
-                                              Count(x), dest, tag, slot->signature_bytes,
-                                              &slot->signature));
-    slot->check = Check::kPosted;
+    JAXCOMM_RETURN_IF_ERROR(
+        PostSignatureSend(call.handle(), call.comm(), call.op(), x.element_type(), Count(x), dest,
+                          tag, start.slot().signature_bytes, &start.slot().signature));
+    start.slot().check = Check::kPosted;
   }
-  if (DebugEnabled()) {
-    DebugLog(comm, "MPI_Isend -> " + PeerText(dest) + " tag " + std::to_string(tag) + " " +
-                       Elements(x.element_count(), x.element_type()));
-  }
+  call.Log([&] {
+    return "MPI_Isend -> " + PeerText(dest) + " tag " + std::to_string(tag) + " " +
+           Elements(x.element_count(), x.element_type());
+  });
   // MPI may free the datatype now (LargeType does): the send completes
   // normally (MPI 4.1, section 5.1.10).
-  JAXCOMM_MPI_CHECK(MPI_Isend, in, type.count(), type.type(), static_cast<int>(dest),
-                    static_cast<int>(tag), comm, &slot->data);
-  guard.keep = true;
-  return memory.Finish();
+  JAXCOMM_MPI_CHECK(call, MPI_Isend, in, type.count(), type.type(), static_cast<int>(dest),
+                    static_cast<int>(tag), call.comm(), start.request());
+  return start.Started();
 }
 
-ffi::Error IrecvImpl(Memory& memory, ffi::Token, ffi::AnyBuffer template_buffer,
+ffi::Error IrecvImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffer template_buffer,
                      ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> handle,
-                     ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle, int64_t source,
-                     int64_t tag) {
-  MPI_Comm comm;
-  JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "irecv", &comm));
+                     ffi::Result<ffi::AnyBuffer> y, int64_t source, int64_t tag) {
   if (y->element_type() != template_buffer.element_type() ||
       y->element_count() != template_buffer.element_count()) {
-    return Invalid("irecv", comm, "the result buffer does not match the template");
+    return call.Invalid("the result buffer does not match the template");
   }
   LargeType type;
-  JAXCOMM_RETURN_IF_ERROR(LargeType::Make(y->element_type(), y->element_count(), comm, &type));
-  int32_t index;
-  Slot* slot;
-  JAXCOMM_RETURN_IF_ERROR(Begin(memory, Kind::kReceive, "irecv", comm_handle, comm, source, tag,
-                                template_buffer, *handle, &index, &slot));
-  SlotGuard guard{memory, index};
+  JAXCOMM_RETURN_IF_ERROR(
+      LargeType::Make(y->element_type(), y->element_count(), call.comm(), &type));
+  Start start(call, memory, Kind::kReceive);
+  JAXCOMM_RETURN_IF_ERROR(start.Begin(source, tag, template_buffer, *handle));
   void* out;
-  JAXCOMM_RETURN_IF_ERROR(memory.HoldOutput(*y, &out, &slot->recv));
+  JAXCOMM_RETURN_IF_ERROR(start.HoldOutput(*y, &out));
   // On the direct GPU path MPI writes y itself: work XLA queued before may
   // still use that memory.
   JAXCOMM_RETURN_IF_ERROR(memory.Ready());
@@ -338,89 +360,75 @@ ffi::Error IrecvImpl(Memory& memory, ffi::Token, ffi::AnyBuffer template_buffer,
   if (checked && source != MPI_ANY_SOURCE && tag != MPI_ANY_TAG) {
     // Posted now, in the order receives are posted, so that it pairs with
     // the signature of exactly the message the data receive will match.
-    JAXCOMM_RETURN_IF_ERROR(PostSignatureReceive(comm_handle, comm, "irecv", source, tag,
-                                                 slot->signature_bytes, &slot->signature));
-    slot->check = Check::kPosted;
+    JAXCOMM_RETURN_IF_ERROR(PostSignatureReceive(call.handle(), call.comm(), call.op(), source, tag,
+                                                 start.slot().signature_bytes,
+                                                 &start.slot().signature));
+    start.slot().check = Check::kPosted;
   } else if (checked) {
-    slot->check = Check::kAtWait;
+    start.slot().check = Check::kAtWait;
   }
-  if (DebugEnabled()) {
-    DebugLog(comm, "MPI_Irecv <- " + PeerText(source) + " tag " +
-                       (tag == MPI_ANY_TAG ? std::string("any") : std::to_string(tag)) + " " +
-                       Elements(y->element_count(), y->element_type()));
-  }
-  JAXCOMM_MPI_CHECK(MPI_Irecv, out, type.count(), type.type(), static_cast<int>(source),
-                    static_cast<int>(tag), comm, &slot->data);
-  guard.keep = true;
-  return memory.Finish();
+  call.Log([&] {
+    return "MPI_Irecv <- " + PeerText(source) + " tag " +
+           (tag == MPI_ANY_TAG ? std::string("any") : std::to_string(tag)) + " " +
+           Elements(y->element_count(), y->element_type());
+  });
+  JAXCOMM_MPI_CHECK(call, MPI_Irecv, out, type.count(), type.type(), static_cast<int>(source),
+                    static_cast<int>(tag), call.comm(), start.request());
+  return start.Started();
 }
 
-ffi::Error IallreduceImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
-                          ffi::Result<ffi::AnyBuffer> handle, ffi::Result<ffi::AnyBuffer> y,
-                          int64_t comm_handle, int64_t op) {
-  MPI_Comm comm;
-  JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "iallreduce", &comm));
-  JAXCOMM_RETURN_IF_ERROR(AnnounceCollective(
-      comm_handle, comm, Collective{"iallreduce", x.element_type(), Count(x), -1, op}));
-  JAXCOMM_RETURN_IF_ERROR(CheckOutput("iallreduce", comm, x, *y, x.element_count(), LikeTheInput));
-  JAXCOMM_RETURN_IF_ERROR(OneCount("iallreduce", comm, x.element_count()));
+ffi::Error IallreduceImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffer x,
+                          ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> handle,
+                          ffi::Result<ffi::AnyBuffer> y, int64_t op) {
+  JAXCOMM_RETURN_IF_ERROR(call.Announce(Collective::Of(x).Reduction(op)));
+  JAXCOMM_RETURN_IF_ERROR(CheckOutput(call, x, *y, x.element_count(), LikeTheInput));
+  JAXCOMM_RETURN_IF_ERROR(OneCount(call, x.element_count()));
   MPI_Datatype dtype;
   MPI_Op mpi_op;
   JAXCOMM_RETURN_IF_ERROR(MpiDatatype(x.element_type(), &dtype));
-  JAXCOMM_RETURN_IF_ERROR(MpiReduceOp(op, x.element_type(), comm, &mpi_op));
+  JAXCOMM_RETURN_IF_ERROR(MpiReduceOp(op, x.element_type(), call.comm(), &mpi_op));
   // jaxcomm's own ops run on the host, whatever the data path.
   if (IsOwnReduceOp(op, x.element_type())) memory.RequireHost();
-  int32_t index;
-  Slot* slot;
-  JAXCOMM_RETURN_IF_ERROR(Begin(memory, Kind::kCollective, "iallreduce", comm_handle, comm, kNoPeer,
-                                0, x, *handle, &index, &slot));
-  SlotGuard guard{memory, index};
+  Start start(call, memory, Kind::kCollective);
+  JAXCOMM_RETURN_IF_ERROR(start.Begin(kNoPeer, 0, x, *handle));
   const void* in;
   void* out;
-  JAXCOMM_RETURN_IF_ERROR(memory.HoldInput(x, &in, &slot->send));
-  JAXCOMM_RETURN_IF_ERROR(memory.HoldOutput(*y, &out, &slot->recv));
+  JAXCOMM_RETURN_IF_ERROR(start.HoldInput(x, &in));
+  JAXCOMM_RETURN_IF_ERROR(start.HoldOutput(*y, &out));
   JAXCOMM_RETURN_IF_ERROR(memory.Ready());
-  if (DebugEnabled()) {
-    DebugLog(comm, std::string("MPI_Iallreduce op ") + ReduceOpName(op) + " " +
-                       Elements(x.element_count(), x.element_type()));
-  }
-  JAXCOMM_MPI_CHECK(MPI_Iallreduce, in, out, static_cast<int>(x.element_count()), dtype, mpi_op,
-                    comm, &slot->data);
-  guard.keep = true;
-  return memory.Finish();
+  call.Log([&] {
+    return std::string("MPI_Iallreduce op ") + ReduceOpName(op) + " " +
+           Elements(x.element_count(), x.element_type());
+  });
+  JAXCOMM_MPI_CHECK(call, MPI_Iallreduce, in, out, static_cast<int>(x.element_count()), dtype,
+                    mpi_op, call.comm(), start.request());
+  return start.Started();
 }
 
-ffi::Error IbcastImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
-                      ffi::Result<ffi::AnyBuffer> handle, ffi::Result<ffi::AnyBuffer> y,
-                      int64_t comm_handle, int64_t root) {
-  MPI_Comm comm;
-  JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "ibcast", &comm));
-  JAXCOMM_RETURN_IF_ERROR(AnnounceCollective(
-      comm_handle, comm, Collective{"ibcast", x.element_type(), Count(x), root}));
-  JAXCOMM_RETURN_IF_ERROR(CheckOutput("ibcast", comm, x, *y, x.element_count(), LikeTheInput));
+ffi::Error IbcastImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffer x,
+                      ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> handle,
+                      ffi::Result<ffi::AnyBuffer> y, int64_t root) {
+  JAXCOMM_RETURN_IF_ERROR(call.Announce(Collective::Of(x).Root(root)));
+  JAXCOMM_RETURN_IF_ERROR(CheckOutput(call, x, *y, x.element_count(), LikeTheInput));
   LargeType type;
-  JAXCOMM_RETURN_IF_ERROR(LargeType::Make(x.element_type(), x.element_count(), comm, &type));
-  int32_t index;
-  Slot* slot;
-  JAXCOMM_RETURN_IF_ERROR(Begin(memory, Kind::kCollective, "ibcast", comm_handle, comm, root, 0, x,
-                                *handle, &index, &slot));
-  SlotGuard guard{memory, index};
+  JAXCOMM_RETURN_IF_ERROR(LargeType::Make(x.element_type(), x.element_count(), call.comm(), &type));
+  Start start(call, memory, Kind::kCollective);
+  JAXCOMM_RETURN_IF_ERROR(start.Begin(root, 0, x, *handle));
   void* out;
-  JAXCOMM_RETURN_IF_ERROR(memory.HoldOutput(*y, &out, &slot->recv));
+  JAXCOMM_RETURN_IF_ERROR(start.HoldOutput(*y, &out));
   // MPI_Ibcast works in one buffer: the root sends from y, which starts as
   // its x (x itself is not ours to write). MPI never reads x, which the wait
   // takes only to check it is the buffer the start was given.
-  slot->send = Held{x.untyped_data(), x.size_bytes(), nullptr};
-  if (CommRank(comm) == root) JAXCOMM_RETURN_IF_ERROR(memory.Preload(*y, 0, x));
+  start.slot().send = Held{x.untyped_data(), x.size_bytes(), nullptr};
+  if (call.rank() == root) JAXCOMM_RETURN_IF_ERROR(memory.Preload(*y, 0, x));
   JAXCOMM_RETURN_IF_ERROR(memory.Ready());
-  if (DebugEnabled()) {
-    DebugLog(comm, "MPI_Ibcast root " + std::to_string(root) + " " +
-                       Elements(x.element_count(), x.element_type()));
-  }
-  JAXCOMM_MPI_CHECK(MPI_Ibcast, out, type.count(), type.type(), static_cast<int>(root), comm,
-                    &slot->data);
-  guard.keep = true;
-  return memory.Finish();
+  call.Log([&] {
+    return "MPI_Ibcast root " + std::to_string(root) + " " +
+           Elements(x.element_count(), x.element_type());
+  });
+  JAXCOMM_MPI_CHECK(call, MPI_Ibcast, out, type.count(), type.type(), static_cast<int>(root),
+                    call.comm(), start.request());
+  return start.Started();
 }
 
 namespace {
@@ -429,66 +437,49 @@ namespace {
 using BlockCall = int (*)(const void*, int, MPI_Datatype, void*, int, MPI_Datatype, MPI_Comm,
                           MPI_Request*);
 
-ffi::Error StartBlocks(Memory& memory, const char* op, const char* function, BlockCall call,
-                       ffi::AnyBuffer& x, ffi::AnyBuffer& handle, ffi::AnyBuffer& y,
-                       int64_t comm_handle, bool gather) {
-  MPI_Comm comm;
-  JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, op, &comm));
-  JAXCOMM_RETURN_IF_ERROR(
-      AnnounceCollective(comm_handle, comm, Collective{op, x.element_type(), Count(x)}));
-  const size_t size = static_cast<size_t>(CommSize(comm));
+ffi::Error StartBlocks(const Call& call, Memory& memory, const char* function, BlockCall blocks,
+                       ffi::AnyBuffer& x, ffi::AnyBuffer& handle, ffi::AnyBuffer& y, bool gather) {
+  JAXCOMM_RETURN_IF_ERROR(call.Announce(Collective::Of(x)));
+  const size_t size = static_cast<size_t>(call.size());
   size_t block_count;
   if (gather) {
     block_count = x.element_count();
-    JAXCOMM_RETURN_IF_ERROR(CheckOutput(op, comm, x, y, size * block_count,
+    JAXCOMM_RETURN_IF_ERROR(CheckOutput(call, x, y, size * block_count,
                                         [&] { return std::to_string(size) + " times the input"; }));
   } else {
-    if (x.element_count() % size != 0) {
-      return Invalid(op, comm,
-                     "input has " + std::to_string(x.element_count()) +
-                         " elements, expected a multiple of the communicator "
-                         "size " +
-                         std::to_string(size));
-    }
+    JAXCOMM_RETURN_IF_ERROR(CheckDivisible(call, x, size));
     block_count = x.element_count() / size;
-    JAXCOMM_RETURN_IF_ERROR(CheckOutput(op, comm, x, y, x.element_count(), LikeTheInput));
+    JAXCOMM_RETURN_IF_ERROR(CheckOutput(call, x, y, x.element_count(), LikeTheInput));
   }
   LargeType block;
-  JAXCOMM_RETURN_IF_ERROR(LargeType::Make(x.element_type(), block_count, comm, &block));
-  int32_t index;
-  Slot* slot;
-  JAXCOMM_RETURN_IF_ERROR(Begin(memory, Kind::kCollective, op, comm_handle, comm, kNoPeer, 0, x,
-                                handle, &index, &slot));
-  SlotGuard guard{memory, index};
+  JAXCOMM_RETURN_IF_ERROR(LargeType::Make(x.element_type(), block_count, call.comm(), &block));
+  Start start(call, memory, Kind::kCollective);
+  JAXCOMM_RETURN_IF_ERROR(start.Begin(kNoPeer, 0, x, handle));
   const void* in;
   void* out;
-  JAXCOMM_RETURN_IF_ERROR(memory.HoldInput(x, &in, &slot->send));
-  JAXCOMM_RETURN_IF_ERROR(memory.HoldOutput(y, &out, &slot->recv));
+  JAXCOMM_RETURN_IF_ERROR(start.HoldInput(x, &in));
+  JAXCOMM_RETURN_IF_ERROR(start.HoldOutput(y, &out));
   JAXCOMM_RETURN_IF_ERROR(memory.Ready());
-  if (DebugEnabled()) {
-    DebugLog(comm, std::string(function) + " " + Elements(x.element_count(), x.element_type()));
-  }
-  const int rc =
-      call(in, block.count(), block.type(), out, block.count(), block.type(), comm, &slot->data);
-  if (rc != MPI_SUCCESS) return MpiFailure(function, rc, comm);
-  guard.keep = true;
-  return memory.Finish();
+  call.Log(
+      [&] { return std::string(function) + " " + Elements(x.element_count(), x.element_type()); });
+  const int rc = blocks(in, block.count(), block.type(), out, block.count(), block.type(),
+                        call.comm(), start.request());
+  if (rc != MPI_SUCCESS) return MpiFailure(function, rc, call);
+  return start.Started();
 }
 
 }  // namespace
 
-ffi::Error IallgatherImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
-                          ffi::Result<ffi::AnyBuffer> handle, ffi::Result<ffi::AnyBuffer> y,
-                          int64_t comm_handle) {
-  return StartBlocks(memory, "iallgather", "MPI_Iallgather", MPI_Iallgather, x, *handle, *y,
-                     comm_handle, true);
+ffi::Error IallgatherImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffer x,
+                          ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> handle,
+                          ffi::Result<ffi::AnyBuffer> y) {
+  return StartBlocks(call, memory, "MPI_Iallgather", MPI_Iallgather, x, *handle, *y, true);
 }
 
-ffi::Error IalltoallImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
-                         ffi::Result<ffi::AnyBuffer> handle, ffi::Result<ffi::AnyBuffer> y,
-                         int64_t comm_handle) {
-  return StartBlocks(memory, "ialltoall", "MPI_Ialltoall", MPI_Ialltoall, x, *handle, *y,
-                     comm_handle, false);
+ffi::Error IalltoallImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffer x,
+                         ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> handle,
+                         ffi::Result<ffi::AnyBuffer> y) {
+  return StartBlocks(call, memory, "MPI_Ialltoall", MPI_Ialltoall, x, *handle, *y, false);
 }
 
 // Waits -----------------------------------------------------------------------
@@ -507,8 +498,9 @@ ffi::Error Moved(const Slot& slot, const char* which) {
 // and `recv` (null: none) are the buffers the start was given, checks a
 // receive's message against its signature, and gives `out` (null: none) what
 // MPI received, zeros where no message filled it.
-ffi::Error Complete(Memory& memory, const char* op, const ffi::AnyBuffer& handle,
+ffi::Error Complete(const Call& call, Memory& memory, const ffi::AnyBuffer& handle,
                     const ffi::AnyBuffer* send, ffi::AnyBuffer* recv, ffi::AnyBuffer* out) {
+  const char* op = call.op();
   int32_t index = 0;
   uint32_t serial = 0;
   JAXCOMM_RETURN_IF_ERROR(ReadHandle(memory, op, handle, &index, &serial));
@@ -521,7 +513,12 @@ ffi::Error Complete(Memory& memory, const char* op, const ffi::AnyBuffer& handle
     }
   }
   Slot& slot = SlotAt(table, index);
-  SlotGuard guard{memory, index};
+  // However the wait ends, the request is over.
+  struct Done {
+    Memory& memory;
+    int32_t index;
+    ~Done() { GiveBack(memory, index); }
+  } done{memory, index};
   if (Watching()) {
     Watch("wait for " + Describe(slot) + ", at " + SiteText(CurrentSite()) + " on world rank " +
           std::to_string(WorldRank()));
@@ -534,7 +531,7 @@ ffi::Error Complete(Memory& memory, const char* op, const ffi::AnyBuffer& handle
     // when MPI refused it (truncation).
     bool signed_message = false;
     if (slot.check == Check::kPosted) {
-      JAXCOMM_MPI_CHECK(MPI_Wait, &slot.signature, MPI_STATUS_IGNORE);
+      JAXCOMM_MPI_CHECK(comm, MPI_Wait, &slot.signature, MPI_STATUS_IGNORE);
       signed_message = true;
     } else if (status.MPI_SOURCE != MPI_PROC_NULL) {
       JAXCOMM_RETURN_IF_ERROR(ReceiveSignatureNow(slot.comm_handle, comm, op, status.MPI_SOURCE,
@@ -547,7 +544,7 @@ ffi::Error Complete(Memory& memory, const char* op, const ffi::AnyBuffer& handle
     }
   }
   if (slot.kind == Kind::kSend && slot.check == Check::kPosted) {
-    JAXCOMM_MPI_CHECK(MPI_Wait, &slot.signature, MPI_STATUS_IGNORE);
+    JAXCOMM_MPI_CHECK(comm, MPI_Wait, &slot.signature, MPI_STATUS_IGNORE);
   }
   if (rc != MPI_SUCCESS) return MpiFailure("MPI_Wait", rc, comm);
   if (send != nullptr && send->size_bytes() > 0 && send->untyped_data() != slot.send.buffer) {
@@ -564,7 +561,7 @@ ffi::Error Complete(Memory& memory, const char* op, const ffi::AnyBuffer& handle
     // count; then a derived type of `base` elements (freed by now), which MPI
     // counts in `base` elements all the same.
     MPI_Count received = 0;
-    JAXCOMM_MPI_CHECK(MPI_Get_elements_x, &status, base, &received);
+    JAXCOMM_MPI_CHECK(comm, MPI_Get_elements_x, &status, base, &received);
     if (received == MPI_UNDEFINED || received < 0 || received > slot.count) {
       return Invalid("irecv", comm,
                      "received a message that is not a whole number of " +
@@ -579,31 +576,33 @@ ffi::Error Complete(Memory& memory, const char* op, const ffi::AnyBuffer& handle
 
 }  // namespace
 
-ffi::Error WaitSendImpl(Memory& memory, ffi::Token, ffi::AnyBuffer handle, ffi::AnyBuffer x,
-                        ffi::Result<ffi::Token>, int64_t) {
-  return Complete(memory, "wait", handle, &x, nullptr, nullptr);
+ffi::Error WaitSendImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffer handle,
+                        ffi::AnyBuffer x, ffi::Result<ffi::Token>) {
+  return Complete(call, memory, handle, &x, nullptr, nullptr);
 }
 
 // The result is the receive buffer in place (the lowering aliases them);
 // without the alias, MPI's data is moved to the result.
-ffi::Error WaitRecvImpl(Memory& memory, ffi::Token, ffi::AnyBuffer handle, ffi::AnyBuffer y,
-                        ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> y_out, int64_t) {
-  return Complete(memory, "wait", handle, nullptr, &y, &*y_out);
+ffi::Error WaitRecvImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffer handle,
+                        ffi::AnyBuffer y, ffi::Result<ffi::Token>,
+                        ffi::Result<ffi::AnyBuffer> y_out) {
+  return Complete(call, memory, handle, nullptr, &y, &*y_out);
 }
 
-ffi::Error WaitExchangeImpl(Memory& memory, ffi::Token, ffi::AnyBuffer handle, ffi::AnyBuffer x,
-                            ffi::AnyBuffer y, ffi::Result<ffi::Token>,
-                            ffi::Result<ffi::AnyBuffer> y_out, int64_t) {
-  return Complete(memory, "wait", handle, &x, &y, &*y_out);
+ffi::Error WaitExchangeImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffer handle,
+                            ffi::AnyBuffer x, ffi::AnyBuffer y, ffi::Result<ffi::Token>,
+                            ffi::Result<ffi::AnyBuffer> y_out) {
+  return Complete(call, memory, handle, &x, &y, &*y_out);
 }
 
 // JaxComm.during: no MPI call. The arrays are only operands, so XLA computes
 // them before this call; the int32 1 it writes is a value XLA cannot know
 // before it runs, so whatever is computed from it comes after.
-ffi::Error FenceImpl(Memory& memory, ffi::Token, ffi::RemainingArgs, ffi::Result<ffi::Token>,
-                     ffi::Result<ffi::AnyBuffer> one, int64_t) {
+ffi::Error FenceImpl(const Call& call, Memory& memory, ffi::Token, ffi::RemainingArgs,
+                     ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> one) {
   if (one->element_type() != ffi::DataType::S32 || one->element_count() != 1) {
-    return ffi::Error::InvalidArgument("jaxcomm: fence: the output must be one int32");
+    return ffi::Error::InvalidArgument(std::string("jaxcomm: ") + call.op() +
+                                       ": the output must be one int32");
   }
   void* data;
   JAXCOMM_RETURN_IF_ERROR(memory.HostOutput(*one, &data));

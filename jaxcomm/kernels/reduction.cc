@@ -1,16 +1,17 @@
 // Reductions: MPI_Allreduce, MPI_Reduce, MPI_Scan, MPI_Exscan and
 // MPI_Reduce_scatter_block.
 #include "common.h"
+#include "reduce_ops.h"
 
 namespace jaxcomm {
 namespace {
 
 using ElementwiseCall = int (*)(const void*, void*, int, MPI_Datatype, MPI_Op, MPI_Comm);
 
-ffi::Error ReductionTypes(ffi::DataType type, int64_t op, MPI_Comm comm, MPI_Datatype* dtype,
+ffi::Error ReductionTypes(const Call& call, ffi::DataType type, int64_t op, MPI_Datatype* dtype,
                           MPI_Op* mpi_op) {
   JAXCOMM_RETURN_IF_ERROR(MpiDatatype(type, dtype));
-  return MpiReduceOp(op, type, comm, mpi_op);
+  return MpiReduceOp(op, type, call.comm(), mpi_op);
 }
 
 std::string OpText(const char* function, int64_t op) {
@@ -37,23 +38,22 @@ ffi::Error ReductionBuffers(Memory& memory, int64_t op, ffi::AnyBuffer& x, ffi::
 // Allreduce, Scan and Exscan combine element i of every rank's x into element
 // i of y. Predefined reductions take no derived datatypes, so large arrays
 // reduce in independent pieces of at most MaxCount() elements.
-ffi::Error ElementwiseReduction(Memory& memory, ElementwiseCall call, const char* function,
-                                const char* name, ffi::AnyBuffer x, ffi::AnyBuffer& y,
-                                MPI_Comm comm, int64_t op) {
-  JAXCOMM_RETURN_IF_ERROR(CheckOutput(name, comm, x, y, x.element_count(), LikeTheInput));
+ffi::Error ElementwiseReduction(const Call& call, Memory& memory, ElementwiseCall reduce,
+                                const char* function, ffi::AnyBuffer x, ffi::AnyBuffer& y,
+                                int64_t op) {
+  JAXCOMM_RETURN_IF_ERROR(call.Announce(Collective::Of(x).Reduction(op)));
+  JAXCOMM_RETURN_IF_ERROR(CheckOutput(call, x, y, x.element_count(), LikeTheInput));
   const ffi::DataType type = x.element_type();
   MPI_Datatype dtype;
   MPI_Op mpi_op;
-  JAXCOMM_RETURN_IF_ERROR(ReductionTypes(type, op, comm, &dtype, &mpi_op));
+  JAXCOMM_RETURN_IF_ERROR(ReductionTypes(call, type, op, &dtype, &mpi_op));
   void *send, *recv;
   JAXCOMM_RETURN_IF_ERROR(ReductionBuffers(memory, op, x, y, &send, &recv));
   return ForEachChunk(x.element_count(), [&](size_t offset, int count) {
-    if (DebugEnabled()) {
-      DebugLog(comm, OpText(function, op) + " " + Elements(count, type));
-    }
-    const int rc = call(ArgumentAt(send, type, offset), ElementAt(recv, type, offset), count, dtype,
-                        mpi_op, comm);
-    if (rc != MPI_SUCCESS) return MpiFailure(function, rc, comm);
+    call.Log([&] { return OpText(function, op) + " " + Elements(count, type); });
+    const int rc = reduce(ArgumentAt(send, type, offset), ElementAt(recv, type, offset), count,
+                          dtype, mpi_op, call.comm());
+    if (rc != MPI_SUCCESS) return MpiFailure(function, rc, call);
     return ffi::Error::Success();
   });
 }
@@ -61,47 +61,40 @@ ffi::Error ElementwiseReduction(Memory& memory, ElementwiseCall call, const char
 // Reduces `total` elements from `send` on every rank into `recv` on `root`,
 // in pieces of at most MaxCount() elements. `recv` is only written on root;
 // `send` may be MPI_IN_PLACE there, and `recv` null elsewhere.
-ffi::Error ChunkedReduce(MPI_Comm comm, void* send, void* recv, size_t total, ffi::DataType type,
+ffi::Error ChunkedReduce(const Call& call, void* send, void* recv, size_t total, ffi::DataType type,
                          int64_t op, int root) {
   MPI_Datatype dtype;
   MPI_Op mpi_op;
-  JAXCOMM_RETURN_IF_ERROR(ReductionTypes(type, op, comm, &dtype, &mpi_op));
+  JAXCOMM_RETURN_IF_ERROR(ReductionTypes(call, type, op, &dtype, &mpi_op));
   return ForEachChunk(total, [&](size_t offset, int count) {
-    if (DebugEnabled()) {
-      DebugLog(comm, OpText("MPI_Reduce", op) + " root " + std::to_string(root) + " " +
-                         Elements(count, type));
-    }
-    JAXCOMM_MPI_CHECK(MPI_Reduce, ArgumentAt(send, type, offset), ArgumentAt(recv, type, offset),
-                      count, dtype, mpi_op, root, comm);
+    call.Log([&] {
+      return OpText("MPI_Reduce", op) + " root " + std::to_string(root) + " " +
+             Elements(count, type);
+    });
+    JAXCOMM_MPI_CHECK(call, MPI_Reduce, ArgumentAt(send, type, offset),
+                      ArgumentAt(recv, type, offset), count, dtype, mpi_op, root, call.comm());
     return ffi::Error::Success();
   });
 }
 
 }  // namespace
 
-ffi::Error AllreduceImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
-                         ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle, int64_t op) {
-  MPI_Comm comm;
-  JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "allreduce", &comm));
-  JAXCOMM_RETURN_IF_ERROR(AnnounceCollective(
-      comm_handle, comm, Collective{"allreduce", x.element_type(), Count(x), -1, op}));
+ffi::Error AllreduceImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffer x,
+                         ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> y, int64_t op) {
   JAXCOMM_RETURN_IF_ERROR(
-      ElementwiseReduction(memory, MPI_Allreduce, "MPI_Allreduce", "allreduce", x, *y, comm, op));
+      ElementwiseReduction(call, memory, MPI_Allreduce, "MPI_Allreduce", x, *y, op));
   return memory.Finish();
 }
 
 // MPI leaves the output of non-root ranks undefined; jaxcomm documents zeros.
 // Only the root's output is an MPI buffer: where XLA gave it the input's
 // buffer (the lowering aliases them) the root reduces in place.
-ffi::Error ReduceImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
-                      ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle, int64_t op,
+ffi::Error ReduceImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffer x,
+                      ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> y, int64_t op,
                       int64_t root) {
-  MPI_Comm comm;
-  JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "reduce", &comm));
-  JAXCOMM_RETURN_IF_ERROR(AnnounceCollective(
-      comm_handle, comm, Collective{"reduce", x.element_type(), Count(x), root, op}));
-  JAXCOMM_RETURN_IF_ERROR(CheckOutput("reduce", comm, x, *y, x.element_count(), LikeTheInput));
-  const bool is_root = CommRank(comm) == root;
+  JAXCOMM_RETURN_IF_ERROR(call.Announce(Collective::Of(x).Root(root).Reduction(op)));
+  JAXCOMM_RETURN_IF_ERROR(CheckOutput(call, x, *y, x.element_count(), LikeTheInput));
+  const bool is_root = call.rank() == root;
   void* send;
   void* recv = nullptr;
   if (is_root) {
@@ -111,54 +104,41 @@ ffi::Error ReduceImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Result<
     JAXCOMM_RETURN_IF_ERROR(memory.Read(x, &send));
     JAXCOMM_RETURN_IF_ERROR(memory.Ready());
   }
-  JAXCOMM_RETURN_IF_ERROR(ChunkedReduce(comm, send, recv, x.element_count(), x.element_type(), op,
+  JAXCOMM_RETURN_IF_ERROR(ChunkedReduce(call, send, recv, x.element_count(), x.element_type(), op,
                                         static_cast<int>(root)));
   if (!is_root) JAXCOMM_RETURN_IF_ERROR(memory.Zero(*y));
   return memory.Finish();
 }
 
-ffi::Error ScanImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
-                    ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle, int64_t op) {
-  MPI_Comm comm;
-  JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "scan", &comm));
-  JAXCOMM_RETURN_IF_ERROR(AnnounceCollective(
-      comm_handle, comm, Collective{"scan", x.element_type(), Count(x), -1, op}));
-  JAXCOMM_RETURN_IF_ERROR(
-      ElementwiseReduction(memory, MPI_Scan, "MPI_Scan", "scan", x, *y, comm, op));
+ffi::Error ScanImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffer x,
+                    ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> y, int64_t op) {
+  JAXCOMM_RETURN_IF_ERROR(ElementwiseReduction(call, memory, MPI_Scan, "MPI_Scan", x, *y, op));
   return memory.Finish();
 }
 
 // MPI leaves rank 0's output undefined; jaxcomm documents zeros.
-ffi::Error ExscanImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
-                      ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle, int64_t op) {
-  MPI_Comm comm;
-  JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "exscan", &comm));
-  JAXCOMM_RETURN_IF_ERROR(AnnounceCollective(
-      comm_handle, comm, Collective{"exscan", x.element_type(), Count(x), -1, op}));
-  JAXCOMM_RETURN_IF_ERROR(
-      ElementwiseReduction(memory, MPI_Exscan, "MPI_Exscan", "exscan", x, *y, comm, op));
-  if (CommRank(comm) == 0) JAXCOMM_RETURN_IF_ERROR(memory.Zero(*y));
+ffi::Error ExscanImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffer x,
+                      ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> y, int64_t op) {
+  JAXCOMM_RETURN_IF_ERROR(ElementwiseReduction(call, memory, MPI_Exscan, "MPI_Exscan", x, *y, op));
+  if (call.rank() == 0) JAXCOMM_RETURN_IF_ERROR(memory.Zero(*y));
   return memory.Finish();
 }
 
-ffi::Error ReduceScatterImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
-                             ffi::Result<ffi::AnyBuffer> y, int64_t comm_handle, int64_t op) {
-  MPI_Comm comm;
-  JAXCOMM_RETURN_IF_ERROR(CommFromHandle(comm_handle, "reduce_scatter", &comm));
-  JAXCOMM_RETURN_IF_ERROR(AnnounceCollective(
-      comm_handle, comm, Collective{"reduce_scatter", x.element_type(), Count(x), -1, op}));
+ffi::Error ReduceScatterImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffer x,
+                             ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> y, int64_t op) {
+  JAXCOMM_RETURN_IF_ERROR(call.Announce(Collective::Of(x).Reduction(op)));
   const ffi::DataType type = x.element_type();
   int size;
-  JAXCOMM_MPI_CHECK(MPI_Comm_size, comm, &size);
+  JAXCOMM_MPI_CHECK(call, MPI_Comm_size, call.comm(), &size);
   // The block size is the output's; MPI reads `size` of them from x.
   const size_t block = y->element_count();
-  JAXCOMM_RETURN_IF_ERROR(CheckElements(
-      "reduce_scatter", comm, "input", x.element_count(), block * static_cast<size_t>(size), [&] {
+  JAXCOMM_RETURN_IF_ERROR(
+      CheckElements(call, "input", x.element_count(), block * static_cast<size_t>(size), [&] {
         return "communicator size " + std::to_string(size) + " x output " + std::to_string(block);
       }));
   MPI_Datatype dtype;
   MPI_Op mpi_op;
-  JAXCOMM_RETURN_IF_ERROR(ReductionTypes(type, op, comm, &dtype, &mpi_op));
+  JAXCOMM_RETURN_IF_ERROR(ReductionTypes(call, type, op, &dtype, &mpi_op));
   void *send, *recv;
   JAXCOMM_RETURN_IF_ERROR(ReductionBuffers(memory, op, x, *y, &send, &recv));
   if (block > MaxCount()) {
@@ -167,15 +147,13 @@ ffi::Error ReduceScatterImpl(Memory& memory, ffi::Token, ffi::AnyBuffer x, ffi::
     // reductions do not accept: each block is reduced onto its owner instead.
     for (int r = 0; r < size; ++r) {
       JAXCOMM_RETURN_IF_ERROR(
-          ChunkedReduce(comm, ElementAt(send, type, r * block), recv, block, type, op, r));
+          ChunkedReduce(call, ElementAt(send, type, r * block), recv, block, type, op, r));
     }
     return memory.Finish();
   }
-  if (DebugEnabled()) {
-    DebugLog(comm, OpText("MPI_Reduce_scatter_block", op) + " " + Elements(block, type));
-  }
-  JAXCOMM_MPI_CHECK(MPI_Reduce_scatter_block, send, recv, static_cast<int>(block), dtype, mpi_op,
-                    comm);
+  call.Log([&] { return OpText("MPI_Reduce_scatter_block", op) + " " + Elements(block, type); });
+  JAXCOMM_MPI_CHECK(call, MPI_Reduce_scatter_block, send, recv, static_cast<int>(block), dtype,
+                    mpi_op, call.comm());
   return memory.Finish();
 }
 

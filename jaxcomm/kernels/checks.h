@@ -1,0 +1,60 @@
+// The handlers' argument checks: buffers must hold what the attributes and
+// the communicator size call for, or MPI would read or write outside them.
+// A passing check builds no string.
+#ifndef JAXCOMM_KERNELS_CHECKS_H_
+#define JAXCOMM_KERNELS_CHECKS_H_
+
+#include <cstddef>
+#include <string>
+
+#include "call.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace jaxcomm {
+
+namespace ffi = xla::ffi;
+
+// The error of CheckElements.
+ffi::Error WrongElements(const Call& call, const char* buffer, size_t actual, size_t expected,
+                         const std::string& how);
+
+// The error of CheckOutput for an output whose element type is not x's.
+ffi::Error WrongOutputType(const Call& call, const ffi::AnyBuffer& x, const ffi::AnyBuffer& y);
+
+// Fails unless `buffer` holds `expected` elements. how() says how the
+// attributes and the communicator size call for them; it is only called when
+// the check fails.
+template <typename How>
+ffi::Error CheckElements(const Call& call, const char* buffer, size_t actual, size_t expected,
+                         How&& how) {
+  if (actual == expected) return ffi::Error::Success();
+  return WrongElements(call, buffer, actual, expected, how());
+}
+
+// Fails unless the output `y` has the element type of the input `x` and
+// `expected` elements, as CheckElements.
+template <typename How>
+ffi::Error CheckOutput(const Call& call, const ffi::AnyBuffer& x, const ffi::AnyBuffer& y,
+                       size_t expected, How&& how) {
+  if (x.element_type() != y.element_type()) {
+    return WrongOutputType(call, x, y);
+  }
+  return CheckElements(call, "output", y.element_count(), expected, how);
+}
+
+// Fails unless input `x` splits into `size` blocks of equal length, one per
+// rank.
+ffi::Error CheckDivisible(const Call& call, const ffi::AnyBuffer& x, size_t size);
+
+// The `how` of an output shaped like its input.
+inline std::string LikeTheInput() { return "like the input"; }
+
+// Whether XLA gave output `y` the buffer of input `x` (ops whose lowering
+// aliases them): the MPI call then works in place.
+inline bool SameBuffer(const ffi::AnyBuffer& x, const ffi::AnyBuffer& y) {
+  return x.untyped_data() == y.untyped_data() && x.size_bytes() == y.size_bytes();
+}
+
+}  // namespace jaxcomm
+
+#endif  // JAXCOMM_KERNELS_CHECKS_H_

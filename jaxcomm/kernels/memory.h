@@ -1,0 +1,102 @@
+// The platform layer: where one handler call's buffers live and how MPI
+// reaches them. The host's is here; the GPU's is in cuda_memory.h.
+#ifndef JAXCOMM_KERNELS_MEMORY_H_
+#define JAXCOMM_KERNELS_MEMORY_H_
+
+#include <cstddef>
+
+#include "errors.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace jaxcomm {
+
+namespace ffi = xla::ffi;
+
+// What a nonblocking request keeps of one of its buffers from its start to
+// its wait: the buffer XLA gave the start and, where MPI does not use that
+// buffer itself, the platform's staging memory that MPI uses instead.
+struct Held {
+  void* buffer = nullptr;
+  size_t bytes = 0;
+  void* staging = nullptr;  // null: MPI uses `buffer`
+};
+
+// The platform layer: where one handler call's buffers live and how MPI
+// reaches them, the only thing that differs between the CPU and the CUDA
+// handlers. A handler takes the pointer MPI uses for each buffer from it,
+// calls Ready() before its first MPI call (the inputs are then in place) and
+// Finish() after its last (the outputs then reach XLA's buffers). On the
+// host (HostMemory) every pointer is the buffer itself and both calls do
+// nothing; on a GPU (cuda_memory.h) the pointers are the device buffers
+// themselves (CUDA-aware MPI) or pinned host copies.
+class Memory {
+ public:
+  virtual ~Memory() = default;
+
+  // Routes every buffer of this call through host memory, whatever the data
+  // path: for reductions with jaxcomm's own MPI ops, which run on the host.
+  // Call before the first Input or Output.
+  virtual void RequireHost() {}
+  // The pointer MPI reads input `x` through.
+  virtual ffi::Error Input(const ffi::AnyBuffer& x, const void** data) = 0;
+  // The pointer MPI writes output `y` through.
+  virtual ffi::Error Output(ffi::AnyBuffer& y, void** data) = 0;
+  // The pointer MPI reads and writes output `y` through, for a call that
+  // works in place: XLA gave `y` the input's buffer (the lowering aliases
+  // them), so `y` holds the input on entry.
+  virtual ffi::Error InPlace(ffi::AnyBuffer& y, void** data) = 0;
+  // Host memory holding input `x` (or taking output `y`) whatever the data
+  // path, for the few bytes handlers read or write themselves (envelopes).
+  virtual ffi::Error HostInput(const ffi::AnyBuffer& x, const void** data) = 0;
+  virtual ffi::Error HostOutput(ffi::AnyBuffer& y, void** data) = 0;
+  // Output `y`, already given its pointer, starts with the bytes of input `x`
+  // at byte `offset` (MPI_Bcast works in place on y).
+  virtual ffi::Error Preload(ffi::AnyBuffer& y, size_t offset, const ffi::AnyBuffer& x) = 0;
+  // Waits until MPI can read the inputs through their pointers.
+  virtual ffi::Error Ready() = 0;
+  // After the MPI calls: output `y` holds zeros from byte `offset` on.
+  virtual ffi::Error ZeroFrom(ffi::AnyBuffer& y, size_t offset) = 0;
+  // Moves the outputs to their buffers.
+  virtual ffi::Error Finish() = 0;
+
+  // Nonblocking starts, whose buffers MPI uses after the handler returned:
+  // as Input and Output, but the pointer stays valid until Unhold (at the
+  // wait), and `held` records what to give back then.
+  virtual ffi::Error HoldInput(const ffi::AnyBuffer& x, const void** data, Held* held) = 0;
+  virtual ffi::Error HoldOutput(ffi::AnyBuffer& y, void** data, Held* held) = 0;
+  // At the wait, once MPI is done: `out` (null for an input) takes the first
+  // `filled` bytes MPI wrote through the held output, and zeros after them;
+  // then the held memory is given back and `held` emptied. Also for a start
+  // that failed (out null).
+  virtual ffi::Error Unhold(Held& held, ffi::AnyBuffer* out, size_t filled) = 0;
+
+  // Input and Output typed for pointer arithmetic on elements.
+  ffi::Error Read(const ffi::AnyBuffer& x, void** data) {
+    const void* in;
+    JAXCOMM_RETURN_IF_ERROR(Input(x, &in));
+    *data = const_cast<void*>(in);
+    return ffi::Error::Success();
+  }
+  ffi::Error Zero(ffi::AnyBuffer& y) { return ZeroFrom(y, 0); }
+};
+
+// Buffers in host memory: the CPU handlers'.
+class HostMemory final : public Memory {
+ public:
+  ffi::Error Input(const ffi::AnyBuffer& x, const void** data) override;
+  ffi::Error Output(ffi::AnyBuffer& y, void** data) override;
+  ffi::Error InPlace(ffi::AnyBuffer& y, void** data) override;
+  ffi::Error HostInput(const ffi::AnyBuffer& x, const void** data) override;
+  ffi::Error HostOutput(ffi::AnyBuffer& y, void** data) override;
+  ffi::Error Preload(ffi::AnyBuffer& y, size_t offset, const ffi::AnyBuffer& x) override;
+  ffi::Error Ready() override { return ffi::Error::Success(); }
+  ffi::Error ZeroFrom(ffi::AnyBuffer& y, size_t offset) override;
+  ffi::Error Finish() override { return ffi::Error::Success(); }
+  ffi::Error HoldInput(const ffi::AnyBuffer& x, const void** data, Held* held) override;
+  ffi::Error HoldOutput(ffi::AnyBuffer& y, void** data, Held* held) override;
+  ffi::Error Unhold(Held& held, ffi::AnyBuffer* out, size_t filled) override;
+};
+
+}  // namespace jaxcomm
+
+#endif  // JAXCOMM_KERNELS_MEMORY_H_
