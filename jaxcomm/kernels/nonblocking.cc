@@ -377,11 +377,18 @@ ffi::Error IrecvImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffe
   return start.Started();
 }
 
-ffi::Error IallreduceImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffer x,
-                          ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> handle,
-                          ffi::Result<ffi::AnyBuffer> y, int64_t op) {
+namespace {
+
+// MPI_Iallreduce (and the other element-wise nonblocking reductions): y
+// takes the reduction of every rank's x.
+using ReductionStart = int (*)(const void*, void*, int, MPI_Datatype, MPI_Op, MPI_Comm,
+                               MPI_Request*);
+
+ffi::Error StartReduction(const Call& call, Memory& memory, ReductionStart reduce,
+                          const char* function, ffi::AnyBuffer& x, ffi::AnyBuffer& handle,
+                          ffi::AnyBuffer& y, int64_t op) {
   JAXCOMM_RETURN_IF_ERROR(call.Announce(Collective::Of(x).Reduction(op)));
-  JAXCOMM_RETURN_IF_ERROR(CheckOutput(call, x, *y, x.element_count(), LikeTheInput));
+  JAXCOMM_RETURN_IF_ERROR(CheckOutput(call, x, y, x.element_count(), LikeTheInput));
   JAXCOMM_RETURN_IF_ERROR(OneCount(call, x.element_count()));
   MPI_Datatype dtype;
   MPI_Op mpi_op;
@@ -390,19 +397,28 @@ ffi::Error IallreduceImpl(const Call& call, Memory& memory, ffi::Token, ffi::Any
   // jaxcomm's own ops run on the host, whatever the data path.
   if (IsOwnReduceOp(op, x.element_type())) memory.RequireHost();
   Start start(call, memory, Kind::kCollective);
-  JAXCOMM_RETURN_IF_ERROR(start.Begin(kNoPeer, 0, x, *handle));
+  JAXCOMM_RETURN_IF_ERROR(start.Begin(kNoPeer, 0, x, handle));
   const void* in;
   void* out;
   JAXCOMM_RETURN_IF_ERROR(start.HoldInput(x, &in));
-  JAXCOMM_RETURN_IF_ERROR(start.HoldOutput(*y, &out));
+  JAXCOMM_RETURN_IF_ERROR(start.HoldOutput(y, &out));
   JAXCOMM_RETURN_IF_ERROR(memory.Ready());
   call.Log([&] {
-    return std::string("MPI_Iallreduce op ") + ReduceOpName(op) + " " +
+    return std::string(function) + " op " + ReduceOpName(op) + " " +
            Elements(x.element_count(), x.element_type());
   });
-  JAXCOMM_MPI_CHECK(call, MPI_Iallreduce, in, out, static_cast<int>(x.element_count()), dtype,
-                    mpi_op, call.comm(), start.request());
+  const int rc = reduce(in, out, static_cast<int>(x.element_count()), dtype, mpi_op, call.comm(),
+                        start.request());
+  if (rc != MPI_SUCCESS) return MpiFailure(function, rc, call);
   return start.Started();
+}
+
+}  // namespace
+
+ffi::Error IallreduceImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffer x,
+                          ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> handle,
+                          ffi::Result<ffi::AnyBuffer> y, int64_t op) {
+  return StartReduction(call, memory, MPI_Iallreduce, "MPI_Iallreduce", x, *handle, *y, op);
 }
 
 ffi::Error IbcastImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffer x,
