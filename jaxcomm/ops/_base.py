@@ -20,7 +20,7 @@ from .. import _compat, _gpu, _runtime
 from .._runtime import mpi_comm
 from ._batching import batched_alike
 
-# Reduction codes shared with kernels/common.h (enum ReduceOp).
+# Reduction codes shared with kernels/reduce_ops.h (enum ReduceOp).
 REDUCTION_OPS = (
     ("SUM", MPI.SUM),
     ("PROD", MPI.PROD),
