@@ -1,0 +1,774 @@
+"""The one table of jaxcomm's operations, for every per-operation test.
+
+Each row is one way of calling the public API: an operation (the ``JaxComm``
+method) or a variant of one (another reduction op, ``tiled=True``, another
+root), named ``<method>`` or ``<method>-<variant>``. A row says how to call it
+on a ``JaxComm`` (the same function runs eagerly, jitted and transformed),
+what each rank's input looks like, what each rank gets back (in terms of
+``rank``, ``size`` and the ranks' inputs), which MPI calls the debug log shows,
+which FFI targets its lowering uses and which transformations apply. Tests
+parametrise over :data:`OPERATIONS` (or a filter of it) instead of keeping
+lists of their own, and ``test_operations.py`` fails when an FFI target of
+``jaxcomm/kernels/ops.def`` or a public ``JaxComm`` method is in no row.
+
+Adding an operation to the tests is adding its row here; a nonblocking
+collective, for example::
+
+    Operation(
+        "ireduce",
+        family="nonblocking",
+        kind="nonblocking",
+        call=lambda jc, x: jc.wait(jc.ireduce(x, root=_last(jc))),
+        shape=_block,
+        expected=_rooted(_sum),
+        mpi=("MPI_Ireduce",),
+        targets=("ireduce", "wait_exchange"),
+        methods=("ireduce", "wait"),
+        transforms=NONBLOCKING,
+    ),
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+# Transformations a row may support; a test of one filters on it.
+JIT, VMAP, JVP, GRAD, TRANSPOSE, SCAN, COND = (
+    "jit",
+    "vmap",
+    "jvp",
+    "grad",
+    "transpose",
+    "scan",
+    "cond",
+)
+ALL = frozenset({JIT, VMAP, JVP, GRAD, TRANSPOSE, SCAN, COND})
+NONLINEAR = ALL - {TRANSPOSE}
+NOT_DIFFERENTIABLE = ALL - {JVP, GRAD, TRANSPOSE}
+# vmap of an eager nonblocking call on NumPy input fails its wait's check of
+# the send buffer ("XLA copied it in between; please report this as a jaxcomm
+# bug"); batched inside jit it works. Left out until the bug is fixed.
+NONBLOCKING = ALL - {VMAP}
+
+# Kinds of operation: every rank gets a result of its own making; one rank
+# sends or receives for all; counts per rank (*v); point-to-point; a
+# nonblocking start completed by a wait.
+KINDS = ("collective", "rooted", "v", "p2p", "nonblocking")
+
+ROWS = 2  # rows of a block per rank, where an operation moves blocks
+
+
+@dataclass(frozen=True)
+class Operation:
+    """One row of the table.
+
+    Attributes:
+        id: the test id, ``<method>`` or ``<method>-<variant>``.
+        family: the ``jaxcomm.ops`` module whose primitives it binds.
+        kind: one of :data:`KINDS`.
+        call: ``call(jc, x)``, this rank's result for this rank's input ``x``.
+        shape: ``shape(size, rank)``, the shape of ``rank``'s input.
+        expected: ``expected(data, rank, size)``, ``rank``'s result as NumPy,
+            where ``data(r)`` is rank ``r``'s input.
+        mpi: the MPI calls the ``JAXCOMM_DEBUG`` log shows for one call.
+        targets: the FFI targets (``jaxcomm_`` left off) the lowering calls.
+        methods: the public ``JaxComm`` methods ``call`` uses.
+        transforms: the transformations that apply (of :data:`ALL`).
+        linear: whether the result is linear in the inputs.
+        replicated: whether the result is the same on every rank.
+        grid: whether ``call`` needs a Cartesian ``JaxComm``.
+    """
+
+    id: str
+    family: str
+    kind: str
+    call: Callable[[Any, Any], Any]
+    shape: Callable[[int, int], tuple[int, ...]]
+    expected: Callable[[Callable[[int], np.ndarray], int, int], np.ndarray]
+    mpi: tuple[str, ...]
+    targets: tuple[str, ...]
+    methods: tuple[str, ...] = ()
+    transforms: frozenset = ALL
+    linear: bool = True
+    replicated: bool = False
+    grid: bool = False
+
+    @property
+    def method(self):
+        """The ``JaxComm`` method the row is about."""
+        return self.id.split("-")[0].split("/")[0]
+
+    def __post_init__(self):
+        assert self.kind in KINDS, self.kind
+        assert self.transforms <= ALL, self.transforms
+        if not self.methods:
+            object.__setattr__(self, "methods", (self.method,))
+
+
+# Arguments, in terms of size and rank -----------------------------------------
+
+
+def counts(size):
+    """Uneven rows per rank for the *v operations, none on some ranks."""
+    return [(r + 1) % 3 for r in range(size)]
+
+
+def matrix(size):
+    """Rows rank i sends rank j in ``alltoallv``, none for some pairs."""
+    return [[(2 * i + j) % 3 for j in range(size)] for i in range(size)]
+
+
+def ring(rank, size):
+    """``(source, dest)`` around a periodic ring."""
+    return (rank - 1) % size, (rank + 1) % size
+
+
+def chain(rank, size):
+    """``(source, dest)`` along an open chain: ``MPI.PROC_NULL`` at the ends."""
+    source = rank - 1 if rank > 0 else MPI.PROC_NULL
+    dest = rank + 1 if rank + 1 < size else MPI.PROC_NULL
+    return source, dest
+
+
+def _last(jc):
+    return jc.size - 1
+
+
+def _block(size, rank):
+    return (ROWS, 3)
+
+
+def _one_per_rank(size, rank):
+    return (size, ROWS)
+
+
+def _blocks_per_rank(size, rank):
+    return (ROWS * size, ROWS)
+
+
+def _own_count(size, rank):
+    return (counts(size)[rank], ROWS)
+
+
+def _all_counts(size, rank):
+    return (sum(counts(size)), ROWS)
+
+
+def _row_of_matrix(size, rank):
+    return (sum(matrix(size)[rank]), ROWS)
+
+
+# Expected results -------------------------------------------------------------
+
+
+def _reduced(fold):
+    return lambda data, rank, size: fold([data(r) for r in range(size)])
+
+
+def _sum(arrays):
+    return np.sum(arrays, axis=0)
+
+
+def _max(arrays):
+    return np.max(arrays, axis=0)
+
+
+def _min(arrays):
+    return np.min(arrays, axis=0)
+
+
+def _prod(arrays):
+    return np.prod(arrays, axis=0)
+
+
+def _rooted(fold, root=lambda size: size - 1):
+    """``fold`` on root, zeros of its shape elsewhere."""
+
+    def expected(data, rank, size):
+        result = fold([data(r) for r in range(size)])
+        return result if rank == root(size) else np.zeros_like(result)
+
+    return expected
+
+
+def _prefix(fold, inclusive=True):
+    def expected(data, rank, size):
+        upto = rank + 1 if inclusive else rank
+        if upto == 0:
+            return np.zeros_like(data(rank))
+        return fold([data(r) for r in range(upto)])
+
+    return expected
+
+
+def _block_of(x, rank, size):
+    rows = x.shape[0] // size
+    return x[rows * rank : rows * (rank + 1)]
+
+
+def _reduce_scatter(tiled):
+    def expected(data, rank, size):
+        total = _sum([data(r) for r in range(size)])
+        return _block_of(total, rank, size) if tiled else total[rank]
+
+    return expected
+
+
+def _root_data(root=lambda size: size - 1):
+    return lambda data, rank, size: data(root(size))
+
+
+def _stack(arrays):
+    return np.stack(arrays)
+
+
+def _concatenate(arrays):
+    return np.concatenate(arrays)
+
+
+def _scatter(tiled, root=lambda size: size - 1):
+    def expected(data, rank, size):
+        x = data(root(size))
+        return _block_of(x, rank, size) if tiled else x[rank]
+
+    return expected
+
+
+def _alltoall(tiled):
+    def expected(data, rank, size):
+        blocks = [
+            _block_of(data(r), rank, size) if tiled else data(r)[rank][None] for r in range(size)
+        ]
+        return np.concatenate(blocks)
+
+    return expected
+
+
+def _scatterv(data, rank, size):
+    start = sum(counts(size)[:rank])
+    return data(size - 1)[start : start + counts(size)[rank]]
+
+
+def _alltoallv(data, rank, size):
+    m = matrix(size)
+    parts = []
+    for r in range(size):
+        start = sum(m[r][:rank])
+        parts.append(data(r)[start : start + m[r][rank]])
+    return np.concatenate(parts)
+
+
+def _from_left(data, rank, size):
+    return data(ring(rank, size)[0])
+
+
+def _from_chain(data, rank, size):
+    source, _ = chain(rank, size)
+    return data(source) if source != MPI.PROC_NULL else np.zeros_like(data(rank))
+
+
+def _own(data, rank, size):
+    return data(rank)
+
+
+# Calls that need more than one line -------------------------------------------
+
+
+def _send_recv(jc, x):
+    source, dest = chain(jc.rank, jc.size)
+    jc.send(x, dest)
+    return jc.recv(x, source, tag=0)
+
+
+def _isend_irecv(jc, x):
+    source, dest = chain(jc.rank, jc.size)
+    received, _ = jc.waitall([jc.irecv(x, source=source, tag=0), jc.isend(x, dest)])
+    return received
+
+
+def _barrier(jc, x):
+    jc.barrier()
+    return x
+
+
+def _allgatherv(jc, x):
+    return jc.allgatherv(x, counts(jc.size))
+
+
+def _gatherv(jc, x):
+    return jc.gatherv(x, counts(jc.size), root=0)
+
+
+def _scatterv_call(jc, x):
+    return jc.scatterv(x, counts(jc.size), root=_last(jc))
+
+
+def _alltoallv_call(jc, x):
+    return jc.alltoallv(x, matrix(jc.size))
+
+
+def _sendrecv(jc, x):
+    return jc.sendrecv(x, x, *ring(jc.rank, jc.size), recvtag=0)
+
+
+# The table --------------------------------------------------------------------
+
+_FIRST = lambda size: 0  # noqa: E731
+
+OPERATIONS = (
+    Operation(
+        "allreduce",
+        family="reduction",
+        kind="collective",
+        call=lambda jc, x: jc.allreduce(x),
+        shape=_block,
+        expected=_reduced(_sum),
+        mpi=("MPI_Allreduce",),
+        targets=("allreduce",),
+        replicated=True,
+    ),
+    Operation(
+        "allreduce-MAX",
+        family="reduction",
+        kind="collective",
+        call=lambda jc, x: jc.allreduce(x, op=MPI.MAX),
+        shape=_block,
+        expected=_reduced(_max),
+        mpi=("MPI_Allreduce",),
+        targets=("allreduce",),
+        transforms=NONLINEAR,
+        linear=False,
+        replicated=True,
+    ),
+    Operation(
+        "allreduce-MIN",
+        family="reduction",
+        kind="collective",
+        call=lambda jc, x: jc.allreduce(x, op=MPI.MIN),
+        shape=_block,
+        expected=_reduced(_min),
+        mpi=("MPI_Allreduce",),
+        targets=("allreduce",),
+        transforms=NONLINEAR,
+        linear=False,
+        replicated=True,
+    ),
+    Operation(
+        "allreduce-PROD",
+        family="reduction",
+        kind="collective",
+        call=lambda jc, x: jc.allreduce(x, op=MPI.PROD),
+        shape=_block,
+        expected=_reduced(_prod),
+        mpi=("MPI_Allreduce",),
+        targets=("allreduce",),
+        transforms=NONLINEAR,
+        linear=False,
+        replicated=True,
+    ),
+    Operation(
+        "reduce",
+        family="reduction",
+        kind="rooted",
+        call=lambda jc, x: jc.reduce(x, root=_last(jc)),
+        shape=_block,
+        expected=_rooted(_sum),
+        mpi=("MPI_Reduce",),
+        targets=("reduce",),
+    ),
+    Operation(
+        "reduce-MIN",
+        family="reduction",
+        kind="rooted",
+        call=lambda jc, x: jc.reduce(x, op=MPI.MIN, root=0),
+        shape=_block,
+        expected=_rooted(_min, root=_FIRST),
+        mpi=("MPI_Reduce",),
+        targets=("reduce",),
+        transforms=NONLINEAR,
+        linear=False,
+    ),
+    Operation(
+        "scan",
+        family="reduction",
+        kind="collective",
+        call=lambda jc, x: jc.scan(x),
+        shape=_block,
+        expected=_prefix(_sum),
+        mpi=("MPI_Scan",),
+        targets=("scan",),
+    ),
+    Operation(
+        "scan-PROD",
+        family="reduction",
+        kind="collective",
+        call=lambda jc, x: jc.scan(x, op=MPI.PROD),
+        shape=_block,
+        expected=_prefix(_prod),
+        mpi=("MPI_Scan",),
+        targets=("scan",),
+        transforms=NOT_DIFFERENTIABLE,
+        linear=False,
+    ),
+    Operation(
+        "exscan",
+        family="reduction",
+        kind="collective",
+        call=lambda jc, x: jc.exscan(x),
+        shape=_block,
+        expected=_prefix(_sum, inclusive=False),
+        mpi=("MPI_Exscan",),
+        targets=("exscan",),
+    ),
+    Operation(
+        "reduce_scatter",
+        family="reduction",
+        kind="collective",
+        call=lambda jc, x: jc.reduce_scatter(x),
+        shape=_one_per_rank,
+        expected=_reduce_scatter(tiled=False),
+        mpi=("MPI_Reduce_scatter_block",),
+        targets=("reduce_scatter",),
+    ),
+    Operation(
+        "reduce_scatter-tiled",
+        family="reduction",
+        kind="collective",
+        call=lambda jc, x: jc.reduce_scatter(x, tiled=True),
+        shape=_blocks_per_rank,
+        expected=_reduce_scatter(tiled=True),
+        mpi=("MPI_Reduce_scatter_block",),
+        targets=("reduce_scatter",),
+    ),
+    Operation(
+        "bcast",
+        family="bcast",
+        kind="rooted",
+        call=lambda jc, x: jc.bcast(x, root=_last(jc)),
+        shape=_block,
+        expected=_root_data(),
+        mpi=("MPI_Bcast",),
+        targets=("bcast",),
+        replicated=True,
+    ),
+    Operation(
+        "barrier",
+        family="barrier",
+        kind="collective",
+        call=_barrier,
+        shape=_block,
+        expected=_own,
+        mpi=("MPI_Barrier",),
+        targets=("barrier",),
+    ),
+    Operation(
+        "allgather",
+        family="gather",
+        kind="collective",
+        call=lambda jc, x: jc.allgather(x),
+        shape=_block,
+        expected=_reduced(_stack),
+        mpi=("MPI_Allgather",),
+        targets=("allgather",),
+        replicated=True,
+    ),
+    Operation(
+        "allgather-tiled",
+        family="gather",
+        kind="collective",
+        call=lambda jc, x: jc.allgather(x, tiled=True),
+        shape=_block,
+        expected=_reduced(_concatenate),
+        mpi=("MPI_Allgather",),
+        targets=("allgather",),
+        replicated=True,
+    ),
+    Operation(
+        "gather",
+        family="gather",
+        kind="rooted",
+        call=lambda jc, x: jc.gather(x, root=_last(jc)),
+        shape=_block,
+        expected=_rooted(_stack),
+        mpi=("MPI_Gather",),
+        targets=("gather",),
+    ),
+    Operation(
+        "gather-tiled",
+        family="gather",
+        kind="rooted",
+        call=lambda jc, x: jc.gather(x, root=0, tiled=True),
+        shape=_block,
+        expected=_rooted(_concatenate, root=_FIRST),
+        mpi=("MPI_Gather",),
+        targets=("gather",),
+    ),
+    Operation(
+        "scatter",
+        family="gather",
+        kind="rooted",
+        call=lambda jc, x: jc.scatter(x, root=_last(jc)),
+        shape=_one_per_rank,
+        expected=_scatter(tiled=False),
+        mpi=("MPI_Scatter",),
+        targets=("scatter",),
+    ),
+    Operation(
+        "scatter-tiled",
+        family="gather",
+        kind="rooted",
+        call=lambda jc, x: jc.scatter(x, root=0, tiled=True),
+        shape=_blocks_per_rank,
+        expected=_scatter(tiled=True, root=_FIRST),
+        mpi=("MPI_Scatter",),
+        targets=("scatter",),
+    ),
+    Operation(
+        "alltoall",
+        family="gather",
+        kind="collective",
+        call=lambda jc, x: jc.alltoall(x),
+        shape=_one_per_rank,
+        expected=_alltoall(tiled=False),
+        mpi=("MPI_Alltoall",),
+        targets=("alltoall",),
+    ),
+    Operation(
+        "alltoall-tiled",
+        family="gather",
+        kind="collective",
+        call=lambda jc, x: jc.alltoall(x, tiled=True),
+        shape=_blocks_per_rank,
+        expected=_alltoall(tiled=True),
+        mpi=("MPI_Alltoall",),
+        targets=("alltoall",),
+    ),
+    Operation(
+        "allgatherv",
+        family="gather",
+        kind="v",
+        call=_allgatherv,
+        shape=_own_count,
+        expected=_reduced(_concatenate),
+        mpi=("MPI_Allgatherv",),
+        targets=("allgatherv",),
+        replicated=True,
+    ),
+    Operation(
+        "gatherv",
+        family="gather",
+        kind="v",
+        call=_gatherv,
+        shape=_own_count,
+        expected=_rooted(_concatenate, root=_FIRST),
+        mpi=("MPI_Gatherv",),
+        targets=("gatherv",),
+    ),
+    Operation(
+        "scatterv",
+        family="gather",
+        kind="v",
+        call=_scatterv_call,
+        shape=_all_counts,
+        expected=_scatterv,
+        mpi=("MPI_Scatterv",),
+        targets=("scatterv",),
+    ),
+    Operation(
+        "alltoallv",
+        family="gather",
+        kind="v",
+        call=_alltoallv_call,
+        shape=_row_of_matrix,
+        expected=_alltoallv,
+        mpi=("MPI_Alltoallv",),
+        targets=("alltoallv",),
+    ),
+    Operation(
+        "sendrecv",
+        family="p2p",
+        kind="p2p",
+        call=_sendrecv,
+        shape=_block,
+        expected=_from_left,
+        mpi=("MPI_Sendrecv",),
+        targets=("sendrecv",),
+    ),
+    Operation(
+        "send/recv",
+        family="p2p",
+        kind="p2p",
+        call=_send_recv,
+        shape=_block,
+        expected=_from_chain,
+        mpi=("MPI_Send", "MPI_Recv"),
+        targets=("send", "recv"),
+        methods=("send", "recv"),
+    ),
+    Operation(
+        "shift",
+        family="p2p",
+        kind="p2p",
+        call=lambda jc, x: jc.shift(x, direction=0),
+        shape=_block,
+        expected=_from_left,
+        mpi=("MPI_Sendrecv",),
+        targets=("sendrecv",),
+        grid=True,
+    ),
+    Operation(
+        "isend/irecv",
+        family="nonblocking",
+        kind="nonblocking",
+        call=_isend_irecv,
+        shape=_block,
+        expected=_from_chain,
+        mpi=("MPI_Irecv", "MPI_Isend"),
+        targets=("irecv", "isend", "wait_recv", "wait_send"),
+        methods=("isend", "irecv", "waitall"),
+        transforms=NONBLOCKING,
+    ),
+    Operation(
+        "iallreduce",
+        family="nonblocking",
+        kind="nonblocking",
+        call=lambda jc, x: jc.wait(jc.iallreduce(x)),
+        shape=_block,
+        expected=_reduced(_sum),
+        mpi=("MPI_Iallreduce",),
+        targets=("iallreduce", "wait_exchange"),
+        methods=("iallreduce", "wait"),
+        replicated=True,
+        transforms=NONBLOCKING,
+    ),
+    Operation(
+        "ibcast",
+        family="nonblocking",
+        kind="nonblocking",
+        call=lambda jc, x: jc.wait(jc.ibcast(x, root=_last(jc))),
+        shape=_block,
+        expected=_root_data(),
+        mpi=("MPI_Ibcast",),
+        targets=("ibcast", "wait_exchange"),
+        methods=("ibcast", "wait"),
+        replicated=True,
+        transforms=NONBLOCKING,
+    ),
+    Operation(
+        "iallgather",
+        family="nonblocking",
+        kind="nonblocking",
+        call=lambda jc, x: jc.wait(jc.iallgather(x)),
+        shape=_block,
+        expected=_reduced(_stack),
+        mpi=("MPI_Iallgather",),
+        targets=("iallgather", "wait_exchange"),
+        methods=("iallgather", "wait"),
+        replicated=True,
+        transforms=NONBLOCKING,
+    ),
+    Operation(
+        "ialltoall",
+        family="nonblocking",
+        kind="nonblocking",
+        call=lambda jc, x: jc.wait(jc.ialltoall(x, tiled=True)),
+        shape=_blocks_per_rank,
+        expected=_alltoall(tiled=True),
+        mpi=("MPI_Ialltoall",),
+        targets=("ialltoall", "wait_exchange"),
+        methods=("ialltoall", "wait"),
+        transforms=NONBLOCKING,
+    ),
+)
+
+BY_ID = {op.id: op for op in OPERATIONS}
+assert len(BY_ID) == len(OPERATIONS), "two rows share an id"
+
+
+@dataclass(frozen=True)
+class Internal:
+    """An FFI target that is no operation of its own, and the row that uses it.
+
+    Attributes:
+        row: the id of the row whose operation uses the target.
+        why: when it does.
+        call: ``call(jc, x)``, a use of the row's operation whose lowering
+            reaches the target (``x`` of shape ``(2, 3)``).
+    """
+
+    row: str
+    why: str
+    call: Callable[[Any, Any], Any]
+
+
+def _recv_with_status(jc, x):
+    return jc.recv(x, ring(jc.rank, jc.size)[0], status=MPI.Status())
+
+
+def _wildcard_tangent(jc, x):
+    dest = ring(jc.rank, jc.size)[1]
+    return jax.jvp(lambda x: jc.sendrecv(x, x, source=MPI.ANY_SOURCE, dest=dest), (x,), (x,))[1]
+
+
+def _during(jc, x):
+    source, dest = ring(jc.rank, jc.size)
+    requests = [jc.irecv(x, source=source), jc.isend(x, dest)]
+    y = jc.during(requests, jax.numpy.sin, x)
+    return y, jc.waitall(requests)[0]
+
+
+# FFI targets no row's call lowers to, each mapped to the row that uses it.
+INTERNAL_TARGETS = {
+    "write_status": Internal("send/recv", "recv(..., status=MPI.Status())", _recv_with_status),
+    "sendrecv_addressed": Internal(
+        "sendrecv", "the tangent of a receive from MPI.ANY_SOURCE", _wildcard_tangent
+    ),
+    "fence": Internal("isend/irecv", "JaxComm.during between starts and waits", _during),
+}
+
+# Public JaxComm members that move no data, each with what it is.
+NOT_COMMUNICATING = {
+    "comm": "property: the private mpi4py communicator",
+    "rank": "property",
+    "size": "property",
+    "freed": "property",
+    "dims": "property of a Cartesian JaxComm",
+    "periods": "property of a Cartesian JaxComm",
+    "coords": "property of a Cartesian JaxComm",
+    "free": "frees the communicators (MPI_Comm_free, no message of jaxcomm's)",
+    "split": "makes a communicator (MPI_Comm_split)",
+    "from_cart": "makes a communicator (MPI_Cart_create)",
+    "cart_shift": "neighbour ranks of a Cartesian grid, no message",
+    "during": "orders a computation between starts and waits, no message",
+    "sync": "waits for dispatched work, no message",
+}
+
+
+def select(*transforms, grid=False, **properties):
+    """The rows that support every one of ``transforms`` and have ``properties``.
+
+    Rows that need a Cartesian ``JaxComm`` are left out unless ``grid`` is None
+    (any row) or True (only those).
+    """
+    return [
+        op
+        for op in OPERATIONS
+        if set(transforms) <= op.transforms
+        and (grid is None or op.grid == grid)
+        and all(getattr(op, k) == v for k, v in properties.items())
+    ]
+
+
+def ids(operations):
+    """pytest ids of rows, without characters that need quoting."""
+    return [op.id.replace("/", "-") for op in operations]
+
+
+def params(operations):
+    """``pytest.param`` objects of rows, named by their ids."""
+    return [pytest.param(op, id=name) for op, name in zip(operations, ids(operations))]

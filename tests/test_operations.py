@@ -1,0 +1,142 @@
+"""The operation table (``operations.py``): complete, and right about every row.
+
+Completeness needs no MPI launch: every FFI target of ``jaxcomm/kernels/ops.def``
+(and of the installed kernels) is used by a row or mapped to one, and every
+public ``JaxComm`` member is called by a row or listed as moving no data. The
+rows' claims (results, MPI calls, FFI targets) are checked on every rank.
+"""
+
+import pathlib
+import re
+
+import jax
+import numpy as np
+import pytest
+from conftest import mpi_debug, rank_data, unchanged
+from operations import (
+    BY_ID,
+    INTERNAL_TARGETS,
+    NOT_COMMUNICATING,
+    OPERATIONS,
+    params,
+    select,
+)
+
+import jaxcomm
+from jaxcomm import JaxComm
+
+OPS_DEF = pathlib.Path(__file__).resolve().parent.parent / "jaxcomm" / "kernels" / "ops.def"
+
+
+def _ops_def_targets():
+    """The targets of ``ops.def``'s rows (its python_name), from the repository."""
+    text = re.sub(r"//.*", "", OPS_DEF.read_text())
+    return set(re.findall(r"^JAXCOMM_OP\((\w+),", text, flags=re.MULTILINE))
+
+
+def _installed_targets():
+    """The targets the installed CPU kernels register, ``jaxcomm_`` left off."""
+    return {name.removeprefix("jaxcomm_") for name in jaxcomm._runtime._kernels_cpu.attributes()}
+
+
+def _table_targets():
+    return {target for op in OPERATIONS for target in op.targets}
+
+
+def test_every_ffi_target_is_in_the_table():
+    for where, targets in (("ops.def", _ops_def_targets()), ("the kernels", _installed_targets())):
+        missing = targets - _table_targets() - set(INTERNAL_TARGETS)
+        assert not missing, (
+            f"FFI targets of {where} in no row of tests/operations.py: {sorted(missing)}; "
+            "add a row (or map an internal target in INTERNAL_TARGETS)"
+        )
+        stale = (_table_targets() | set(INTERNAL_TARGETS)) - targets
+        assert not stale, f"tests/operations.py names targets {where} lacks: {sorted(stale)}"
+
+
+def test_internal_targets_name_rows_that_exist():
+    for target, internal in INTERNAL_TARGETS.items():
+        assert internal.row in BY_ID, f"{target} is mapped to {internal.row!r}, which is no row"
+        assert target not in BY_ID[internal.row].targets, f"{target} is its row's own target"
+
+
+def test_every_public_method_is_in_the_table():
+    public = {name for name in dir(JaxComm) if not name.startswith("_")}
+    called = {method for op in OPERATIONS for method in op.methods}
+    missing = public - called - set(NOT_COMMUNICATING)
+    assert not missing, (
+        f"public JaxComm members in no row of tests/operations.py: {sorted(missing)}; add a row "
+        "(or list the member in NOT_COMMUNICATING if it moves no data)"
+    )
+    assert not called - public, f"rows call what JaxComm lacks: {sorted(called - public)}"
+    assert not set(NOT_COMMUNICATING) - public, sorted(set(NOT_COMMUNICATING) - public)
+    assert not called & set(NOT_COMMUNICATING), sorted(called & set(NOT_COMMUNICATING))
+
+
+# The rows' claims --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def grid(jc):
+    """A periodic one-axis Cartesian JaxComm over the ranks, for the rows that need one."""
+    comm = JaxComm.from_cart([jc.size], periods=[True])
+    yield comm
+    comm.free()
+
+
+def _comm_for(op, jc, grid):
+    return grid if op.grid else jc
+
+
+def _data(op, size):
+    return lambda r: rank_data(r, op.shape(size, r), np.dtype(np.float64))
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("mode", ["eager", "jit"])
+@pytest.mark.parametrize("op", params(select(grid=None)))
+def test_result(jc, grid, op, mode):
+    comm = _comm_for(op, jc, grid)
+    data = _data(op, comm.size)
+    x = jax.numpy.asarray(data(comm.rank))
+    call = (lambda x: op.call(comm, x)) if mode == "eager" else jax.jit(lambda x: op.call(comm, x))
+    got = call(x)
+    want = op.expected(data, comm.rank, comm.size)
+    assert np.shape(got) == want.shape
+    np.testing.assert_array_equal(np.asarray(got), want)
+    unchanged(x, data(comm.rank))
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("op", params(select(grid=None)))
+def test_mpi_calls(jc, grid, op, capfd):
+    comm = _comm_for(op, jc, grid)
+    x = jax.numpy.asarray(_data(op, comm.size)(comm.rank))
+    capfd.readouterr()
+    with mpi_debug():
+        jax.block_until_ready(jax.jit(lambda x: op.call(comm, x))(x))
+        jaxcomm.sync()
+    lines = capfd.readouterr().err.splitlines()
+    calls = tuple(line.split(" | ")[1].split()[0] for line in lines if " | MPI_" in line)
+    assert calls == op.mpi
+
+
+def _lowered_targets(fn, x):
+    text = jax.jit(fn).lower(x).as_text()
+    return set(re.findall(r"custom_call @jaxcomm_(\w+)\(", text))
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("op", params(select(grid=None)))
+def test_targets(jc, grid, op):
+    comm = _comm_for(op, jc, grid)
+    x = jax.ShapeDtypeStruct(op.shape(comm.size, comm.rank), np.float64)
+    assert _lowered_targets(lambda x: op.call(comm, x), x) == set(op.targets)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("target", sorted(INTERNAL_TARGETS))
+def test_internal_target_is_used_as_the_table_says(jc, target):
+    call = INTERNAL_TARGETS[target].call
+    x = jax.ShapeDtypeStruct((2, 3), np.float64)
+    assert target in _lowered_targets(lambda x: call(jc, x), x)
