@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from mpi4py import MPI
+from operations import TRANSPOSE, params, select
 
 EPS = 1e-5
 
@@ -161,35 +162,12 @@ def test_gathers_that_transpose_exactly(jc):
     check_ad(jc, f, _data(jc, (rows, 2)), order=2)
 
 
-_TRANSPOSABLE = {
-    "allreduce": lambda jc, x: jc.allreduce(x),
-    "reduce": lambda jc, x: jc.reduce(x, root=jc.size - 1),
-    "scan": lambda jc, x: jc.scan(x),
-    "exscan": lambda jc, x: jc.exscan(x),
-    "reduce_scatter": lambda jc, x: jc.reduce_scatter(x, tiled=True),
-    "bcast": lambda jc, x: jc.bcast(x, root=jc.size - 1),
-    "allgather": lambda jc, x: jc.allgather(x),
-    "allgather_tiled": lambda jc, x: jc.allgather(x, tiled=True),
-    "gather": lambda jc, x: jc.gather(x, root=0, tiled=True),
-    "scatter": lambda jc, x: jc.scatter(x, root=0, tiled=True),
-    "alltoall": lambda jc, x: jc.alltoall(x, tiled=True),
-    "allgatherv": lambda jc, x: jc.allgatherv(
-        x[: jc.rank % 2 + 1], [r % 2 + 1 for r in range(jc.size)]
-    ),
-    "gatherv": lambda jc, x: jc.gatherv(x[: jc.rank % 2 + 1], [r % 2 + 1 for r in range(jc.size)]),
-    "scatterv": lambda jc, x: jc.scatterv(x[: jc.size], [1] * jc.size),
-    "sendrecv": lambda jc, x: jc.sendrecv(
-        x, x, source=(jc.rank - 1) % jc.size, dest=(jc.rank + 1) % jc.size, recvtag=0
-    ),
-}
-
-
 @pytest.mark.x64
 @pytest.mark.mpi
-@pytest.mark.parametrize("name", sorted(_TRANSPOSABLE))
-def test_transposition_is_an_involution(jc, name):
-    op = lambda x: _TRANSPOSABLE[name](jc, x)
-    x = _data(jc, (2 * jc.size, 3))
+@pytest.mark.parametrize("row", params(select(TRANSPOSE)))
+def test_transposition_is_an_involution(jc, row):
+    op = lambda x: row.call(jc, x)  # noqa: E731
+    x = _data(jc, row.shape(jc.size, jc.rank))
     out = jax.eval_shape(op, x)
     transpose = jax.linear_transpose(op, x)
     twice = jax.linear_transpose(lambda ct: transpose(ct)[0], jnp.zeros(out.shape, out.dtype))

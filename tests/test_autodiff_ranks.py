@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from jax import lax
 from mpi4py import MPI
+from operations import GRAD, select
 
 from jaxcomm import JaxComm
 from jaxcomm._runtime import mpi_comm
@@ -50,45 +51,27 @@ def _compare(jc, program, x):
             np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
 
 
-def _ring(jc):
-    return (jc.rank - 1) % jc.size, (jc.rank + 1) % jc.size
-
-
-_OPS = {
-    "allreduce": lambda jc, y: jc.allreduce(y),
-    "allreduce_max": lambda jc, y: jc.allreduce(y, op=MPI.MAX),
-    "allreduce_prod": lambda jc, y: jc.allreduce(y, op=MPI.PROD),
-    "reduce": lambda jc, y: jc.reduce(y, root=jc.size - 1),
-    "reduce_min": lambda jc, y: jc.reduce(y, op=MPI.MIN, root=0),
-    "scan": lambda jc, y: jc.scan(y),
-    "exscan": lambda jc, y: jc.exscan(y),
-    "reduce_scatter": lambda jc, y: jc.reduce_scatter(y, tiled=True),
-    "bcast": lambda jc, y: jc.bcast(y, root=jc.size - 1),
-    "allgather": lambda jc, y: jc.allgather(y, tiled=True),
-    "gather": lambda jc, y: jc.gather(y, root=jc.size - 1),
-    "scatter": lambda jc, y: jc.scatter(y, root=jc.size - 1, tiled=True),
-    "alltoall": lambda jc, y: jc.alltoall(y, tiled=True),
-    "allgatherv": lambda jc, y: jc.allgatherv(
-        y[: jc.rank % 2 + 1], [r % 2 + 1 for r in range(jc.size)]
-    ),
-    "gatherv": lambda jc, y: jc.gatherv(y[: jc.rank % 2 + 1], [r % 2 + 1 for r in range(jc.size)]),
-    "scatterv": lambda jc, y: jc.scatterv(y[: jc.size], [1] * jc.size, root=jc.size - 1),
-    "alltoallv": lambda jc, y: jc.alltoallv(y[: jc.size], [[1] * jc.size] * jc.size),
-    "sendrecv": lambda jc, y: jc.sendrecv(y, y, *_ring(jc), recvtag=0),
-    "pytree": lambda jc, y: jc.allreduce({"a": y, "b": [2 * y[0]]})["b"][0],
-}
+# name: (op on this rank's y, shape of y from (size, rank)).
+_OPS = {op.id: (op.call, op.shape) for op in select(GRAD)}
+_OPS["pytree"] = (
+    lambda jc, y: jc.allreduce({"a": y, "b": [2 * y[0]]})["b"][0],
+    lambda size, rank: (2, 3),
+)
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("name", sorted(_OPS))
+@pytest.mark.parametrize("name", sorted(_OPS), ids=lambda name: name.replace("/", "-"))
 def test_operand_independent_of_x_on_other_ranks(jc, name):
+    call, shape = _OPS[name]
+
     def program(x, symbolic):
-        y = _OPS[name](jc, _mine(jc, x, symbolic))
+        y = call(jc, _mine(jc, x, symbolic))
         # A second collective: a derivative call paired with the wrong message
         # would show here.
         return jnp.sin(y) * jc.allreduce(jnp.sum(x**2))
 
-    _compare(jc, program, jnp.linspace(0.5, 1.5, 2 * jc.size * 3).reshape(2 * jc.size, 3))
+    shape = shape(jc.size, jc.rank)
+    _compare(jc, program, jnp.linspace(0.5, 1.5, int(np.prod(shape))).reshape(shape))
 
 
 _CONTEXTS = {
@@ -107,7 +90,7 @@ _CONTEXTS = {
 @pytest.mark.parametrize("op", ["allreduce", "reduce", "sendrecv"])
 def test_inside_transformations_and_control_flow(jc, context, op):
     def program(x, symbolic):
-        y = _CONTEXTS[context](lambda y: _OPS[op](jc, jnp.sin(y)), _mine(jc, x, symbolic))
+        y = _CONTEXTS[context](lambda y: _OPS[op][0](jc, jnp.sin(y)), _mine(jc, x, symbolic))
         return y * jc.allreduce(jnp.sum(x))
 
     _compare(jc, program, jnp.linspace(0.5, 1.5, 6).reshape(2, 3))

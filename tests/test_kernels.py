@@ -13,6 +13,7 @@ import pytest
 from conftest import RUNTIME_ERRORS, not_reported_again
 from jax.interpreters.mlir import ir
 from mpi4py import MPI
+from operations import INTERNAL_TARGETS, params, select
 
 import jaxcomm
 import jaxcomm.ops
@@ -25,21 +26,20 @@ def _ring_sendrecv(jc, x):
     return jc.sendrecv(x, x, source=(jc.rank - 1) % jc.size, dest=(jc.rank + 1) % jc.size)
 
 
-# One call per op family, each run through a captured JaxComm.
-FAMILIES = {
-    "allreduce": lambda jc, x: jc.allreduce(x),
-    "bcast": lambda jc, x: jc.bcast(x, root=0),
-    "allgather": lambda jc, x: jc.allgather(x),
-    "alltoallv": lambda jc, x: jc.alltoallv(x[: jc.size], [[1] * jc.size] * jc.size),
-    "barrier": lambda jc, x: (jc.barrier(), x)[1],
-}
+# The first row of the operation table of each op family and kind, each run
+# through a captured JaxComm (point-to-point has its own test below).
+FAMILIES = list(
+    {(op.family, op.kind): op for op in reversed(select()) if op.kind != "p2p"}.values()
+)
 
 
-def _freed_then_replaced(call, check):
+def _freed_then_replaced(call, check, shape=lambda size, rank: (4,)):
     """Run jit(call) on a JaxComm, free it, make another, then ``check(step, x, second)``."""
     first = JaxComm(MPI.COMM_WORLD)
     step = jax.jit(lambda x: call(first, x))
-    x = jnp.arange(4.0)
+    x = jnp.arange(float(np.prod(shape(first.size, first.rank)))).reshape(
+        shape(first.size, first.rank)
+    )
     step(x).block_until_ready()
     first.free()
     # MPI recycles the freed handle, most likely for this very communicator:
@@ -52,16 +52,17 @@ def _freed_then_replaced(call, check):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("family", FAMILIES)
-def test_compiled_function_refuses_a_freed_communicator(family):
+@pytest.mark.parametrize("op", params(FAMILIES))
+def test_compiled_function_refuses_a_freed_communicator(op):
     def check(step, x, second):
         with pytest.raises(RUNTIME_ERRORS, match="communicator was freed"):
             step(x).block_until_ready()
         not_reported_again()
         # The refusal is contained: the new communicator works.
-        np.testing.assert_array_equal(second.allreduce(x), second.size * x)
+        y = jnp.arange(4.0)
+        np.testing.assert_array_equal(second.allreduce(y), second.size * y)
 
-    _freed_then_replaced(FAMILIES[family], check)
+    _freed_then_replaced(op.call, check, op.shape)
 
 
 @pytest.mark.mpi
@@ -197,48 +198,19 @@ def _custom_call_attributes(lowered):
 
 
 def _every_method(jc, platform="cpu"):
-    """Calls reaching every primitive through the public API, lowered for ``platform``, never run."""
+    """Every row of the operation table, and the calls that reach the internal targets.
+
+    Lowered for ``platform``, never run.
+    """
     size, rank = jc.size, jc.rank
-    x = jnp.ones((size, 2))
-    ring = dict(source=(rank - 1) % size, dest=(rank + 1) % size)
+    rows = select()
 
-    def program(x):
-        out = [
-            jc.allreduce(x),
-            jc.reduce(x),
-            jc.scan(x),
-            jc.exscan(x),
-            jc.reduce_scatter(x),
-            jc.bcast(x),
-            jc.allgather(x),
-            jc.gather(x),
-            jc.scatter(x),
-            jc.alltoall(x),
-            jc.allgatherv(x[:1], [1] * size),
-            jc.gatherv(x[:1], [1] * size),
-            jc.scatterv(x, [1] * size),
-            jc.alltoallv(x, [[1] * size] * size),
-            jc.sendrecv(x, x, **ring),
-        ]
-        jc.barrier()
-        jc.send(x, ring["dest"])
-        out.append(jc.recv(x, source=ring["source"], status=MPI.Status()))
-        # The tangent of a wildcard receive is addressed by its envelope.
-        wildcard = lambda x: jc.sendrecv(x, x, source=MPI.ANY_SOURCE, dest=ring["dest"])
-        out.append(jax.jvp(wildcard, (x,), (x,))[1])
-        requests = [
-            jc.irecv(x, source=ring["source"]),
-            jc.isend(x, ring["dest"]),
-            jc.iallreduce(x),
-            jc.ibcast(x),
-            jc.iallgather(x),
-            jc.ialltoall(x),
-        ]
-        out.append(jc.during(requests, jnp.sin, x))
-        out.extend(y for y in jc.waitall(requests) if y is not None)
-        return out
+    def program(xs, x):
+        out = [op.call(jc, x) for op, x in zip(rows, xs)]
+        return out + [internal.call(jc, x) for internal in INTERNAL_TARGETS.values()]
 
-    return jax.jit(program).trace(x).lower(lowering_platforms=(platform,))
+    xs = [jnp.ones(op.shape(size, rank)) for op in rows]
+    return jax.jit(program).trace(xs, jnp.ones((2, 3))).lower(lowering_platforms=(platform,))
 
 
 # Each platform's kernels module; the CUDA one only where this build has it.

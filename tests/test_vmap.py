@@ -1,8 +1,9 @@
 """vmap: every op gives what a Python loop over the batch gives, in one MPI call.
 
 The loop runs the same op eagerly once per batch member; the vmapped call
-must match it and make exactly one MPI call for the whole batch (counted in
-the ``JAXCOMM_DEBUG`` log).
+must match it and make the MPI calls of one unbatched call for the whole
+batch (one, or a start and its wait; counted in the ``JAXCOMM_DEBUG`` log).
+The ops are the rows of ``operations.py`` that support vmap.
 """
 
 from functools import partial
@@ -12,101 +13,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import mpi_debug, rank_data
-from mpi4py import MPI
+from operations import BY_ID, VMAP, chain, params, ring, select
 
 import jaxcomm
 
 BATCH = 3
 
 
-def _counts(size):
-    """Uneven rows per rank, empty on some ranks."""
-    return [(r + 1) % 3 for r in range(size)]
-
-
-def _matrix(size):
-    return [[(2 * i + j) % 3 for j in range(size)] for i in range(size)]
-
-
 def _ring(jc):
-    return (jc.rank - 1) % jc.size, (jc.rank + 1) % jc.size
-
-
-# name: (per-example op, per-example shape from (size, rank), the MPI call).
-OPS = {
-    "allreduce": (lambda jc, x: jc.allreduce(x), lambda s, r: (2, 3), "MPI_Allreduce"),
-    "reduce": (
-        lambda jc, x: jc.reduce(x, op=MPI.MAX, root=jc.size - 1),
-        lambda s, r: (2, 3),
-        "MPI_Reduce",
-    ),
-    "scan": (lambda jc, x: jc.scan(x, op=MPI.PROD), lambda s, r: (2, 3), "MPI_Scan"),
-    "exscan": (lambda jc, x: jc.exscan(x), lambda s, r: (2, 3), "MPI_Exscan"),
-    "reduce_scatter": (
-        lambda jc, x: jc.reduce_scatter(x),
-        lambda s, r: (s, 2),
-        "MPI_Reduce_scatter_block",
-    ),
-    "reduce_scatter-tiled": (
-        lambda jc, x: jc.reduce_scatter(x, tiled=True),
-        lambda s, r: (2 * s, 2),
-        "MPI_Reduce_scatter_block",
-    ),
-    "bcast": (lambda jc, x: jc.bcast(x, root=jc.size - 1), lambda s, r: (2, 3), "MPI_Bcast"),
-    "allgather": (lambda jc, x: jc.allgather(x), lambda s, r: (2, 3), "MPI_Allgather"),
-    "allgather-tiled": (
-        lambda jc, x: jc.allgather(x, tiled=True),
-        lambda s, r: (2, 3),
-        "MPI_Allgather",
-    ),
-    "gather": (lambda jc, x: jc.gather(x, root=jc.size - 1), lambda s, r: (2, 3), "MPI_Gather"),
-    "gather-tiled": (
-        lambda jc, x: jc.gather(x, root=jc.size - 1, tiled=True),
-        lambda s, r: (2, 3),
-        "MPI_Gather",
-    ),
-    "scatter": (
-        lambda jc, x: jc.scatter(x, root=jc.size - 1),
-        lambda s, r: (s, 2),
-        "MPI_Scatter",
-    ),
-    "scatter-tiled": (
-        lambda jc, x: jc.scatter(x, root=jc.size - 1, tiled=True),
-        lambda s, r: (2 * s, 2),
-        "MPI_Scatter",
-    ),
-    "alltoall": (lambda jc, x: jc.alltoall(x), lambda s, r: (s, 2), "MPI_Alltoall"),
-    "alltoall-tiled": (
-        lambda jc, x: jc.alltoall(x, tiled=True),
-        lambda s, r: (2 * s, 2),
-        "MPI_Alltoall",
-    ),
-    "allgatherv": (
-        lambda jc, x: jc.allgatherv(x, _counts(jc.size)),
-        lambda s, r: (_counts(s)[r], 2),
-        "MPI_Allgatherv",
-    ),
-    "gatherv": (
-        lambda jc, x: jc.gatherv(x, _counts(jc.size), root=jc.size - 1),
-        lambda s, r: (_counts(s)[r], 2),
-        "MPI_Gatherv",
-    ),
-    "scatterv": (
-        lambda jc, x: jc.scatterv(x, _counts(jc.size), root=jc.size - 1),
-        lambda s, r: (sum(_counts(s)), 2),
-        "MPI_Scatterv",
-    ),
-    "alltoallv": (
-        lambda jc, x: jc.alltoallv(x, _matrix(jc.size)),
-        lambda s, r: (sum(_matrix(s)[r]), 2),
-        "MPI_Alltoallv",
-    ),
-    "sendrecv": (
-        lambda jc, x: jc.sendrecv(x, x, *_ring(jc)),
-        lambda s, r: (2, 3),
-        "MPI_Sendrecv",
-    ),
-}
+    return ring(jc.rank, jc.size)
 
 
 def mpi_calls(capfd, thunk):
@@ -130,40 +45,39 @@ def batch_data(jc, shape):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("axis", [0, 1, -1])
-@pytest.mark.parametrize("name", list(OPS))
-def test_vmap_is_the_loop_in_one_call(jc, capfd, name, axis):
-    op, shape, call = OPS[name]
-    fn = partial(op, jc)
-    xs = batch_data(jc, shape(jc.size, jc.rank))
+@pytest.mark.parametrize("op", params(select(VMAP)))
+def test_vmap_is_the_loop_in_one_call(jc, capfd, op, axis):
+    fn = partial(op.call, jc)
+    xs = batch_data(jc, op.shape(jc.size, jc.rank))
     want = loop(fn, xs)
     got, calls = mpi_calls(capfd, lambda: jax.vmap(fn, in_axes=axis)(np.moveaxis(xs, 0, axis)))
-    assert calls == [call]
+    assert tuple(calls) == op.mpi
     np.testing.assert_array_equal(np.asarray(got), want)
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("name", ["allgather", "scatter-tiled", "reduce_scatter", "sendrecv"])
 def test_out_axes(jc, capfd, name):
-    op, shape, call = OPS[name]
-    fn = partial(op, jc)
-    xs = batch_data(jc, shape(jc.size, jc.rank))
+    op = BY_ID[name]
+    fn = partial(op.call, jc)
+    xs = batch_data(jc, op.shape(jc.size, jc.rank))
     want = loop(fn, xs)
     batched = jax.vmap(fn, in_axes=1, out_axes=-1)
     got, calls = mpi_calls(capfd, lambda: batched(np.moveaxis(xs, 0, 1)))
-    assert calls == [call]
+    assert tuple(calls) == op.mpi
     np.testing.assert_array_equal(np.asarray(got), np.moveaxis(want, 0, -1))
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("name", ["allgather-tiled", "alltoall", "allreduce"])
 def test_nested_vmap(jc, capfd, name):
-    op, shape, call = OPS[name]
-    fn = partial(op, jc)
-    xs = rank_data(jc.rank, (2, BATCH, *shape(jc.size, jc.rank)), np.float64)
+    op = BY_ID[name]
+    fn = partial(op.call, jc)
+    xs = rank_data(jc.rank, (2, BATCH, *op.shape(jc.size, jc.rank)), np.float64)
     want = np.stack([loop(fn, x) for x in xs])
     nested = jax.vmap(jax.vmap(fn, in_axes=-1), in_axes=1)
     got, calls = mpi_calls(capfd, lambda: nested(np.moveaxis(xs, (0, 1), (1, -1))))
-    assert calls == [call]
+    assert tuple(calls) == op.mpi
     np.testing.assert_array_equal(np.asarray(got), want)
 
 
@@ -263,9 +177,7 @@ def test_unbatched_ops_inside_vmap_stay_unbatched(jc, capfd):
 
 def _chain(jc):
     """Each rank sends right and receives from the left, no wrap-around."""
-    dest = jc.rank + 1 if jc.rank + 1 < jc.size else MPI.PROC_NULL
-    source = jc.rank - 1 if jc.rank > 0 else MPI.PROC_NULL
-    return source, dest
+    return chain(jc.rank, jc.size)
 
 
 @pytest.mark.mpi
