@@ -14,8 +14,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import X64, mpi_debug
+from conftest import X64, mpi_debug, rank_data
 from mpi4py import MPI
+from operations import BY_ID, params, select
 
 from jaxcomm import JaxComm
 
@@ -254,11 +255,22 @@ def test_defaults_follow_jaxcomm_test_x64():
     assert (FLOAT.name, INT.name) == (wide if x64 else narrow)
 
 
+def _table_case(jc, op):
+    """The row's own call on data of JAX's default float type."""
+    data = lambda r: rank_data(r, op.shape(jc.size, r), FLOAT)  # noqa: E731
+    return (lambda x: op.call(jc, x), (data(jc.rank),), op.expected(data, jc.rank, jc.size))
+
+
+def test_cases_are_rows_of_the_table():
+    assert set(CASES) <= set(BY_ID), sorted(set(CASES) - set(BY_ID))
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
-@pytest.mark.parametrize("name", list(CASES), ids=lambda n: n.replace("/", "-"))
-def test_op_on_default_dtypes(jc, name, jit):
-    for i, (fn, args, want) in enumerate(CASES[name](jc)):
+@pytest.mark.parametrize("op", params(select()))
+def test_op_on_default_dtypes(jc, op, jit):
+    cases = [_table_case(jc, op), *CASES.get(op.id, lambda jc: [])(jc)]
+    for i, (fn, args, want) in enumerate(cases):
         got = (jax.jit(fn) if jit else fn)(*args)
         dtype = _default_dtype(want)
         assert got.dtype == dtype, f"case {i}: {got.dtype} != {dtype}"
