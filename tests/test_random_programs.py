@@ -29,6 +29,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from jax import lax
 from mpi4py import MPI
+from operations import select
 
 import jaxcomm
 
@@ -57,26 +58,14 @@ REDUCTIONS = {
 # Real dtypes that gradients are checked in.
 _GRAD_DTYPES = [d for d in DTYPES if d.name in ("float32", "float64")]
 
-_REDUCING = ("allreduce", "reduce", "scan", "exscan", "reduce_scatter")
+_REDUCING = tuple(dict.fromkeys(op.method for op in select(family="reduction")))
 # Ops that take pytrees.
 _TREES = ("allreduce", "reduce", "bcast", "allgather", "gather")
 # Ops whose output is the same on every rank: one value, its cotangent not summed.
-_REPLICATED = ("allreduce", "bcast", "allgather", "allgatherv")
-OPS = (
-    *_REDUCING,
-    "bcast",
-    "allgather",
-    "gather",
-    "scatter",
-    "alltoall",
-    "allgatherv",
-    "gatherv",
-    "scatterv",
-    "alltoallv",
-    "sendrecv",
-    "pair",
-    "barrier",
-)
+_REPLICATED = tuple(dict.fromkeys(op.method for op in select(replicated=True)))
+# The table's blocking operations ("pair": send/recv); each has a model below.
+_BLOCKING = [op for op in select() if op.kind != "nonblocking"]
+OPS = tuple(dict.fromkeys("pair" if op.id == "send/recv" else op.method for op in _BLOCKING))
 TRANSFORMS = ("eager", "jit", "vmap", "jit-vmap", "scan", "jit-scan", "grad", "jit-grad")
 
 
