@@ -1118,6 +1118,36 @@ class JaxComm:
         x, code = reduction_operand(held(x, "x"), op)
         return nonblocking.start(nonblocking.iallreduce_p, x, op=code, handle=handle)
 
+    def ireduce(self, x: ArrayLike, op: MPI.Op = MPI.SUM, root: int = 0) -> Request:
+        """Start combining ``x`` from every rank with ``op`` onto ``root``; see :meth:`wait`.
+
+        Wraps ``MPI_Ireduce``. Its wait returns what :meth:`reduce` returns:
+        the reduction on root, zeros elsewhere. Arguments as for
+        :meth:`reduce`, but a single array, not a pytree. Works eagerly and
+        under ``jit``, in loops and conditionals, under ``vmap`` inside
+        ``jit``; differentiable (the cotangent goes back as a broadcast from
+        root, as :meth:`reduce`'s).
+
+        Args:
+            x: array or scalar, the same shape and dtype on every rank.
+            op: a predefined ``MPI.Op`` (see :meth:`allreduce`).
+            root: the rank that gets the result (a static int).
+
+        Returns:
+            A :class:`jaxcomm.Request`; its wait returns a new array of
+            ``x``'s shape and dtype: the reduction on root, zeros elsewhere.
+
+        Raises:
+            TypeError: for a non-array ``x``, an op MPI does not define for its
+                dtype, or a non-int or traced ``root``.
+            ValueError: for a user-defined ``MPI.Op`` or a ``root`` that is not
+                a rank of the communicator.
+        """
+        handle = self._live()
+        x, code = reduction_operand(held(x, "x"), op)
+        root = static_rank(root, "root", self._size)
+        return nonblocking.start(nonblocking.ireduce_p, x, op=code, root=root, handle=handle)
+
     def ibcast(self, x: ArrayLike, root: int = 0) -> Request:
         """Start broadcasting root's ``x`` to every rank; :meth:`wait` returns it.
 
@@ -1225,8 +1255,8 @@ class JaxComm:
         """Complete a nonblocking operation and return its result.
 
         Wraps ``MPI_Wait``. Returns the received array (``irecv``), the
-        collective's result (``iallreduce``, ``ibcast``, ``iallgather``,
-        ``ialltoall``) or None (``isend``). Waits are ordered with every other
+        collective's result (``iallreduce``, ``ireduce``, ``ibcast``,
+        ``iallgather``, ``ialltoall``) or None (``isend``). Waits are ordered with every other
         jaxcomm call, in program order. Each request is waited exactly once,
         in the traced function (loop body, cond branch) that started it, or
         eagerly for a request started eagerly.

@@ -1,4 +1,4 @@
-"""Nonblocking operations: isend, irecv, iallreduce, ibcast, iallgather, ialltoall, wait.
+"""Nonblocking operations: isend, irecv, iallreduce, ireduce, ibcast, iallgather, ialltoall, wait.
 
 Every rule of docs/nonblocking.md has a test here: program order, buffers
 kept alive until the wait and read only after it, one wait per request in
@@ -187,6 +187,30 @@ def test_collectives(jc, mode):
     np.testing.assert_array_equal(
         out[6 + size], doubled[:, 2 * rank : 2 * rank + 2].reshape(2 * size, 3)
     )
+    unchanged(x, every[rank])
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("mode", ["eager", "jit"])
+def test_rooted_collectives(jc, mode):
+    # Every root; MPI leaves the others' results undefined, jaxcomm gives zeros.
+    size, rank = jc.size, jc.rank
+    x = jnp.asarray(rank_data(rank, (size, 3), np.float32))
+    every = np.stack([rank_data(r, (size, 3), np.float32) for r in range(size)])
+
+    def program(x):
+        reqs = [
+            *[jc.ireduce(x, root=root) for root in range(size)],
+            jc.ireduce(x, op=MPI.MAX, root=size - 1),
+        ]
+        return jc.waitall(reqs[::-1])[::-1]
+
+    run = jax.jit(program) if mode == "jit" else program
+    out = run(x)
+    zeros = np.zeros_like(every[rank])
+    for root in range(size):
+        np.testing.assert_array_equal(out[root], every.sum(0) if rank == root else zeros)
+    np.testing.assert_array_equal(out[size], every.max(0) if rank == size - 1 else zeros)
     unchanged(x, every[rank])
 
 
@@ -457,6 +481,14 @@ def _pairs(jc):
             lambda v: jc.wait(jc.iallreduce(v * v, op=MPI.PROD)),
             lambda v: jc.allreduce(v * v, op=MPI.PROD),
         ),
+        "reduce": (
+            lambda v: jc.wait(jc.ireduce(jnp.sin(v), root=last)),
+            lambda v: jc.reduce(jnp.sin(v), root=last),
+        ),
+        "reduce-max": (
+            lambda v: jc.wait(jc.ireduce(jnp.sin(v), op=MPI.MAX, root=0)),
+            lambda v: jc.reduce(jnp.sin(v), op=MPI.MAX, root=0),
+        ),
         "bcast": (
             lambda v: jc.wait(jc.ibcast(v * v, root=last)),
             lambda v: jc.bcast(v * v, root=last),
@@ -472,7 +504,17 @@ def _pairs(jc):
     }
 
 
-PAIRS = ["ring", "allreduce", "allreduce-max", "allreduce-prod", "bcast", "allgather", "alltoall"]
+PAIRS = [
+    "ring",
+    "allreduce",
+    "allreduce-max",
+    "allreduce-prod",
+    "reduce",
+    "reduce-max",
+    "bcast",
+    "allgather",
+    "alltoall",
+]
 
 
 @pytest.mark.mpi

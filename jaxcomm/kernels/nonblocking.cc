@@ -1,5 +1,6 @@
-// Nonblocking operations: MPI_Isend, MPI_Irecv, MPI_Iallreduce, MPI_Ibcast,
-// MPI_Iallgather, MPI_Ialltoall, and the MPI_Wait that completes each.
+// Nonblocking operations: MPI_Isend, MPI_Irecv, MPI_Iallreduce, MPI_Ireduce,
+// MPI_Ibcast, MPI_Iallgather, MPI_Ialltoall, and the MPI_Wait that completes
+// each.
 //
 // A start handler makes the MPI call and writes a request handle: the bits
 // of two int32 (slot, serial) in a float32[2] (a float type, so that a
@@ -67,6 +68,9 @@ struct Slot {
   int64_t count = 0;  // elements of the operation's input
   ffi::DataType dtype = ffi::DataType::INVALID;
   int64_t site = -1;
+  // MPI leaves this rank's result undefined (a non-root reduce): the wait
+  // gives zeros.
+  bool undefined = false;
   // The buffers the start was given, which the wait must be handed again,
   // and the memory MPI uses for them until the wait.
   Held send;
@@ -238,6 +242,7 @@ class Start {
     s.count = Count(x);
     s.dtype = x.element_type();
     s.site = CurrentSite();
+    s.undefined = false;
     s.send = Held{};
     s.recv = Held{};
     ffi::Error written = WriteHandle(memory_, handle, index_, serial);
@@ -379,15 +384,17 @@ ffi::Error IrecvImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffe
 
 namespace {
 
-// MPI_Iallreduce (and the other element-wise nonblocking reductions): y
-// takes the reduction of every rank's x.
-using ReductionStart = int (*)(const void*, void*, int, MPI_Datatype, MPI_Op, MPI_Comm,
-                               MPI_Request*);
-
-ffi::Error StartReduction(const Call& call, Memory& memory, ReductionStart reduce,
-                          const char* function, ffi::AnyBuffer& x, ffi::AnyBuffer& handle,
-                          ffi::AnyBuffer& y, int64_t op) {
-  JAXCOMM_RETURN_IF_ERROR(call.Announce(Collective::Of(x).Reduction(op)));
+// The element-wise nonblocking reductions: y takes the reduction of every
+// rank's x, where `reduce(in, out, count, datatype, mpi_op, request)` starts
+// it (MPI_Iallreduce's arguments but the communicator). With a `root`
+// (MPI_Ireduce), MPI writes only root's y; the others' waits give zeros.
+template <typename Reduce>
+ffi::Error StartReduction(const Call& call, Memory& memory, const char* function, ffi::AnyBuffer& x,
+                          ffi::AnyBuffer& handle, ffi::AnyBuffer& y, int64_t op, int64_t root,
+                          Reduce reduce) {
+  Collective announced = Collective::Of(x).Reduction(op);
+  if (root != kNoPeer) announced.Root(root);
+  JAXCOMM_RETURN_IF_ERROR(call.Announce(announced));
   JAXCOMM_RETURN_IF_ERROR(CheckOutput(call, x, y, x.element_count(), LikeTheInput));
   JAXCOMM_RETURN_IF_ERROR(OneCount(call, x.element_count()));
   MPI_Datatype dtype;
@@ -397,18 +404,20 @@ ffi::Error StartReduction(const Call& call, Memory& memory, ReductionStart reduc
   // jaxcomm's own ops run on the host, whatever the data path.
   if (IsOwnReduceOp(op, x.element_type())) memory.RequireHost();
   Start start(call, memory, Kind::kCollective);
-  JAXCOMM_RETURN_IF_ERROR(start.Begin(kNoPeer, 0, x, handle));
+  JAXCOMM_RETURN_IF_ERROR(start.Begin(root, 0, x, handle));
+  start.slot().undefined = root != kNoPeer && call.rank() != root;
   const void* in;
   void* out;
   JAXCOMM_RETURN_IF_ERROR(start.HoldInput(x, &in));
   JAXCOMM_RETURN_IF_ERROR(start.HoldOutput(y, &out));
   JAXCOMM_RETURN_IF_ERROR(memory.Ready());
   call.Log([&] {
-    return std::string(function) + " op " + ReduceOpName(op) + " " +
+    const std::string rooted = root == kNoPeer ? "" : " root " + std::to_string(root);
+    return std::string(function) + " op " + ReduceOpName(op) + rooted + " " +
            Elements(x.element_count(), x.element_type());
   });
-  const int rc = reduce(in, out, static_cast<int>(x.element_count()), dtype, mpi_op, call.comm(),
-                        start.request());
+  const int rc =
+      reduce(in, out, static_cast<int>(x.element_count()), dtype, mpi_op, start.request());
   if (rc != MPI_SUCCESS) return MpiFailure(function, rc, call);
   return start.Started();
 }
@@ -418,7 +427,22 @@ ffi::Error StartReduction(const Call& call, Memory& memory, ReductionStart reduc
 ffi::Error IallreduceImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffer x,
                           ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> handle,
                           ffi::Result<ffi::AnyBuffer> y, int64_t op) {
-  return StartReduction(call, memory, MPI_Iallreduce, "MPI_Iallreduce", x, *handle, *y, op);
+  return StartReduction(call, memory, "MPI_Iallreduce", x, *handle, *y, op, kNoPeer,
+                        [&](const void* in, void* out, int count, MPI_Datatype type, MPI_Op mpi_op,
+                            MPI_Request* request) {
+                          return MPI_Iallreduce(in, out, count, type, mpi_op, call.comm(), request);
+                        });
+}
+
+ffi::Error IreduceImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffer x,
+                       ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> handle,
+                       ffi::Result<ffi::AnyBuffer> y, int64_t op, int64_t root) {
+  return StartReduction(call, memory, "MPI_Ireduce", x, *handle, *y, op, root,
+                        [&](const void* in, void* out, int count, MPI_Datatype type, MPI_Op mpi_op,
+                            MPI_Request* request) {
+                          return MPI_Ireduce(in, out, count, type, mpi_op, static_cast<int>(root),
+                                             call.comm(), request);
+                        });
 }
 
 ffi::Error IbcastImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffer x,
@@ -569,7 +593,7 @@ ffi::Error Complete(const Call& call, Memory& memory, const ffi::AnyBuffer& hand
   if (recv != nullptr && recv->size_bytes() > 0 && recv->untyped_data() != slot.recv.buffer) {
     return Moved(slot, "receive");
   }
-  size_t filled = slot.recv.bytes;
+  size_t filled = slot.undefined ? 0 : slot.recv.bytes;
   if (slot.kind == Kind::kReceive) {
     MPI_Datatype base;
     JAXCOMM_RETURN_IF_ERROR(MpiDatatype(slot.dtype, &base));

@@ -1,7 +1,7 @@
 """Nonblocking operations: a start primitive per op, and the waits that complete them.
 
-A start (``isend_p``, ``irecv_p``, ``iallreduce_p``, ``ibcast_p``,
-``iallgather_p``, ``ialltoall_p``) makes the ``MPI_I*`` call and returns a
+A start (``isend_p``, ``irecv_p``, ``iallreduce_p``, ``ireduce_p``,
+``ibcast_p``, ``iallgather_p``, ``ialltoall_p``) makes the ``MPI_I*`` call and returns a
 request id (a slot of the kernels' request table and its serial, as the
 bits of a float32[2]) and, where MPI fills one, the receive buffer. A wait
 (``wait_send_p``, ``wait_recv_p``, ``wait_exchange_p``) takes the request id and
@@ -44,7 +44,7 @@ from ._crossing import contribution
 from .bcast import bcast
 from .gather import allgather, alltoall
 from .p2p import recv, send, wildcard
-from .reduction import allreduce
+from .reduction import allreduce, reduce
 
 
 def _request_id_aval():
@@ -74,6 +74,7 @@ def _received(request_id, *buffers, **_):
 isend_p = comm_primitive("isend", _send_start, "jaxcomm_isend", ("handle", "dest", "tag"))
 irecv_p = comm_primitive("irecv", _receive_start, "jaxcomm_irecv", ("handle", "source", "tag"))
 iallreduce_p = comm_primitive("iallreduce", _receive_start, "jaxcomm_iallreduce", ("handle", "op"))
+ireduce_p = comm_primitive("ireduce", _receive_start, "jaxcomm_ireduce", ("handle", "op", "root"))
 ibcast_p = comm_primitive("ibcast", _receive_start, "jaxcomm_ibcast", ("handle", "root"))
 iallgather_p = comm_primitive("iallgather", _gather_start, "jaxcomm_iallgather", ("handle",))
 ialltoall_p = comm_primitive("ialltoall", _receive_start, "jaxcomm_ialltoall", ("handle",))
@@ -213,6 +214,14 @@ OPERATIONS = {
             from_wildcard=lambda p: wildcard(p["source"], p["tag"]),
         ),
         Operation(iallreduce_p, WAIT_EXCHANGE, allreduce, flat, Replicated(), reduction=True),
+        Operation(
+            ireduce_p,
+            WAIT_EXCHANGE,
+            reduce,
+            flat,
+            Reverse("ibcast", lambda p: dict(root=p["root"])),
+            reduction=True,
+        ),
         Operation(ibcast_p, WAIT_EXCHANGE, bcast, flat, Replicated(("root",))),
         Operation(iallgather_p, WAIT_EXCHANGE, allgather, stacked, Replicated(("size", "tiled"))),
         Operation(ialltoall_p, WAIT_EXCHANGE, alltoall, behind_rows, Reverse("ialltoall", _same)),
