@@ -1148,6 +1148,30 @@ class JaxComm:
         root = static_rank(root, "root", self._size)
         return nonblocking.start(nonblocking.ireduce_p, x, op=code, root=root, handle=handle)
 
+    def iscan(self, x: ArrayLike, op: MPI.Op = MPI.SUM) -> Request:
+        """Start the inclusive prefix reduction of ``x`` with ``op``; see :meth:`wait`.
+
+        Wraps ``MPI_Iscan``. Its wait returns what :meth:`scan` returns: on
+        rank ``r``, ``x_0 op x_1 op ... op x_r``. Works eagerly and under
+        ``jit``, in loops and conditionals, under ``vmap`` inside ``jit``;
+        differentiable with ``MPI.SUM`` (transposed as :meth:`scan`).
+
+        Args:
+            x: array or scalar, the same shape and dtype on every rank.
+            op: a predefined ``MPI.Op`` (see :meth:`allreduce`).
+
+        Returns:
+            A :class:`jaxcomm.Request`; its wait returns a new array of
+            ``x``'s shape and dtype.
+
+        Raises:
+            TypeError: for a non-array ``x`` or an op MPI does not define for its dtype.
+            ValueError: for a user-defined ``MPI.Op``.
+        """
+        handle = self._live()
+        x, code = reduction_operand(held(x, "x"), op)
+        return nonblocking.start(nonblocking.iscan_p, x, op=code, handle=handle)
+
     def ibcast(self, x: ArrayLike, root: int = 0) -> Request:
         """Start broadcasting root's ``x`` to every rank; :meth:`wait` returns it.
 
@@ -1255,8 +1279,8 @@ class JaxComm:
         """Complete a nonblocking operation and return its result.
 
         Wraps ``MPI_Wait``. Returns the received array (``irecv``), the
-        collective's result (``iallreduce``, ``ireduce``, ``ibcast``,
-        ``iallgather``, ``ialltoall``) or None (``isend``). Waits are ordered with every other
+        collective's result (``iallreduce``, ``ireduce``, ``iscan``,
+        ``ibcast``, ``iallgather``, ``ialltoall``) or None (``isend``). Waits are ordered with every other
         jaxcomm call, in program order. Each request is waited exactly once,
         in the traced function (loop body, cond branch) that started it, or
         eagerly for a request started eagerly.

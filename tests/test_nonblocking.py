@@ -1,4 +1,4 @@
-"""Nonblocking operations: isend, irecv, iallreduce, ireduce, ibcast, iallgather, ialltoall, wait.
+"""Nonblocking operations: isend, irecv, iallreduce, ireduce, iscan, ibcast, iallgather, ialltoall, wait.
 
 Every rule of docs/nonblocking.md has a test here: program order, buffers
 kept alive until the wait and read only after it, one wait per request in
@@ -212,6 +212,31 @@ def test_rooted_collectives(jc, mode):
         np.testing.assert_array_equal(out[root], every.sum(0) if rank == root else zeros)
     np.testing.assert_array_equal(out[size], every.max(0) if rank == size - 1 else zeros)
     unchanged(x, every[rank])
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("mode", ["eager", "jit"])
+def test_prefix_reductions(jc, mode):
+    size, rank = jc.size, jc.rank
+    x = jnp.asarray(rank_data(rank, (size, 3), np.float32))
+    every = np.stack([rank_data(r, (size, 3), np.float32) for r in range(size)])
+
+    def program(x):
+        return jc.waitall([jc.iscan(x), jc.iscan(x, op=MPI.MAX), jc.iscan(x.astype(jnp.int32))])
+
+    run = jax.jit(program) if mode == "jit" else program
+    total, largest, integers = run(x)
+    np.testing.assert_array_equal(total, every[: rank + 1].sum(0))
+    np.testing.assert_array_equal(largest, every[: rank + 1].max(0))
+    np.testing.assert_array_equal(integers, every[: rank + 1].astype(np.int32).sum(0))
+    unchanged(x, every[rank])
+
+
+@pytest.mark.mpi
+def test_scan_is_differentiable_with_sum_only(jc):
+    # As the blocking scan, refused before any MPI call, on every rank alike.
+    with pytest.raises(NotImplementedError, match="iscan with MPI.PROD"):
+        jax.grad(lambda v: jc.wait(jc.iscan(v, op=MPI.PROD)).sum())(jnp.ones(3))
 
 
 @pytest.mark.mpi
@@ -489,6 +514,10 @@ def _pairs(jc):
             lambda v: jc.wait(jc.ireduce(jnp.sin(v), op=MPI.MAX, root=0)),
             lambda v: jc.reduce(jnp.sin(v), op=MPI.MAX, root=0),
         ),
+        "scan": (
+            lambda v: jc.wait(jc.iscan(jnp.sin(v))),
+            lambda v: jc.scan(jnp.sin(v)),
+        ),
         "bcast": (
             lambda v: jc.wait(jc.ibcast(v * v, root=last)),
             lambda v: jc.bcast(v * v, root=last),
@@ -511,6 +540,7 @@ PAIRS = [
     "allreduce-prod",
     "reduce",
     "reduce-max",
+    "scan",
     "bcast",
     "allgather",
     "alltoall",

@@ -1,5 +1,5 @@
 // Nonblocking operations: MPI_Isend, MPI_Irecv, MPI_Iallreduce, MPI_Ireduce,
-// MPI_Ibcast, MPI_Iallgather, MPI_Ialltoall, and the MPI_Wait that completes
+// MPI_Iscan, MPI_Ibcast, MPI_Iallgather, MPI_Ialltoall, and the MPI_Wait that completes
 // each.
 //
 // A start handler makes the MPI call and writes a request handle: the bits
@@ -442,6 +442,16 @@ ffi::Error IreduceImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuf
                             MPI_Request* request) {
                           return MPI_Ireduce(in, out, count, type, mpi_op, static_cast<int>(root),
                                              call.comm(), request);
+                        });
+}
+
+ffi::Error IscanImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffer x,
+                     ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> handle,
+                     ffi::Result<ffi::AnyBuffer> y, int64_t op) {
+  return StartReduction(call, memory, "MPI_Iscan", x, *handle, *y, op, kNoPeer,
+                        [&](const void* in, void* out, int count, MPI_Datatype type, MPI_Op mpi_op,
+                            MPI_Request* request) {
+                          return MPI_Iscan(in, out, count, type, mpi_op, call.comm(), request);
                         });
 }
 

@@ -1,7 +1,7 @@
 """Nonblocking operations: a start primitive per op, and the waits that complete them.
 
 A start (``isend_p``, ``irecv_p``, ``iallreduce_p``, ``ireduce_p``,
-``ibcast_p``, ``iallgather_p``, ``ialltoall_p``) makes the ``MPI_I*`` call and returns a
+``iscan_p``, ``ibcast_p``, ``iallgather_p``, ``ialltoall_p``) makes the ``MPI_I*`` call and returns a
 request id (a slot of the kernels' request table and its serial, as the
 bits of a float32[2]) and, where MPI fills one, the receive buffer. A wait
 (``wait_send_p``, ``wait_recv_p``, ``wait_exchange_p``) takes the request id and
@@ -38,13 +38,13 @@ from jax.interpreters import ad
 
 from .. import _compat, _runtime
 from ._adjoint import replicated_adjoint
-from ._base import SUM, comm_primitive, derivative_comm, no_output, not_differentiable
+from ._base import SUM, comm_primitive, derivative_comm, no_output, not_differentiable, op_name
 from ._batching import batched_alike, behind_rows, flat, placed, stacked
 from ._crossing import contribution
 from .bcast import bcast
 from .gather import allgather, alltoall
 from .p2p import recv, send, wildcard
-from .reduction import allreduce, reduce
+from .reduction import allreduce, reduce, scan
 
 
 def _request_id_aval():
@@ -75,6 +75,7 @@ isend_p = comm_primitive("isend", _send_start, "jaxcomm_isend", ("handle", "dest
 irecv_p = comm_primitive("irecv", _receive_start, "jaxcomm_irecv", ("handle", "source", "tag"))
 iallreduce_p = comm_primitive("iallreduce", _receive_start, "jaxcomm_iallreduce", ("handle", "op"))
 ireduce_p = comm_primitive("ireduce", _receive_start, "jaxcomm_ireduce", ("handle", "op", "root"))
+iscan_p = comm_primitive("iscan", _receive_start, "jaxcomm_iscan", ("handle", "op"))
 ibcast_p = comm_primitive("ibcast", _receive_start, "jaxcomm_ibcast", ("handle", "root"))
 iallgather_p = comm_primitive("iallgather", _gather_start, "jaxcomm_iallgather", ("handle",))
 ialltoall_p = comm_primitive("ialltoall", _receive_start, "jaxcomm_ialltoall", ("handle",))
@@ -152,6 +153,16 @@ class Replicated:
 
 
 @dataclass(frozen=True)
+class Blocking:
+    """Reverse mode as the blocking op's: no reverse request.
+
+    The cotangent of the result goes to the start's transpose, which
+    transposes the blocking op on it (for a scan, a total and an exclusive
+    scan): that part of the backward pass does not overlap.
+    """
+
+
+@dataclass(frozen=True)
 class Operation:
     """One nonblocking operation, a row of ``OPERATIONS``.
 
@@ -164,11 +175,12 @@ class Operation:
         layout: where ``vmap`` puts the batch in its buffers (``_batching.py``),
             as the blocking op's batching rule puts it.
         transpose: how reverse mode takes a cotangent back
-            (:class:`Reverse` or :class:`Replicated`).
+            (:class:`Reverse`, :class:`Replicated` or :class:`Blocking`).
         reduction: it reduces with its ``op`` param. A SUM is linear; with
             MAX, MIN or PROD the tangent needs the reduced value, so the
             start makes no tangent request and the wait's rule computes the
             tangent with the blocking op after the primal wait.
+        sum_only: differentiable with MPI.SUM only, as the blocking op.
         from_wildcard: maps its params to whether it receives from
             MPI.ANY_SOURCE or with MPI.ANY_TAG, which it cannot
             differentiate (None: it names its sources).
@@ -178,8 +190,9 @@ class Operation:
     wait: Wait
     blocking: Callable
     layout: Callable
-    transpose: Reverse | Replicated
+    transpose: Reverse | Replicated | Blocking
     reduction: bool = False
+    sum_only: bool = False
     from_wildcard: Callable[[dict], bool] | None = None
 
     @property
@@ -222,6 +235,7 @@ OPERATIONS = {
             Reverse("ibcast", lambda p: dict(root=p["root"])),
             reduction=True,
         ),
+        Operation(iscan_p, WAIT_EXCHANGE, scan, flat, Blocking(), sum_only=True),
         Operation(ibcast_p, WAIT_EXCHANGE, bcast, flat, Replicated(("root",))),
         Operation(iallgather_p, WAIT_EXCHANGE, allgather, stacked, Replicated(("size", "tiled"))),
         Operation(ialltoall_p, WAIT_EXCHANGE, alltoall, behind_rows, Reverse("ialltoall", _same)),
@@ -624,7 +638,7 @@ for _wait in _WAITS.values():
 #
 # Replicated collectives (iallreduce with SUM, ibcast, iallgather) transpose
 # locally, like their blocking forms (Replicated, _adjoint.py): their cotangent
-# needs no message. A reduction with MAX, MIN or PROD needs the reduced value
+# needs no message. iscan transposes as scan does (Blocking). A reduction with MAX, MIN or PROD needs the reduced value
 # for its tangent, so its wait's rule computes the tangent with the blocking
 # collectives, after the primal wait. Rules run on every rank (_compat.py).
 
@@ -670,6 +684,8 @@ def _has_tangent(operation, x, params):
     """Whether the start of ``operation`` on ``x`` starts a tangent request too."""
     if not _inexact(jax.typeof(x)):
         return False
+    if operation.sum_only and params["op"] != SUM:
+        raise not_differentiable(f"{operation.name} with MPI.{op_name(params['op'])}")
     if operation.from_wildcard is not None and operation.from_wildcard(params):
         # The tangent's receive could match another sender's tangent.
         raise not_differentiable(
@@ -751,6 +767,11 @@ def _start_transpose(operation, cts, x, *, handle, **params):
         local = {name: params[name] for name in transpose.params}
         kind = operation.blocking.__name__
         return [replicated_adjoint(ct, kind=kind, handle=handle, **local)]
+    if isinstance(transpose, Blocking):
+        ct = ad.instantiate_zeros(cts[1])
+        blocking = partial(operation.blocking, handle=handle, **params)
+        aval = jax.ShapeDtypeStruct(x.aval.shape, x.aval.dtype)
+        return list(jax.linear_transpose(blocking, aval)(ct))
     # Wait for the reverse request the wait's transpose started.
     reverse = OPERATIONS[transpose.op]
     described = _describe(reverse.start, transpose.params(params))
@@ -761,7 +782,7 @@ def _start_transpose(operation, cts, x, *, handle, **params):
 def _wait_transpose(wait, cts, request_id, *buffers, handle, start):
     operation, params = OPERATIONS[start[0]], dict(start[1])
     transpose = operation.transpose
-    if isinstance(transpose, Replicated):
+    if not isinstance(transpose, Reverse):
         return [None] * len(buffers) + [cts[0]]
     reverse = OPERATIONS[transpose.op]
     if reverse.wait.sends:
