@@ -1222,6 +1222,46 @@ class JaxComm:
             nonblocking.iallgather_p, x, size=self._size, tiled=tiled, handle=handle
         )
 
+    def igather(self, x: ArrayLike, root: int = 0, *, tiled: bool = False) -> Request:
+        """Start collecting ``x`` from every rank on ``root``; :meth:`wait` returns it.
+
+        Wraps ``MPI_Igather``. Its wait returns what :meth:`gather` returns:
+        the gathered arrays on root, zeros of the same shape elsewhere.
+        Arguments as for :meth:`gather`, but a single array, not a pytree.
+        Works eagerly and under ``jit``, in loops and conditionals, under
+        ``vmap`` inside ``jit``; differentiable (transposed as :meth:`gather`,
+        to a scatter from root).
+
+        Args:
+            x: array or scalar, the same shape and dtype on every rank.
+            root: the rank that receives (a static int).
+            tiled: ``False`` stacks along a new leading axis, ``True``
+                concatenates along ``x``'s leading axis.
+
+        Returns:
+            A :class:`jaxcomm.Request`; its wait returns the gathered array on
+            root, zeros elsewhere.
+
+        Raises:
+            TypeError: for a non-array ``x``, a non-int or traced ``root`` or a
+                non-bool ``tiled``.
+            ValueError: for a ``root`` out of range, or ``tiled=True`` with a
+                0-d ``x``.
+        """
+        handle = self._live()
+        tiled = static_bool(tiled, "tiled")
+        x = held(x, "x")
+        if tiled:
+            leading_axis(x, "to concatenate along with tiled=True")
+        return nonblocking.start(
+            nonblocking.igather_p,
+            x,
+            root=static_rank(root, "root", self._size),
+            size=self._size,
+            tiled=tiled,
+            handle=handle,
+        )
+
     def ialltoall(self, x: ArrayLike, *, tiled: bool = False) -> Request:
         """Start sending block ``r`` of ``x``'s leading axis to rank ``r``; see :meth:`wait`.
 
@@ -1280,7 +1320,7 @@ class JaxComm:
 
         Wraps ``MPI_Wait``. Returns the received array (``irecv``), the
         collective's result (``iallreduce``, ``ireduce``, ``iscan``,
-        ``ibcast``, ``iallgather``, ``ialltoall``) or None (``isend``). Waits are ordered with every other
+        ``ibcast``, ``iallgather``, ``igather``, ``ialltoall``) or None (``isend``). Waits are ordered with every other
         jaxcomm call, in program order. Each request is waited exactly once,
         in the traced function (loop body, cond branch) that started it, or
         eagerly for a request started eagerly.

@@ -1,4 +1,4 @@
-"""Nonblocking operations: isend, irecv, iallreduce, ireduce, iscan, ibcast, iallgather, ialltoall, wait.
+"""Nonblocking operations: isend, irecv, iallreduce, ireduce, iscan, ibcast, iallgather, igather, ialltoall, wait.
 
 Every rule of docs/nonblocking.md has a test here: program order, buffers
 kept alive until the wait and read only after it, one wait per request in
@@ -202,6 +202,8 @@ def test_rooted_collectives(jc, mode):
         reqs = [
             *[jc.ireduce(x, root=root) for root in range(size)],
             jc.ireduce(x, op=MPI.MAX, root=size - 1),
+            *[jc.igather(x, root=root) for root in range(size)],
+            jc.igather(x, root=0, tiled=True),
         ]
         return jc.waitall(reqs[::-1])[::-1]
 
@@ -211,6 +213,11 @@ def test_rooted_collectives(jc, mode):
     for root in range(size):
         np.testing.assert_array_equal(out[root], every.sum(0) if rank == root else zeros)
     np.testing.assert_array_equal(out[size], every.max(0) if rank == size - 1 else zeros)
+    for root in range(size):
+        gathered = out[size + 1 + root]
+        np.testing.assert_array_equal(gathered, every if rank == root else np.zeros_like(every))
+    tiled = every.reshape(size * size, 3)
+    np.testing.assert_array_equal(out[-1], tiled if rank == 0 else np.zeros_like(tiled))
     unchanged(x, every[rank])
 
 
@@ -526,6 +533,10 @@ def _pairs(jc):
             lambda v: jc.wait(jc.iallgather(v * v)),
             lambda v: jc.allgather(v * v),
         ),
+        "gather": (
+            lambda v: jc.wait(jc.igather(v * v, root=last)),
+            lambda v: jc.gather(v * v, root=last),
+        ),
         "alltoall": (
             lambda v: jc.wait(jc.ialltoall(tile(v * v))),
             lambda v: jc.alltoall(tile(v * v)),
@@ -543,6 +554,7 @@ PAIRS = [
     "scan",
     "bcast",
     "allgather",
+    "gather",
     "alltoall",
 ]
 

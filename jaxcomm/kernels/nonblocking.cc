@@ -1,6 +1,6 @@
 // Nonblocking operations: MPI_Isend, MPI_Irecv, MPI_Iallreduce, MPI_Ireduce,
-// MPI_Iscan, MPI_Ibcast, MPI_Iallgather, MPI_Ialltoall, and the MPI_Wait that completes
-// each.
+// MPI_Iscan, MPI_Ibcast, MPI_Iallgather, MPI_Igather, MPI_Ialltoall, and the MPI_Wait that
+// completes each.
 //
 // A start handler makes the MPI call and writes a request handle: the bits
 // of two int32 (slot, serial) in a float32[2] (a float type, so that a
@@ -68,7 +68,7 @@ struct Slot {
   int64_t count = 0;  // elements of the operation's input
   ffi::DataType dtype = ffi::DataType::INVALID;
   int64_t site = -1;
-  // MPI leaves this rank's result undefined (a non-root reduce): the wait
+  // MPI leaves this rank's result undefined (a non-root reduce or gather): the wait
   // gives zeros.
   bool undefined = false;
   // The buffers the start was given, which the wait must be handed again,
@@ -483,13 +483,17 @@ ffi::Error IbcastImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuff
 
 namespace {
 
-// MPI_Iallgather and MPI_Ialltoall: `blocks` blocks of y, one per rank.
-using BlockCall = int (*)(const void*, int, MPI_Datatype, void*, int, MPI_Datatype, MPI_Comm,
-                          MPI_Request*);
-
-ffi::Error StartBlocks(const Call& call, Memory& memory, const char* function, BlockCall blocks,
-                       ffi::AnyBuffer& x, ffi::AnyBuffer& handle, ffi::AnyBuffer& y, bool gather) {
-  JAXCOMM_RETURN_IF_ERROR(call.Announce(Collective::Of(x)));
+// MPI_Iallgather, MPI_Igather and MPI_Ialltoall: `blocks` blocks of y, one
+// per rank, where `blocks(in, count, type, out, request)` starts the call
+// (a block is `count` of `type`). With a `root` (MPI_Igather), MPI writes
+// only root's y; the others' waits give zeros.
+template <typename BlockStart>
+ffi::Error StartBlocks(const Call& call, Memory& memory, const char* function, ffi::AnyBuffer& x,
+                       ffi::AnyBuffer& handle, ffi::AnyBuffer& y, bool gather, int64_t root,
+                       BlockStart blocks) {
+  Collective announced = Collective::Of(x);
+  if (root != kNoPeer) announced.Root(root);
+  JAXCOMM_RETURN_IF_ERROR(call.Announce(announced));
   const size_t size = static_cast<size_t>(call.size());
   size_t block_count;
   if (gather) {
@@ -504,16 +508,18 @@ ffi::Error StartBlocks(const Call& call, Memory& memory, const char* function, B
   LargeType block;
   JAXCOMM_RETURN_IF_ERROR(LargeType::Make(x.element_type(), block_count, call.comm(), &block));
   Start start(call, memory, Kind::kCollective);
-  JAXCOMM_RETURN_IF_ERROR(start.Begin(kNoPeer, 0, x, handle));
+  JAXCOMM_RETURN_IF_ERROR(start.Begin(root, 0, x, handle));
+  start.slot().undefined = root != kNoPeer && call.rank() != root;
   const void* in;
   void* out;
   JAXCOMM_RETURN_IF_ERROR(start.HoldInput(x, &in));
   JAXCOMM_RETURN_IF_ERROR(start.HoldOutput(y, &out));
   JAXCOMM_RETURN_IF_ERROR(memory.Ready());
-  call.Log(
-      [&] { return std::string(function) + " " + Elements(x.element_count(), x.element_type()); });
-  const int rc = blocks(in, block.count(), block.type(), out, block.count(), block.type(),
-                        call.comm(), start.request());
+  call.Log([&] {
+    const std::string rooted = root == kNoPeer ? "" : " root " + std::to_string(root);
+    return std::string(function) + rooted + " " + Elements(x.element_count(), x.element_type());
+  });
+  const int rc = blocks(in, block.count(), block.type(), out, start.request());
   if (rc != MPI_SUCCESS) return MpiFailure(function, rc, call);
   return start.Started();
 }
@@ -523,13 +529,32 @@ ffi::Error StartBlocks(const Call& call, Memory& memory, const char* function, B
 ffi::Error IallgatherImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffer x,
                           ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> handle,
                           ffi::Result<ffi::AnyBuffer> y) {
-  return StartBlocks(call, memory, "MPI_Iallgather", MPI_Iallgather, x, *handle, *y, true);
+  return StartBlocks(
+      call, memory, "MPI_Iallgather", x, *handle, *y, true, kNoPeer,
+      [&](const void* in, int count, MPI_Datatype type, void* out, MPI_Request* request) {
+        return MPI_Iallgather(in, count, type, out, count, type, call.comm(), request);
+      });
+}
+
+ffi::Error IgatherImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffer x,
+                       ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> handle,
+                       ffi::Result<ffi::AnyBuffer> y, int64_t root) {
+  return StartBlocks(
+      call, memory, "MPI_Igather", x, *handle, *y, true, root,
+      [&](const void* in, int count, MPI_Datatype type, void* out, MPI_Request* request) {
+        return MPI_Igather(in, count, type, out, count, type, static_cast<int>(root), call.comm(),
+                           request);
+      });
 }
 
 ffi::Error IalltoallImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffer x,
                          ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> handle,
                          ffi::Result<ffi::AnyBuffer> y) {
-  return StartBlocks(call, memory, "MPI_Ialltoall", MPI_Ialltoall, x, *handle, *y, false);
+  return StartBlocks(
+      call, memory, "MPI_Ialltoall", x, *handle, *y, false, kNoPeer,
+      [&](const void* in, int count, MPI_Datatype type, void* out, MPI_Request* request) {
+        return MPI_Ialltoall(in, count, type, out, count, type, call.comm(), request);
+      });
 }
 
 // Waits -----------------------------------------------------------------------

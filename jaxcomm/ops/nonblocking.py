@@ -1,9 +1,10 @@
 """Nonblocking operations: a start primitive per op, and the waits that complete them.
 
 A start (``isend_p``, ``irecv_p``, ``iallreduce_p``, ``ireduce_p``,
-``iscan_p``, ``ibcast_p``, ``iallgather_p``, ``ialltoall_p``) makes the ``MPI_I*`` call and returns a
-request id (a slot of the kernels' request table and its serial, as the
-bits of a float32[2]) and, where MPI fills one, the receive buffer. A wait
+``iscan_p``, ``ibcast_p``, ``iallgather_p``, ``igather_p``,
+``ialltoall_p``) makes the ``MPI_I*`` call and returns a request id (a
+slot of the kernels' request table and its serial, as the bits of a
+float32[2]) and, where MPI fills one, the receive buffer. A wait
 (``wait_send_p``, ``wait_recv_p``, ``wait_exchange_p``) takes the request id and
 every buffer the operation uses, calls ``MPI_Wait`` and returns the receive
 buffer aliased in place. Both carry jaxcomm's ordered effect, so starts and
@@ -42,7 +43,7 @@ from ._base import SUM, comm_primitive, derivative_comm, no_output, not_differen
 from ._batching import batched_alike, behind_rows, flat, placed, stacked
 from ._crossing import contribution
 from .bcast import bcast
-from .gather import allgather, alltoall
+from .gather import allgather, alltoall, gather
 from .p2p import recv, send, wildcard
 from .reduction import allreduce, reduce, scan
 
@@ -78,6 +79,7 @@ ireduce_p = comm_primitive("ireduce", _receive_start, "jaxcomm_ireduce", ("handl
 iscan_p = comm_primitive("iscan", _receive_start, "jaxcomm_iscan", ("handle", "op"))
 ibcast_p = comm_primitive("ibcast", _receive_start, "jaxcomm_ibcast", ("handle", "root"))
 iallgather_p = comm_primitive("iallgather", _gather_start, "jaxcomm_iallgather", ("handle",))
+igather_p = comm_primitive("igather", _gather_start, "jaxcomm_igather", ("handle", "root"))
 ialltoall_p = comm_primitive("ialltoall", _receive_start, "jaxcomm_ialltoall", ("handle",))
 
 # Operands (request_id, send) / (request_id, receive) / (request_id, send, receive); the
@@ -158,7 +160,8 @@ class Blocking:
 
     The cotangent of the result goes to the start's transpose, which
     transposes the blocking op on it (for a scan, a total and an exclusive
-    scan): that part of the backward pass does not overlap.
+    scan; for a gather, a scatter): that part of the backward pass does not
+    overlap.
     """
 
 
@@ -238,6 +241,7 @@ OPERATIONS = {
         Operation(iscan_p, WAIT_EXCHANGE, scan, flat, Blocking(), sum_only=True),
         Operation(ibcast_p, WAIT_EXCHANGE, bcast, flat, Replicated(("root",))),
         Operation(iallgather_p, WAIT_EXCHANGE, allgather, stacked, Replicated(("size", "tiled"))),
+        Operation(igather_p, WAIT_EXCHANGE, gather, stacked, Blocking()),
         Operation(ialltoall_p, WAIT_EXCHANGE, alltoall, behind_rows, Reverse("ialltoall", _same)),
     )
 }
@@ -638,7 +642,7 @@ for _wait in _WAITS.values():
 #
 # Replicated collectives (iallreduce with SUM, ibcast, iallgather) transpose
 # locally, like their blocking forms (Replicated, _adjoint.py): their cotangent
-# needs no message. iscan transposes as scan does (Blocking). A reduction with MAX, MIN or PROD needs the reduced value
+# needs no message. iscan and igather transpose as scan and gather do (Blocking). A reduction with MAX, MIN or PROD needs the reduced value
 # for its tangent, so its wait's rule computes the tangent with the blocking
 # collectives, after the primal wait. Rules run on every rank (_compat.py).
 
