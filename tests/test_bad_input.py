@@ -903,6 +903,38 @@ CASES = [
         ],
     ),
     *cases(
+        "ireduce",
+        [
+            *x_cases(lambda c, x: c.jc.ireduce(x)),
+            *op_cases(lambda c, x, op: c.jc.ireduce(x, op=op)),
+            *rank_cases("root", lambda c, root: c.jc.ireduce(ones(2), root=root)),
+            ("freed", lambda c: c.freed.ireduce(ones(2)), RuntimeError, FREED),
+        ],
+    ),
+    *cases(
+        "iscan",
+        [
+            *x_cases(lambda c, x: c.jc.iscan(x)),
+            *op_cases(lambda c, x, op: c.jc.iscan(x, op=op)),
+            ("freed", lambda c: c.freed.iscan(ones(2)), RuntimeError, FREED),
+        ],
+    ),
+    *cases(
+        "igather",
+        [
+            *x_cases(lambda c, x: c.jc.igather(x)),
+            *rank_cases("root", lambda c, root: c.jc.igather(ones(2), root=root)),
+            *tiled_cases(lambda c, tiled: c.jc.igather(ones(2), tiled=tiled)),
+            (
+                "x-0-d-tiled",
+                lambda c: c.jc.igather(ones(), tiled=True),
+                ValueError,
+                r"^x must have a leading axis to concatenate along",
+            ),
+            ("freed", lambda c: c.freed.igather(ones(2)), RuntimeError, FREED),
+        ],
+    ),
+    *cases(
         "ialltoall",
         [
             *x_cases(lambda c, x: c.jc.ialltoall(x)),
@@ -1192,8 +1224,11 @@ TRACEABLE = frozenset(
         "isend",
         "irecv",
         "iallreduce",
+        "ireduce",
+        "iscan",
         "ibcast",
         "iallgather",
+        "igather",
         "ialltoall",
     ]
 )
