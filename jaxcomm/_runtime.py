@@ -7,6 +7,7 @@ installs the exit hook that drains pending MPI work before MPI is finalised.
 
 import atexit
 import functools
+import gc
 import itertools
 import math
 import os
@@ -254,6 +255,11 @@ def set_check(enabled: bool = True) -> None:
     enabled = bool(enabled)
     if enabled:
         wait_for_dispatched()
+        # A JaxComm nothing refers to may wait for the cycle collector (its
+        # compiled functions refer back to it), which runs at a different
+        # moment on each rank: collect now, so that every rank clones the
+        # same communicators, in the same order.
+        gc.collect()
         for _, jc in sorted(_live_comms.items()):
             if not jc.freed:
                 jc._make_check_comm()
