@@ -397,19 +397,36 @@ _compat.wait_for_fast_device = _wait_for_fast_device
 
 
 def check_thread_level() -> None:
-    """Raise if MPI was initialised below ``MPI_THREAD_MULTIPLE``.
+    """Raise if MPI was initialised below ``MPI_THREAD_SERIALIZED``.
 
-    XLA runs jaxcomm kernels on its own threads while Python goes on, possibly
-    calling MPI through mpi4py at the same time.
+    XLA runs jaxcomm kernels on its own threads while Python goes on. At
+    ``MPI_THREAD_MULTIPLE`` (mpi4py's default) Python may call MPI through
+    mpi4py meanwhile. At ``MPI_THREAD_SERIALIZED`` only one thread may be
+    inside MPI at a time: jaxcomm's kernels run one at a time in program order
+    (one token chain per process), its own MPI calls from Python wait for them
+    (:func:`before_mpi_from_python`), and the program's mpi4py calls must do
+    the same (docs/sharp-bits.md). Lower levels allow no MPI call from XLA's
+    threads at all.
     """
     provided = MPI.Query_thread()
-    if provided < MPI.THREAD_MULTIPLE:
+    if provided < MPI.THREAD_SERIALIZED:
         raise RuntimeError(
-            f"jaxcomm needs MPI_THREAD_MULTIPLE, but MPI was initialised with thread "
-            f"level {provided}. Do not lower mpi4py.rc.thread_level (its default, "
-            "'multiple', is what jaxcomm needs) and check that your MPI library "
-            "supports MPI_THREAD_MULTIPLE."
+            "jaxcomm needs MPI_THREAD_MULTIPLE (mpi4py's default) or MPI_THREAD_SERIALIZED, "
+            f"but MPI was initialised with thread level {provided}. Leave "
+            "mpi4py.rc.thread_level at 'multiple' (or set it to 'serialized' before "
+            "importing mpi4py.MPI) and check that your MPI library supports that level."
         )
+
+
+def before_mpi_from_python() -> None:
+    """Before jaxcomm calls MPI from Python: at ``MPI_THREAD_SERIALIZED``, wait for its kernels.
+
+    A kernel dispatched earlier may still be inside MPI on one of XLA's
+    threads; at ``MPI_THREAD_MULTIPLE`` that is allowed, at
+    ``MPI_THREAD_SERIALIZED`` it is not.
+    """
+    if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+        wait_for_dispatched()
 
 
 set_debug(os.environ.get("JAXCOMM_DEBUG", "") not in ("", "0"))

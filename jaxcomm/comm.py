@@ -42,6 +42,7 @@ from ._arguments import (
 )
 from ._eager import eager_cached, new_cache
 from ._runtime import (
+    before_mpi_from_python,
     check_thread_level,
     clone,
     register_comm,
@@ -83,6 +84,7 @@ class JaxComm:
     def __init__(self, comm: MPI.Intracomm | None = None) -> None:
         comm = intracomm(comm)
         check_thread_level()
+        before_mpi_from_python()
         self._own(clone(comm))
 
     @classmethod
@@ -259,6 +261,7 @@ class JaxComm:
         if len(periods) != len(dims):
             raise ValueError(f"periods has {len(periods)} entries for {len(dims)} dims")
         reorder = static_bool(reorder, "reorder")
+        before_mpi_from_python()
         return cls._adopt(comm.Create_cart(dims, periods=periods, reorder=reorder))
 
     def _cart(self) -> MPI.Cartcomm:

@@ -37,8 +37,19 @@ X64 = _x64_from_environment()
 jax.config.update("jax_enable_x64", X64)
 
 import jax.numpy as jnp  # noqa: E402
+import mpi4py  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+
+# The MPI thread level the suite runs at: jaxcomm supports mpi4py's default,
+# 'multiple', and 'serialized' (the low-latency level on MPICH).
+THREAD_LEVEL = os.environ.get("JAXCOMM_TEST_THREAD_LEVEL", "multiple")
+if THREAD_LEVEL not in ("multiple", "serialized"):
+    raise ValueError(
+        f"JAXCOMM_TEST_THREAD_LEVEL must be multiple or serialized, got {THREAD_LEVEL!r}"
+    )
+mpi4py.rc.thread_level = THREAD_LEVEL
+
 from mpi4py import MPI  # noqa: E402
 
 import jaxcomm  # noqa: E402

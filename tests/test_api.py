@@ -9,7 +9,14 @@ import sys
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import mpi_debug, spawns_own_mpi, unmonitored
+from conftest import (
+    THREAD_LEVEL,
+    environment_without_launcher,
+    mpi_debug,
+    mpiexec,
+    spawns_own_mpi,
+    unmonitored,
+)
 from mpi4py import MPI
 
 import jaxcomm
@@ -200,8 +207,9 @@ def test_debug_log_lines(jc, capfd):
     assert capfd.readouterr().err == ""
 
 
-def test_thread_level_is_multiple():
-    assert MPI.Query_thread() == MPI.THREAD_MULTIPLE
+def test_thread_level_is_the_one_asked_for():
+    want = {"multiple": MPI.THREAD_MULTIPLE, "serialized": MPI.THREAD_SERIALIZED}[THREAD_LEVEL]
+    assert MPI.Query_thread() == want
 
 
 @spawns_own_mpi
@@ -222,6 +230,113 @@ def test_exit_with_dispatched_work_does_not_hang(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert "dispatched" in done.stdout
+
+
+_SERIALIZED_PROGRAM = """
+import mpi4py
+mpi4py.rc.thread_level = "serialized"
+import jax, jax.numpy as jnp, numpy as np
+import jaxcomm
+from mpi4py import MPI
+from jaxcomm import JaxComm
+assert MPI.Query_thread() == MPI.THREAD_SERIALIZED
+jc = JaxComm()
+rank, size = jc.rank, jc.size
+flight = jax.jit(lambda x: [jc.allreduce(x + i) for i in range(20)])
+# Each creation below is a collective MPI call from this thread while
+# dispatched work may still be inside MPI on one of XLA's: it must wait.
+pending = flight(jnp.ones(100_000))
+sub = JaxComm(MPI.COMM_WORLD)
+later = flight(jnp.ones(100_000))
+grid = JaxComm.from_cart([size], periods=[True])
+half = sub.split(color=rank % 2)
+loop = jax.jit(lambda v: jax.lax.fori_loop(0, 1000, lambda i, w: sub.allreduce(w) / size, v))
+np.testing.assert_allclose(loop(jnp.full(3, 1.0 + rank)), np.full(3, (size + 1) / 2))
+source, dest = grid.cart_shift(0)
+ring = grid.sendrecv(jnp.full(2, rank), jnp.zeros(2, int), source=source, dest=dest)
+np.testing.assert_array_equal(ring, np.full(2, (rank - 1) % size))
+np.testing.assert_array_equal(jc.wait(jc.iallreduce(jnp.ones(4))), np.full(4, size))
+np.testing.assert_allclose(pending[19], np.full(100_000, 20.0 * size))
+np.testing.assert_allclose(later[0], np.full(100_000, size))
+jaxcomm.sync()  # before the program's own mpi4py calls
+assert MPI.COMM_WORLD.allreduce(1) == size
+for c in (half, grid, sub, jc):
+    c.free()
+open(f"ok-{rank}", "w").close()
+"""
+
+
+@spawns_own_mpi
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_serialized_thread_level_runs_programs(tmp_path, ranks):
+    script = tmp_path / "serialized.py"
+    script.write_text(_SERIALIZED_PROGRAM)
+    done = subprocess.run(
+        ["timeout", "-k", "10", "300", *mpiexec(ranks), sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        env=environment_without_launcher(),
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.glob("ok-*")) == [f"ok-{r}" for r in range(ranks)]
+
+
+@spawns_own_mpi
+@pytest.mark.parametrize("level", ["single", "funneled"])
+def test_thread_levels_below_serialized_are_refused(tmp_path, level):
+    script = tmp_path / "low.py"
+    script.write_text(
+        "import mpi4py\n"
+        f"mpi4py.rc.thread_level = {level!r}\n"
+        "from jaxcomm import JaxComm\n"
+        "JaxComm()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        env=environment_without_launcher(),
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert done.returncode == 1
+    assert "jaxcomm needs MPI_THREAD_MULTIPLE (mpi4py's default) or MPI_THREAD_SERIALIZED" in (
+        done.stderr
+    )
+
+
+@spawns_own_mpi
+def test_set_check_clones_the_same_communicators_on_every_rank(tmp_path):
+    # A JaxComm in a reference cycle outlives its last reference until the
+    # cycle collector runs, which one rank may do earlier than another: the
+    # checker's collective clones must not depend on it.
+    script = tmp_path / "garbage.py"
+    script.write_text(
+        "import gc\n"
+        "import jax.numpy as jnp\n"
+        "import jaxcomm\n"
+        "from jaxcomm import JaxComm\n"
+        "jc = JaxComm()\n"
+        "gc.disable()\n"
+        "dropped = JaxComm()\n"
+        "dropped.me = dropped\n"
+        "del dropped\n"
+        "if jc.rank == 0:\n"
+        "    gc.collect()\n"
+        "jaxcomm.set_check(True)\n"
+        "assert float(jc.allreduce(jnp.ones(())).block_until_ready()) == jc.size\n"
+        "open(f'ok-{jc.rank}', 'w').close()\n"
+    )
+    done = subprocess.run(
+        ["timeout", "-k", "10", "120", *mpiexec(2), sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        env=environment_without_launcher(),
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.glob("ok-*")) == ["ok-0", "ok-1"]
 
 
 def test_kernels_built_for_another_mpi_are_refused(monkeypatch):
