@@ -85,6 +85,8 @@ class Operation:
         linear: whether the result is linear in the inputs.
         replicated: whether the result is the same on every rank.
         grid: whether ``call`` needs a Cartesian ``JaxComm``.
+        in_place: whether the lowering gives the result the input's buffer
+            (the MPI call's in-place form).
     """
 
     id: str
@@ -100,6 +102,7 @@ class Operation:
     linear: bool = True
     replicated: bool = False
     grid: bool = False
+    in_place: bool = False
 
     @property
     def method(self):
@@ -334,6 +337,7 @@ OPERATIONS = (
         mpi=("MPI_Allreduce",),
         targets=("allreduce",),
         replicated=True,
+        in_place=True,
     ),
     Operation(
         "allreduce-MAX",
@@ -347,6 +351,7 @@ OPERATIONS = (
         transforms=NONLINEAR,
         linear=False,
         replicated=True,
+        in_place=True,
     ),
     Operation(
         "allreduce-MIN",
@@ -360,6 +365,7 @@ OPERATIONS = (
         transforms=NONLINEAR,
         linear=False,
         replicated=True,
+        in_place=True,
     ),
     Operation(
         "allreduce-PROD",
@@ -373,6 +379,7 @@ OPERATIONS = (
         transforms=NONLINEAR,
         linear=False,
         replicated=True,
+        in_place=True,
     ),
     Operation(
         "reduce",
@@ -383,6 +390,7 @@ OPERATIONS = (
         expected=_rooted(_sum),
         mpi=("MPI_Reduce",),
         targets=("reduce",),
+        in_place=True,
     ),
     Operation(
         "reduce-MIN",
@@ -395,6 +403,7 @@ OPERATIONS = (
         targets=("reduce",),
         transforms=NONLINEAR,
         linear=False,
+        in_place=True,
     ),
     Operation(
         "scan",
@@ -405,6 +414,7 @@ OPERATIONS = (
         expected=_prefix(_sum),
         mpi=("MPI_Scan",),
         targets=("scan",),
+        in_place=True,
     ),
     Operation(
         "scan-PROD",
@@ -417,6 +427,7 @@ OPERATIONS = (
         targets=("scan",),
         transforms=NOT_DIFFERENTIABLE,
         linear=False,
+        in_place=True,
     ),
     Operation(
         "exscan",
@@ -427,6 +438,7 @@ OPERATIONS = (
         expected=_prefix(_sum, inclusive=False),
         mpi=("MPI_Exscan",),
         targets=("exscan",),
+        in_place=True,
     ),
     Operation(
         "reduce_scatter",
@@ -458,6 +470,7 @@ OPERATIONS = (
         mpi=("MPI_Bcast",),
         targets=("bcast",),
         replicated=True,
+        in_place=True,
     ),
     Operation(
         "barrier",
