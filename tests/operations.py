@@ -87,6 +87,8 @@ class Operation:
         grid: whether ``call`` needs a Cartesian ``JaxComm``.
         in_place: whether the lowering gives the result the input's buffer
             (the MPI call's in-place form).
+        pytree: whether ``call`` takes a pytree of arrays for ``x`` (its
+            leaves packed into one MPI call per dtype).
     """
 
     id: str
@@ -103,6 +105,7 @@ class Operation:
     replicated: bool = False
     grid: bool = False
     in_place: bool = False
+    pytree: bool = False
 
     @property
     def method(self):
@@ -338,6 +341,7 @@ OPERATIONS = (
         targets=("allreduce",),
         replicated=True,
         in_place=True,
+        pytree=True,
     ),
     Operation(
         "allreduce-MAX",
@@ -352,6 +356,7 @@ OPERATIONS = (
         linear=False,
         replicated=True,
         in_place=True,
+        pytree=True,
     ),
     Operation(
         "allreduce-MIN",
@@ -366,6 +371,7 @@ OPERATIONS = (
         linear=False,
         replicated=True,
         in_place=True,
+        pytree=True,
     ),
     Operation(
         "allreduce-PROD",
@@ -380,6 +386,7 @@ OPERATIONS = (
         linear=False,
         replicated=True,
         in_place=True,
+        pytree=True,
     ),
     Operation(
         "reduce",
@@ -391,6 +398,7 @@ OPERATIONS = (
         mpi=("MPI_Reduce",),
         targets=("reduce",),
         in_place=True,
+        pytree=True,
     ),
     Operation(
         "reduce-MIN",
@@ -404,6 +412,7 @@ OPERATIONS = (
         transforms=NONLINEAR,
         linear=False,
         in_place=True,
+        pytree=True,
     ),
     Operation(
         "scan",
@@ -471,6 +480,7 @@ OPERATIONS = (
         targets=("bcast",),
         replicated=True,
         in_place=True,
+        pytree=True,
     ),
     Operation(
         "barrier",
@@ -492,6 +502,7 @@ OPERATIONS = (
         mpi=("MPI_Allgather",),
         targets=("allgather",),
         replicated=True,
+        pytree=True,
     ),
     Operation(
         "allgather-tiled",
@@ -503,6 +514,7 @@ OPERATIONS = (
         mpi=("MPI_Allgather",),
         targets=("allgather",),
         replicated=True,
+        pytree=True,
     ),
     Operation(
         "gather",
@@ -513,6 +525,7 @@ OPERATIONS = (
         expected=_rooted(_stack),
         mpi=("MPI_Gather",),
         targets=("gather",),
+        pytree=True,
     ),
     Operation(
         "gather-tiled",
@@ -523,6 +536,7 @@ OPERATIONS = (
         expected=_rooted(_concatenate, root=_FIRST),
         mpi=("MPI_Gather",),
         targets=("gather",),
+        pytree=True,
     ),
     Operation(
         "scatter",
@@ -863,3 +877,18 @@ def ids(operations):
 def params(operations):
     """``pytest.param`` objects of rows, named by their ids."""
     return [pytest.param(op, id=name) for op, name in zip(operations, ids(operations))]
+
+
+def rotations(jc):
+    """``jc`` with its ranks renumbered ``size`` ways, one after another.
+
+    Rank ``r`` of ``jc`` is rank ``(r + k) % size`` of the ``k``-th, so over
+    all of them each process takes each place a row's call names (a root, an
+    end of the chain, a rank's count) once. Each is freed before the next is made.
+    """
+    for k in range(jc.size):
+        rotated = jc.split(0, key=(jc.rank + k) % jc.size)
+        try:
+            yield rotated
+        finally:
+            rotated.free()

@@ -1,11 +1,17 @@
-"""Pytrees: same structure back, one MPI call per dtype."""
+"""Pytrees: same structure back, one MPI call per dtype.
+
+Every row of ``operations.py`` marked ``pytree`` runs on a pytree whose leaves
+are the row's input in two dtypes and two shapes, on every rotation of the
+ranks; the other tests cover what is particular to pytrees.
+"""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import backend_compiles, mpi_debug, unmonitored
+from conftest import backend_compiles, mpi_debug, rank_data, unmonitored
 from mpi4py import MPI
+from operations import params, rotations, select
 
 
 def model_tree(rank, leaves=100):
@@ -88,31 +94,46 @@ def test_eager_pytree_calls_reuse_compiled_code(jc):
     assert compiles == []
 
 
-@pytest.mark.mpi
-@pytest.mark.parametrize("tiled", [False, True])
-def test_allgather_and_gather_pytrees(jc, capfd, tiled):
-    tree = {
-        "a": jnp.full((2, 3), float(jc.rank)),
-        "b": [jnp.arange(4) + jc.rank],
-        "c": jnp.ones((1,)),
+def row_tree(op, size, rank):
+    """``rank``'s pytree for a row: its input as float32 and int32, and a float leaf of shape (1,).
+
+    The last has another length of leading axis and another number of axes
+    than the input, both packed into the same float32 call.
+    """
+    shape = op.shape(size, rank)
+    return {
+        "a": rank_data(rank, shape, np.dtype(np.float32)),
+        "b": [rank_data(rank, shape, np.dtype(np.int32))],
+        "c": rank_data(rank + 1, (1,), np.dtype(np.float32)),
     }
-    with mpi_debug():
-        out = jax.block_until_ready(jax.jit(lambda t: jc.allgather(t, tiled=tiled))(tree))
-    assert len(mpi_calls(capfd.readouterr().err, "MPI_Allgather")) == 2  # float64 and int64
-    for name, leaf in (("a", tree["a"]), ("c", tree["c"])):
-        stacked = np.stack(
-            [np.asarray(leaf) * 0 + (r if name == "a" else 1) for r in range(jc.size)]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("op", params(select(pytree=True)))
+def test_pytree_is_the_row_per_leaf_in_one_call_per_dtype(jc, capfd, op, jit):
+    for comm in rotations(jc):
+        trees = [row_tree(op, comm.size, r) for r in range(comm.size)]
+        want = jax.tree.map(
+            lambda *leaves: op.expected(lambda r: leaves[r], comm.rank, comm.size), *trees
         )
-        want = stacked.reshape((-1,) + leaf.shape[1:]) if tiled else stacked
-        np.testing.assert_array_equal(out[name], want)
-    stacked = np.stack([np.arange(4) + r for r in range(jc.size)])
-    np.testing.assert_array_equal(out["b"][0], stacked.reshape(-1) if tiled else stacked)
-    for root in range(jc.size):
-        got = jc.gather(tree, root=root, tiled=tiled)
-        if jc.rank == root:
-            np.testing.assert_array_equal(got["b"][0], out["b"][0])
-        else:
-            np.testing.assert_array_equal(got["a"], np.zeros_like(out["a"]))
+        tree = jax.tree.map(jnp.asarray, trees[comm.rank])
+        fn = jax.jit(lambda t: op.call(comm, t)) if jit else (lambda t: op.call(comm, t))
+        capfd.readouterr()
+        with mpi_debug():
+            out = jax.block_until_ready(fn(tree))
+        calls = mpi_calls(capfd.readouterr().err, op.mpi[0])
+        assert len(calls) == 2, calls  # float32 and int32
+        assert jax.tree.structure(out) == jax.tree.structure(tree)
+        for got, expected, leaf in zip(
+            jax.tree.leaves(out), jax.tree.leaves(want), jax.tree.leaves(tree)
+        ):
+            assert got.dtype == leaf.dtype and got.shape == expected.shape
+            np.testing.assert_array_equal(np.asarray(got), expected)
+
+
+@pytest.mark.mpi
+def test_tiled_pytree_leaves_need_a_leading_axis(jc):
     with pytest.raises(ValueError, match="leading axis"):
         jc.allgather({"a": jnp.ones(2), "s": jnp.asarray(1.0)}, tiled=True)
 
@@ -130,13 +151,3 @@ def test_gathered_pytree_with_empty_trailing_dimension(jc, tiled):
     assert allgathered["empty"].shape == gathered["empty"].shape == want_empty
     np.testing.assert_array_equal(allgathered["b"], want_b)
     np.testing.assert_array_equal(gathered["b"], want_b if jc.rank == 0 else np.zeros_like(want_b))
-
-
-@pytest.mark.mpi
-def test_reduce_pytree(jc):
-    tree = {"x": jnp.full(3, 1.0 + jc.rank), "n": jnp.asarray(jc.rank)}
-    for root in range(jc.size):
-        got = jc.reduce(tree, op=MPI.MAX, root=root)
-        want_x = np.full(3, float(jc.size)) if jc.rank == root else np.zeros(3)
-        np.testing.assert_array_equal(got["x"], want_x)
-        assert int(got["n"]) == (jc.size - 1 if jc.rank == root else 0)
