@@ -3,7 +3,8 @@
 Each mismatch test has rank 0 call one thing and the other ranks another,
 and checks that every rank raises the same error, naming both calls and
 their lines in this file, instead of hanging or corrupting data, and that
-the communicator works normally afterwards.
+the communicator works normally afterwards. Every row of ``operations.py``
+gives its table result with the checker on.
 """
 
 import re
@@ -12,8 +13,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import RUNTIME_ERRORS, X64, not_reported_again
+from conftest import RUNTIME_ERRORS, X64, not_reported_again, rank_data
 from mpi4py import MPI
+from operations import BY_ID, JIT, params, select
 
 import jaxcomm
 
@@ -29,10 +31,21 @@ def checked(jc):
     jaxcomm.set_check(False)
 
 
+def _data(op, size):
+    return lambda r: rank_data(r, op.shape(size, r), np.dtype(FLOAT))
+
+
+def _gives_its_result(jc, op, call):
+    """``call(x)`` gives the table's result for ``op`` on this rank."""
+    data = _data(op, jc.size)
+    got = jax.block_until_ready(call(jnp.asarray(data(jc.rank))))
+    jaxcomm.sync()
+    np.testing.assert_array_equal(np.asarray(got), op.expected(data, jc.rank, jc.size))
+
+
 def _still_works(jc):
-    x = jnp.arange(3, dtype=FLOAT) + jc.rank
-    expected = np.arange(3) * jc.size + jc.size * (jc.size - 1) / 2
-    np.testing.assert_allclose(np.asarray(jc.allreduce(x)), expected)
+    op = BY_ID["allreduce"]
+    _gives_its_result(jc, op, lambda x: op.call(jc, x))
 
 
 def _run(mode, call, x):
@@ -322,6 +335,15 @@ def test_matching_programs_run_unchanged(checked):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     np.testing.assert_array_equal(np.asarray(grads), np.ones((3, 2)))
     np.testing.assert_array_equal(np.asarray(looped), np.asarray(reference[0]))
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("mode", ["eager", "jit"])
+@pytest.mark.parametrize("op", params(select(JIT)))
+def test_every_operation_gives_its_result_when_checked(checked, op, mode):
+    jc = checked
+    call = lambda x: op.call(jc, x)
+    _gives_its_result(jc, op, call if mode == "eager" else jax.jit(call))
 
 
 def test_set_check_switch_is_reported():
