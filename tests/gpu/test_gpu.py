@@ -1,8 +1,8 @@
 """Every op on GPU arrays, on both data paths: values, devices, transformations, memory.
 
-Expected values come from NumPy, written in terms of ``size``; the data are
-small integers, exact in every dtype, so results compare exactly. Jitted
-functions are built inside each test, after ``data_path`` chose the path.
+The ops are the rows of ``operations.py``, with their expected values; the
+data are small integers, exact in every dtype, so results compare exactly.
+Jitted functions are built inside each test, after ``data_path`` chose the path.
 """
 
 import functools
@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from conftest import ALL_DTYPES, rank_data, unchanged
 from mpi4py import MPI
+from operations import params, rotations, select
 
 import jaxcomm
 from jaxcomm import _runtime
@@ -33,11 +34,6 @@ from .conftest import (
 pytestmark = requires_gpu
 
 F32 = np.dtype(np.float32)
-ROWS = 3  # trailing rows of the blocks that rooted and v-ops move
-
-
-def _stack(arrays, shape, dtype):
-    return np.stack(arrays) if arrays else np.zeros((0, *shape), dtype)
 
 
 def _total(arrays, shape, dtype):
@@ -45,227 +41,35 @@ def _total(arrays, shape, dtype):
     return functools.reduce(np.add, arrays, np.zeros(shape, dtype))
 
 
-def _offsets(counts):
-    return np.concatenate([[0], np.cumsum(counts)]).astype(int)
-
-
-# One case: (function of (jc, x), this rank's x, expected result or None when
-# the call returns nothing). Each builder returns the cases of one op.
-
-
-def _allreduce(jc):
-    shape = (3, 4)
-    every = [rank_data(q, shape, F32) for q in range(jc.size)]
-    return [(lambda jc, v: jc.allreduce(v, op=MPI.SUM), every[jc.rank], _total(every, shape, F32))]
-
-
-def _reduce(jc):
-    shape = (3, 4)
-    every = [rank_data(q, shape, F32) for q in range(jc.size)]
-    total = _total(every, shape, F32)
-    return [
-        (
-            lambda jc, v, root=root: jc.reduce(v, op=MPI.SUM, root=root),
-            every[jc.rank],
-            total if jc.rank == root else np.zeros(shape, F32),
-        )
-        for root in range(jc.size)
-    ]
-
-
-def _scan(jc):
-    shape = (3, 4)
-    every = [rank_data(q, shape, F32) for q in range(jc.size)]
-    return [(lambda jc, v: jc.scan(v), every[jc.rank], _total(every[: jc.rank + 1], shape, F32))]
-
-
-def _exscan(jc):
-    shape = (3, 4)
-    every = [rank_data(q, shape, F32) for q in range(jc.size)]
-    # Rank 0's result, undefined in MPI, is zeros in jaxcomm.
-    return [(lambda jc, v: jc.exscan(v), every[jc.rank], _total(every[: jc.rank], shape, F32))]
-
-
-def _reduce_scatter(jc):
-    shape = (jc.size, ROWS)
-    every = [rank_data(q, shape, F32) for q in range(jc.size)]
-    want = _total([x[jc.rank] for x in every], (ROWS,), F32)
-    return [(lambda jc, v: jc.reduce_scatter(v, op=MPI.SUM), every[jc.rank], want)]
-
-
-def _bcast(jc):
-    shape = (3, 4)
-    every = [rank_data(q, shape, F32) for q in range(jc.size)]
-    return [
-        (lambda jc, v, root=root: jc.bcast(v, root=root), every[jc.rank], every[root])
-        for root in range(jc.size)
-    ]
-
-
-def _allgather(jc):
-    shape = (3, 4)
-    every = [rank_data(q, shape, F32) for q in range(jc.size)]
-    return [(lambda jc, v: jc.allgather(v), every[jc.rank], np.stack(every))]
-
-
-def _gather(jc):
-    shape = (3, 4)
-    every = [rank_data(q, shape, F32) for q in range(jc.size)]
-    stacked = np.stack(every)
-    return [
-        (
-            lambda jc, v, root=root: jc.gather(v, root=root),
-            every[jc.rank],
-            stacked if jc.rank == root else np.zeros_like(stacked),
-        )
-        for root in range(jc.size)
-    ]
-
-
-def _scatter(jc):
-    shape = (jc.size, ROWS)
-    every = [rank_data(q, shape, F32) for q in range(jc.size)]
-    return [
-        (lambda jc, v, root=root: jc.scatter(v, root=root), every[jc.rank], every[root][jc.rank])
-        for root in range(jc.size)
-    ]
-
-
-def _alltoall(jc):
-    shape = (jc.size, ROWS)
-    every = [rank_data(q, shape, F32) for q in range(jc.size)]
-    want = np.stack([x[jc.rank] for x in every])
-    return [(lambda jc, v: jc.alltoall(v), every[jc.rank], want)]
-
-
-def _v_counts(size):
-    # 1, 2, 0, 1, 2, 0, ... rows: one rank in three contributes none.
-    return [(q + 1) % 3 for q in range(size)]
-
-
-def _allgatherv(jc):
-    counts = _v_counts(jc.size)
-    every = [rank_data(q, (counts[q], ROWS), F32) for q in range(jc.size)]
-    want = np.concatenate(every)
-    return [(lambda jc, v: jc.allgatherv(v, counts), every[jc.rank], want)]
-
-
-def _gatherv(jc):
-    counts = _v_counts(jc.size)
-    every = [rank_data(q, (counts[q], ROWS), F32) for q in range(jc.size)]
-    joined = np.concatenate(every)
-    return [
-        (
-            lambda jc, v, root=root: jc.gatherv(v, counts, root=root),
-            every[jc.rank],
-            joined if jc.rank == root else np.zeros_like(joined),
-        )
-        for root in range(jc.size)
-    ]
-
-
-def _scatterv(jc):
-    counts = _v_counts(jc.size)
-    start = _offsets(counts)[jc.rank]
-    shape = (sum(counts), ROWS)
-    every = [rank_data(q, shape, F32) for q in range(jc.size)]
-    return [
-        (
-            lambda jc, v, root=root: jc.scatterv(v, counts, root=root),
-            every[jc.rank],
-            every[root][start : start + counts[jc.rank]],
-        )
-        for root in range(jc.size)
-    ]
-
-
-def _alltoallv(jc):
-    size, rank = jc.size, jc.rank
-    counts = [[(i + 2 * j + 1) % 3 for j in range(size)] for i in range(size)]
-    every = [rank_data(i, (sum(counts[i]), ROWS), F32) for i in range(size)]
-    blocks = []
-    for i in range(size):
-        start = _offsets(counts[i])[rank]
-        blocks.append(every[i][start : start + counts[i][rank]])
-    return [(lambda jc, v: jc.alltoallv(v, counts), every[rank], np.concatenate(blocks))]
-
-
-def _send_recv(jc):
-    # Pairs (0, 1), (2, 3), ...: the even rank sends first, then receives.
-    # A rank without a partner talks to MPI.PROC_NULL and receives zeros.
-    shape = (3, 4)
-    partner = jc.rank ^ 1 if jc.rank ^ 1 < jc.size else MPI.PROC_NULL
-
-    def exchange(jc, v):
-        if jc.rank % 2 == 0:
-            jc.send(v, dest=partner, tag=5)
-            return jc.recv(v, source=partner, tag=6)
-        got = jc.recv(v, source=partner, tag=5)
-        jc.send(v, dest=partner, tag=6)
-        return got
-
-    want = np.zeros(shape, F32) if partner == MPI.PROC_NULL else rank_data(partner, shape, F32)
-    return [(exchange, rank_data(jc.rank, shape, F32), want)]
-
-
-def _sendrecv(jc):
-    shape = (3, 4)
-    right, left = (jc.rank + 1) % jc.size, (jc.rank - 1) % jc.size
-    return [
-        (
-            lambda jc, v: jc.sendrecv(v, v, source=left, dest=right),
-            rank_data(jc.rank, shape, F32),
-            rank_data(left, shape, F32),
-        )
-    ]
-
-
-def _barrier(jc):
-    return [(lambda jc, v: jc.barrier(), np.zeros(1, F32), None)]
-
-
-OPS = {
-    "allreduce": _allreduce,
-    "reduce": _reduce,
-    "scan": _scan,
-    "exscan": _exscan,
-    "reduce_scatter": _reduce_scatter,
-    "bcast": _bcast,
-    "allgather": _allgather,
-    "gather": _gather,
-    "scatter": _scatter,
-    "alltoall": _alltoall,
-    "allgatherv": _allgatherv,
-    "gatherv": _gatherv,
-    "scatterv": _scatterv,
-    "alltoallv": _alltoallv,
-    "send_recv": _send_recv,
-    "sendrecv": _sendrecv,
-    "barrier": _barrier,
-}
-
-
 def _check(result, want):
-    if want is None:
-        assert result is None
-        return
     assert_on(result)
     assert result.dtype == want.dtype and result.shape == want.shape
     np.testing.assert_array_equal(np.asarray(result), want)
 
 
+def _row_data(op, size):
+    return lambda r: rank_data(r, op.shape(size, r), F32)
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
-@pytest.mark.parametrize("name", OPS)
-def test_op(jc, data_path, name, jit):
-    for fn, x, want in OPS[name](jc):
-        call = jax.jit(functools.partial(fn, jc)) if jit else functools.partial(fn, jc)
+@pytest.mark.parametrize("op", params(select()))
+def test_op(jc, data_path, op, jit):
+    # On every rotation of the ranks, each GPU takes every part the row's
+    # call names: the root, an end of the chain, each count.
+    for comm in rotations(jc):
+        data = _row_data(op, comm.size)
+        fn = functools.partial(op.call, comm)
+        call = jax.jit(fn) if jit else fn
+        x = data(comm.rank)
         xg = on_gpu(x)
         result = call(xg)
         jaxcomm.sync()
-        _check(result, want)
+        _check(result, op.expected(data, comm.rank, comm.size))
         unchanged(xg, x)
         assert_on(xg)
+        if op.kind == "nonblocking":
+            assert _runtime.cuda_kernels.staging_held() == 0
 
 
 def _reduction_ops(dtype):
@@ -401,54 +205,17 @@ def test_gpu_and_cpu_peers(jc, data_path):
     unchanged(x, every[rank])
 
 
-# Nonblocking ops: each against its blocking twin, on the same GPU arrays.
-
-
-def _nonblocking_twins(jc):
-    size, rank = jc.size, jc.rank
-    right, left = (rank + 1) % size, (rank - 1) % size
-
-    def ring(v):
-        receiving = jc.irecv(v, source=left, tag=7)
-        sending = jc.isend(v, right, tag=7)
-        y, none = jc.waitall([receiving, sending])
-        assert none is None
-        return y
-
-    return {
-        "isend_irecv": (ring, lambda v: jc.sendrecv(v, v, source=left, dest=right)),
-        "iallreduce": (
-            lambda v: jc.wait(jc.iallreduce(v, op=MPI.SUM)),
-            lambda v: jc.allreduce(v, op=MPI.SUM),
-        ),
-        # jaxcomm's own reduction (NaN-propagating MAX): staged on either path.
-        "iallreduce_max": (
-            lambda v: jc.wait(jc.iallreduce(v, op=MPI.MAX)),
-            lambda v: jc.allreduce(v, op=MPI.MAX),
-        ),
-        "ibcast": (
-            lambda v: jc.wait(jc.ibcast(v, root=size - 1)),
-            lambda v: jc.bcast(v, root=size - 1),
-        ),
-        "iallgather": (lambda v: jc.wait(jc.iallgather(v)), jc.allgather),
-        "ialltoall": (lambda v: jc.wait(jc.ialltoall(v)), jc.alltoall),
-    }
-
-
 @pytest.mark.mpi
 @pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
-@pytest.mark.parametrize(
-    "name", ["isend_irecv", "iallreduce", "iallreduce_max", "ibcast", "iallgather", "ialltoall"]
-)
-def test_nonblocking_op(jc, data_path, name, jit):
-    nonblocking, blocking = _nonblocking_twins(jc)[name]
+def test_nonblocking_max_against_its_blocking_twin(jc, data_path, jit):
+    # jaxcomm's own reduction (NaN-propagating MAX): staged on either path.
+    nonblocking = lambda v: jc.wait(jc.iallreduce(v, op=MPI.MAX))
     x = rank_data(jc.rank, (jc.size, 4), F32)
     xg = on_gpu(x)
-    want = np.asarray(jax.jit(blocking)(xg))
-    result = (jax.jit(nonblocking) if jit else nonblocking)(xg)
-    _check(result, want)
+    want = np.asarray(jax.jit(lambda v: jc.allreduce(v, op=MPI.MAX))(xg))
+    _check((jax.jit(nonblocking) if jit else nonblocking)(xg), want)
     unchanged(xg, x)
-    jaxcomm.sync()  # an eager send's wait has no output to block on
+    jaxcomm.sync()
     assert _runtime.cuda_kernels.staging_held() == 0
 
 
