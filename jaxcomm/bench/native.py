@@ -1,9 +1,9 @@
 """Native code built at bench time with the MPI's compiler wrapper, and loaded with ctypes.
 
-A source that ships in this package (``gpu_reference.cc``) is compiled into a
-shared library once per source, compiler and flags, into a cache directory;
-on each node one rank builds it while the others wait, then every rank loads
-it. Building with the wrapper of the MPI that mpi4py loaded keeps the
+A source that ships in this package (``gpu_reference.cc``, the C floor's
+``routes/c_floor.c``) is compiled into a shared library once per source,
+compiler and flags, into a cache directory; on each node one rank builds it
+while the others wait, then every rank loads it. Building with the wrapper of the MPI that mpi4py loaded keeps the
 library's MPI the same as the ranks'.
 """
 
@@ -41,6 +41,25 @@ def mpi_cxx() -> tuple[list[str], list[str]]:
     raise RuntimeError("no mpicxx or mpicc on PATH: use the MPI mpi4py runs")
 
 
+def mpi_cc() -> list[str]:
+    """The MPI C compiler wrapper: the one mpi4py was built with, else ``mpicc`` on ``PATH``.
+
+    Raises:
+        RuntimeError: if there is none.
+    """
+    import mpi4py
+
+    configured = mpi4py.get_config().get("mpicc")
+    if configured and shutil.which(configured.split()[0]):
+        return configured.split()
+    if shutil.which("mpicc"):
+        return [shutil.which("mpicc")]
+    raise RuntimeError(
+        "no mpicc: mpi4py's configuration names none and none is on PATH "
+        "(put the bin/ of the MPI that mpi4py runs on PATH)"
+    )
+
+
 def build_shared(
     source: pathlib.Path, compiler: Sequence[str], flags: Sequence[str], build_dir: str
 ) -> pathlib.Path:
@@ -48,7 +67,7 @@ def build_shared(
 
     Args:
         source: the C or C++ file.
-        compiler: the compiler command (see :func:`mpi_cxx`).
+        compiler: the compiler command (see :func:`mpi_cxx`, :func:`mpi_cc`).
         flags: options and libraries after the source.
         build_dir: the cache directory.
 

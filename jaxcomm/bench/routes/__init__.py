@@ -7,7 +7,9 @@ JAX functions derive from :class:`JaxImpl` and give only ``function(op)``:
 - :mod:`.jaxcomm_methods`: jaxcomm's :class:`~jaxcomm.JaxComm` methods;
 - :mod:`.plain_jit`: a jitted ``x + 1`` without MPI, the dispatch reference;
 - :mod:`.mpi4jax_functions`: mpi4jax's functions, where it is installed;
-- :mod:`.jax_shard_map`: JAX's own collectives over ``jax.distributed``.
+- :mod:`.jax_shard_map`: JAX's own collectives over ``jax.distributed``;
+- :mod:`.c_floor`: the floor, the reference's MPI calls from C (``c_floor.c``,
+  built at bench time with the MPI's ``mpicc``).
 
 A new route is a module here with one :class:`Impl` subclass, added to the
 list of implementations that a command (:mod:`jaxcomm.bench.cli`,
