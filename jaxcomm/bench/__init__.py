@@ -16,15 +16,18 @@ mpi4py on NumPy buffers:
 - ``eager``: the method called outside ``jit``.
 
 ``jit`` and ``eager`` also time a plain jitted function without MPI
-(``x + 1`` on the same array), the reference of the dispatch targets. Each
-op's result is first checked against mpi4py's; a wrong op is reported as
-wrong and not timed.
+(``x + 1`` on the same array), the reference of the dispatch targets. Every
+mode also times the floor: the same MPI calls from a small C program built
+with the MPI's ``mpicc`` (left out, with a line saying why, where there is
+none); ``--jax`` adds JAX's own route (``jax.distributed`` and ``shard_map``
+collectives). Each op's result is first checked against mpi4py's; a wrong op
+is reported as wrong and not timed.
 
 The package, one module per concern:
 
 - :mod:`~jaxcomm.bench.operations`: the benchmarked ops and their messages;
 - :mod:`~jaxcomm.bench.routes`: the ways of doing them (mpi4py, jaxcomm,
-  plain jit, mpi4jax, JAX's collectives), one module each;
+  plain jit, mpi4jax, JAX's collectives, the C floor), one module each;
 - :mod:`~jaxcomm.bench.measure`: the result check and the timing
   (:func:`run`, :func:`measure`, :class:`Record`), on
   :mod:`~jaxcomm.bench.timing`'s clock loop;
@@ -32,7 +35,8 @@ The package, one module per concern:
 - :mod:`~jaxcomm.bench.cli`: ``python -m jaxcomm.bench``;
 - commands of their own, each ``python -m jaxcomm.bench.<name>``:
   :mod:`~jaxcomm.bench.compare` (mpi4jax and JAX's collectives beside
-  jaxcomm), :mod:`~jaxcomm.bench.soak`, :mod:`~jaxcomm.bench.eager_memory`,
+  jaxcomm), :mod:`~jaxcomm.bench.scaling` (this command at 1 to 8 ranks),
+  :mod:`~jaxcomm.bench.soak`, :mod:`~jaxcomm.bench.eager_memory`,
   :mod:`~jaxcomm.bench.nan_minmax`, :mod:`~jaxcomm.bench.overlap` and
   :mod:`~jaxcomm.bench.gpu`.
 

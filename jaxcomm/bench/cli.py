@@ -19,6 +19,13 @@ from .measure import Record, run
 from .operations import MODES, OPS
 from .report import metadata, plot, pyplot, summary, table, write_json
 from .routes import PLAIN, REFERENCE, Impl, JaxcommImpl, Mpi4pyImpl, PlainJitImpl
+from .routes.c_floor import FLOOR, CFloorImpl, load_floor
+from .routes.jax_shard_map import (
+    COLLECTIVES,
+    JaxCollectivesImpl,
+    route_name,
+    start_jax_distributed,
+)
 from .sizes import DEFAULT_SIZES, MIB, QUICK_SIZES, parse_size, sizes_between
 
 
@@ -66,6 +73,17 @@ def parser(description: str) -> argparse.ArgumentParser:
         "--quick",
         action="store_true",
         help="two sizes (8 B, 1 MiB), 3 short repeats: a smoke test for CI",
+    )
+    p.add_argument(
+        "--jax",
+        nargs="?",
+        const="gloo",
+        choices=COLLECTIVES,
+        help="also time JAX's own route (jax.distributed, shard_map collectives) over gloo "
+        "(the default) or mpi",
+    )
+    p.add_argument(
+        "--no-floor", action="store_true", help="leave out the C floor (the MPI calls from C)"
     )
     p.add_argument("--json", metavar="FILE", help="write records and versions as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="plot time per op (needs matplotlib)")
@@ -143,20 +161,75 @@ def run_and_report(
     return records
 
 
+def start_jax_route(comm: MPI.Intracomm, args: argparse.Namespace, notes: dict[str, str]):
+    """Start ``jax.distributed`` for ``--jax``, before anything starts JAX's backends.
+
+    Returns:
+        A function giving JAX's route once the backends may start, or None,
+        when it was not asked for or failed (why: in ``notes``).
+    """
+    if not args.jax:
+        return None
+    error = start_jax_distributed(comm, args.jax)
+    if error is None:
+        return lambda: JaxCollectivesImpl(args.jax)
+    notes[route_name(args.jax)] = f"not measured: {error}"
+    return None
+
+
+def floor_routes(
+    comm: MPI.Intracomm, args: argparse.Namespace, notes: dict[str, str]
+) -> list[Impl]:
+    """The C floor, unless ``--no-floor``; without it, why in ``notes``."""
+    if args.no_floor:
+        return []
+    lib, error = load_floor(comm)
+    if lib is None:
+        notes[FLOOR] = f"the C floor is skipped: {error}"
+        return []
+    return [CFloorImpl(comm, lib)]
+
+
+def floor_ratios(names: Sequence[str]) -> list[tuple[str, str]]:
+    """Every route's time over the C floor's, where the floor is measured."""
+    if FLOOR not in names:
+        return []
+    return [(name, FLOOR) for name in names if name not in (FLOOR, PLAIN)]
+
+
+def print_notes(comm: MPI.Intracomm, notes: dict[str, str]) -> None:
+    """On rank 0, one ``#`` line per route left out and why."""
+    if comm.rank == 0:
+        for name, note in notes.items():
+            print(f"# {name}: {note}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m jaxcomm.bench``: measure, then print on rank 0."""
     args = parser("Latency and bandwidth of jaxcomm's ops beside mpi4py.").parse_args(argv)
     comm = MPI.COMM_WORLD
     settings(args)  # a bad option fails before anything is measured
+    notes: dict[str, str] = {}
+    jax_route = start_jax_route(comm, args, notes)
     jc = JaxComm(comm)
+    impls = [Mpi4pyImpl(comm), JaxcommImpl(jc), PlainJitImpl(), *floor_routes(comm, args, notes)]
+    if jax_route:
+        impls.append(jax_route())
+    print_notes(comm, notes)
+    names = [impl.name for impl in impls]
+    others = [name for name in names[3:] if name != FLOOR]
+    ratios = [("jaxcomm", REFERENCE), ("jaxcomm", PLAIN)]
+    ratios += [(name, REFERENCE) for name in others] + [("jaxcomm", name) for name in others]
+    ratios += floor_ratios(names)
     try:
         run_and_report(
             comm,
-            [Mpi4pyImpl(comm), JaxcommImpl(jc), PlainJitImpl()],
+            impls,
             args,
-            ratios=(("jaxcomm", REFERENCE), ("jaxcomm", PLAIN)),
+            ratios=ratios,
             bandwidth=("jaxcomm", REFERENCE),
             title="jaxcomm.bench",
+            notes=notes,
         )
     finally:
         jc.free()

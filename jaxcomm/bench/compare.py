@@ -12,7 +12,9 @@ repeats, ratios), by default in the ``jit`` and ``loop`` modes:
 - jax: ``jax.distributed`` across the mpiexec ranks (one CPU device each,
   gloo collectives) with ``shard_map``: ``psum`` (allreduce), ``all_gather``,
   ``all_to_all``, ``psum_scatter`` (reduce_scatter) and ``ppermute``
-  (sendrecv on a ring). ``--no-jax`` leaves it out.
+  (sendrecv on a ring). ``--no-jax`` leaves it out; ``--jax mpi`` takes
+  jaxlib's MPI collectives instead of gloo;
+- c: the floor, the same MPI calls from C (``--no-floor`` leaves it out).
 
 Rank 0 prints a table; ``--json`` and ``--plot`` as for ``jaxcomm.bench``.
 """
@@ -22,9 +24,17 @@ import sys
 from mpi4py import MPI
 
 from ..comm import JaxComm
-from .cli import parser, run_and_report, settings
+from .cli import (
+    floor_ratios,
+    floor_routes,
+    parser,
+    print_notes,
+    run_and_report,
+    settings,
+    start_jax_route,
+)
 from .routes import REFERENCE, JaxcommImpl, Mpi4pyImpl
-from .routes.jax_shard_map import JaxCollectivesImpl, start_jax_distributed
+from .routes.c_floor import FLOOR
 from .routes.mpi4jax_functions import Mpi4jaxImpl
 
 
@@ -34,33 +44,35 @@ def main(argv=None):
     p.add_argument(
         "--no-jax", action="store_true", help="leave out JAX's collectives (jax.distributed)"
     )
-    p.set_defaults(modes=["jit", "loop"])
+    p.set_defaults(modes=["jit", "loop"], jax="gloo")
     args = p.parse_args(argv)
     settings(args)  # a bad option fails before anything is measured
     comm = MPI.COMM_WORLD
     notes = {}
-    jax_error = "left out (--no-jax)" if args.no_jax else start_jax_distributed(comm)
+    if args.no_jax:
+        args.jax = None
+        notes["jax"] = "not measured: left out (--no-jax)"
+    jax_route = start_jax_route(comm, args, notes)
     jc = JaxComm(comm)
     impls = [Mpi4pyImpl(comm), JaxcommImpl(jc)]
     try:
         impls.append(Mpi4jaxImpl(comm))
     except ImportError as err:
         notes["mpi4jax"] = f"not measured: {err}"
-    if jax_error is None:
-        impls.append(JaxCollectivesImpl())
-    else:
-        notes["jax"] = f"not measured: {jax_error}"
-    if comm.rank == 0:
-        for name, note in notes.items():
-            print(f"# {name}: {note}")
+    if jax_route:
+        impls.append(jax_route())
+    impls += floor_routes(comm, args, notes)
+    print_notes(comm, notes)
     names = [impl.name for impl in impls]
+    libraries = [name for name in names if name != FLOOR]
     try:
         run_and_report(
             comm,
             impls,
             args,
-            ratios=[(name, REFERENCE) for name in names[1:]]
-            + [("jaxcomm", name) for name in names[2:]],
+            ratios=[(name, REFERENCE) for name in libraries[1:]]
+            + [("jaxcomm", name) for name in libraries[2:]]
+            + floor_ratios(names),
             bandwidth=(),
             title="jaxcomm.bench.compare",
             libraries=names,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import socket
 
 import jax
@@ -14,15 +15,30 @@ from .base import Impl
 AXIS = "ranks"
 
 
-def start_jax_distributed(comm):
-    """Join the ranks into one JAX job with CPU collectives over gloo.
+COLLECTIVES = ("gloo", "mpi")  # jax_cpu_collectives_implementation values the route takes
+
+
+def route_name(collectives: str) -> str:
+    """The column of JAX's route over ``collectives``: ``jax`` (gloo) or ``jax_mpi``."""
+    return "jax" if collectives == "gloo" else f"jax_{collectives}"
+
+
+def start_jax_distributed(comm, collectives="gloo"):
+    """Join the ranks into one JAX job with CPU collectives over ``collectives``.
 
     Must run before JAX starts its backends. Returns None, or why it failed
     (on every rank, when it failed on any).
     """
+    # jaxlib's MPI collectives go through MPItrampoline, which ends the
+    # process (no exception) when it has no MPI wrapper library to load.
+    if collectives == "mpi" and not os.environ.get("MPITRAMPOLINE_LIB"):
+        return (
+            "jaxlib's MPI collectives load MPI through MPItrampoline: set MPITRAMPOLINE_LIB "
+            "to an MPIwrapper library built for this MPI"
+        )
     error = None
     try:
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.config.update("jax_cpu_collectives_implementation", collectives)
         same_host = len(set(comm.allgather(socket.gethostname()))) == 1
         address = None
         if comm.rank == 0:
@@ -47,8 +63,10 @@ class JaxCollectivesImpl(Impl):
     name = "jax"
     modes = ("jit", "loop")
 
-    def __init__(self):
+    def __init__(self, collectives="gloo"):
         from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+        self.name = route_name(collectives)
 
         devices = sorted(jax.devices(), key=lambda d: d.process_index)
         self.mesh = Mesh(np.array(devices), (AXIS,))
