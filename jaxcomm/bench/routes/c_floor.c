@@ -73,9 +73,10 @@ static int call(const char* op, MPI_Comm comm, int rank, int size, float* send, 
 
 /* `iters` ops of `op` on `send` (`send_count` floats) into `recv` (`recv_count`).
  *
- * With `loop` set, each result times 0.5 becomes `send` before the next op.
- * Returns where the last result is (IN_RECV, IN_SEND, NO_RESULT) or
- * UNKNOWN_OP. MPI errors abort, as MPI's default handler does.
+ * With `loop` set, each result times 0.5 becomes `send` before the next op,
+ * and `send` (the carry) is the result. Returns where the last result is
+ * (IN_RECV, IN_SEND, NO_RESULT) or UNKNOWN_OP. MPI errors abort, as MPI's
+ * default handler does.
  */
 int jaxcomm_floor(int64_t handle, const char* op, int loop, float* send, int64_t send_count,
                   float* recv, int64_t recv_count, int64_t iters) {
@@ -94,7 +95,7 @@ int jaxcomm_floor(int64_t handle, const char* op, int loop, float* send, int64_t
       for (int64_t k = 0; k < send_count; ++k) send[k] = recv[k % recv_count] * 0.5f;
     }
   }
-  return loop && where != NO_RESULT ? IN_SEND : where;
+  return loop ? IN_SEND : where;
 }
 
 /* The MPI library this was built with, to compare with the one mpi4py loaded. */
