@@ -16,10 +16,11 @@ import sys
 import jax
 import numpy as np
 import pytest
-from conftest import environment_without_launcher, spawns_own_mpi
+from conftest import environment_without_launcher, mpiexec, spawns_own_mpi
 
 from jaxcomm import bench
-from jaxcomm.bench import gpu, native, report
+from jaxcomm.bench import gpu, native, report, scaling
+from jaxcomm.bench.routes import c_floor
 
 FIELDS = {
     "op",
@@ -252,7 +253,7 @@ def test_json_is_written_by_one_writer(tmp_path):
     assert json.loads(text) == {"meta": {"ranks": 2}, "records": [dataclasses.asdict(record)]}
 
 
-COMMANDS = ["compare", "eager_memory", "gpu", "nan_minmax", "overlap", "soak"]
+COMMANDS = ["compare", "eager_memory", "gpu", "nan_minmax", "overlap", "scaling", "soak"]
 
 
 @pytest.mark.parametrize("name", COMMANDS)
@@ -329,3 +330,154 @@ def test_native_code_is_built_once_with_the_mpi_compiler_and_loaded_on_every_ran
     lib.size_of.argtypes = [ctypes.c_int64]
     assert lib.size_of(jc.comm.py2f()) == jc.size
     assert build() == build() and len(list(pathlib.Path(build_dir).iterdir())) == 1
+
+
+@pytest.fixture(scope="module")
+def floor(jc, tmp_path_factory):
+    folder = jc.comm.bcast(str(tmp_path_factory.mktemp("floor")) if jc.rank == 0 else None)
+    lib, error = c_floor.load_floor(jc.comm, folder)
+    assert error is None, error
+    return c_floor.CFloorImpl(jc.comm, lib)
+
+
+def test_the_c_floor_source_ships_beside_its_module():
+    # The installed package, not the source tree (see conftest.py).
+    assert c_floor.SOURCE.parent == pathlib.Path(c_floor.__file__).resolve().parent
+    assert c_floor.SOURCE.suffix == ".c" and "jaxcomm_floor(" in c_floor.SOURCE.read_text()
+
+
+@pytest.mark.mpi
+def test_the_c_floor_does_every_op_and_mode_as_mpi4py(jc, floor):
+    reference = bench.Mpi4pyImpl(jc.comm)
+    records = bench.run(jc.comm, [reference, floor], sizes=[8, 1024], **TINY)
+    found = {(r.op, r.nbytes, r.mode, r.impl): r for r in records}
+    mine = [r for r in records if r.impl == c_floor.FLOOR]
+    assert {(r.op, r.mode) for r in mine} == {
+        (name, mode) for name in expected_ops(jc.size) for mode in bench.MODES
+    }
+    for record in mine:
+        assert record.error is None and record.match is True, record
+        assert record.time_s > 0 and record.iters >= 1, record
+        ref = found[(record.op, record.nbytes, record.mode, bench.REFERENCE)]
+        assert record.ratios[bench.REFERENCE] == pytest.approx(record.time_s / ref.time_s)
+    # Several loop iterations: each result, halved, is the next input, as in NumPy.
+    for name in expected_ops(jc.size):
+        op = bench.OPS[name]
+        x = bench.check_data(bench.input_shape(op, 64, jc.size), jc.rank)
+        for mode in ("loop", "jit"):
+            want = reference.runner(op, mode, x)(3)
+            got = floor.runner(op, mode, x)(3)
+            if want is None:
+                assert got is None, name
+            else:
+                np.testing.assert_array_equal(got, want, err_msg=f"{name} {mode}")
+
+
+@pytest.mark.mpi
+def test_the_floor_is_skipped_with_one_line_without_mpicc(jc, monkeypatch, capsys):
+    def no_mpicc():
+        raise RuntimeError("no mpicc: none here")
+
+    monkeypatch.setattr(c_floor, "mpi_cc", no_mpicc)
+    argv = ["--ops", "allreduce", "--sizes", "8", "--modes", "jit", "--repeats", "1"]
+    assert bench.main([*argv, "--time", "0.0001", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    if jc.rank == 0:
+        assert out.splitlines()[0] == "# c: the C floor is skipped: no mpicc: none here"
+        assert " c us" not in out and "jaxcomm/c" not in out
+    else:
+        assert out == ""
+
+
+@pytest.mark.mpi
+def test_the_table_reads_every_route_against_the_floor(jc, floor, capsys):
+    argv = ["--ops", "allreduce,barrier", "--sizes", "8", "--repeats", "1", "--time", "0.0001"]
+    assert bench.main([*argv, "--markdown", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    if jc.rank == 0:
+        header = next(line for line in out.splitlines() if line.startswith("| op |"))
+        assert "| plain us | c us |" in header
+        assert "| mpi4py/c | jaxcomm/c |" in header
+        assert "jaxcomm/c loop :" in out
+
+
+def test_a_scaling_record_keeps_its_requested_size():
+    record = {"op": "alltoall", "nbytes": 16, "ranks": 4}
+    assert scaling.message_size(record, [8, 1024]) == 8
+    assert scaling.message_size({**record, "nbytes": 1024}, [8, 1024]) == 1024
+    assert scaling.message_size({"op": "barrier", "nbytes": 0, "ranks": 4}, [8]) == 0
+
+
+def _json_of_run(command, path):
+    """Run ``command`` (a launch that writes JSON to ``path``); its JSON and output."""
+    done = subprocess.run(
+        command,
+        cwd=path.parent,
+        capture_output=True,
+        text=True,
+        env=environment_without_launcher(PYTHONPATH=""),
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(path.read_text()), done.stdout
+
+
+@spawns_own_mpi
+def test_jax_route_beside_the_others_in_one_run(tmp_path):
+    # jax.distributed must start before JAX's backends: a launch of its own.
+    tiny = ["--sizes", "8", "--repeats", "1", "--time", "0.0001", "--max-iters", "2"]
+    ops = "allreduce,allgather,alltoall,reduce_scatter,sendrecv,bcast"
+    command = [*mpiexec(2), sys.executable, "-m", "jaxcomm.bench", "--ops", ops, *tiny]
+    path = tmp_path / "jax.json"
+    data, out = _json_of_run([*command, "--jax", "--no-progress", "--json", str(path)], path)
+    by_impl = {}
+    for record in data["records"]:
+        by_impl.setdefault(record["impl"], []).append(record)
+    assert {(r["op"], r["mode"]) for r in by_impl["jax"]} == {
+        (op, mode)
+        for op in ("allreduce", "allgather", "alltoall", "reduce_scatter", "sendrecv")
+        for mode in ("jit", "loop")
+    }
+    for name in ("jax", "jaxcomm", "c", "mpi4py"):
+        assert all(r["match"] is True and r["time_s"] > 0 for r in by_impl[name]), name
+    assert "jaxcomm/jax" in out and "jax/c" in out
+    # jaxlib's MPI collectives need MPItrampoline's wrapper: a line says so.
+    path = tmp_path / "jax_mpi.json"
+    mpi = ["--ops", "allreduce", "--modes", "jit", "--jax", "mpi", "--json", str(path)]
+    data, out = _json_of_run([*command, *mpi], path)
+    assert "# jax_mpi: not measured: jaxlib's MPI collectives" in out
+    assert {r["impl"] for r in data["records"]} == {"mpi4py", "jaxcomm", "plain", "c"}
+
+
+@spawns_own_mpi
+def test_scaling_runs_each_rank_count_and_marks_oversubscription(tmp_path):
+    ranks = [1, 2, 3]
+    options = ["--ranks", "1,2,3", "--ops", "allreduce,sendrecv", "--sizes", "8", "--modes", "loop"]
+    tiny = ["--", "--repeats", "1", "--time", "0.0001", "--max-iters", "2"]
+    command = [sys.executable, "-m", "jaxcomm.bench.scaling", *options]
+    plot = tmp_path / "scaling.png"
+    try:
+        import matplotlib  # noqa: F401
+
+        command += ["--plot", str(plot)]
+    except ImportError:
+        plot = None
+    path = tmp_path / "scaling.json"
+    data, out = _json_of_run([*command, "--json", str(path), *tiny], path)
+    busy = [n for n in ranks if n > scaling.cores()]
+    assert data["meta"]["oversubscribed"] == busy
+    assert [run["ranks"] for run in data["meta"]["runs"]] == ranks
+    seen = {(r["ranks"], r["op"], r["impl"]) for r in data["records"]}
+    assert seen >= {
+        (n, op, impl)
+        for n in ranks
+        for op in ("allreduce", "sendrecv")
+        for impl in ("mpi4py", "jaxcomm", "c")
+    }
+    assert all(r["match"] is True and r["message"] == 8 for r in data["records"])
+    assert all(r["oversubscribed"] == (r["ranks"] in busy) for r in data["records"])
+    header = next(line for line in out.splitlines() if line.startswith("op "))
+    for n in ranks:
+        assert f"{n} rank{'s' if n > 1 else ''}{'*' if n in busy else ''} us" in header
+    if plot is not None:
+        assert plot.read_bytes()[:4] == b"\x89PNG"
