@@ -257,11 +257,16 @@ def plot(path: str, records: Sequence[Record], title: str) -> None:
         ax.grid(True, which="both", alpha=0.3)
     for ax in list(axes.flat)[len(ops) :]:
         ax.axis("off")
+    save_figure(plt, fig, axes.flat[0], title, path)
+
+
+def save_figure(plt, fig, legend_from, title: str, path: str) -> None:
+    """``fig`` with ``title`` and the legend of the panel ``legend_from`` to a PNG, then closed."""
     fig.suptitle(title)
     fig.tight_layout()
     # Right of the panels, so it hides none of them; "tight" widens the image.
     fig.legend(
-        *axes.flat[0].get_legend_handles_labels(),
+        *legend_from.get_legend_handles_labels(),
         loc="center left",
         bbox_to_anchor=(1.0, 0.5),
         fontsize="small",

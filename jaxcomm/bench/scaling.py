@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from .operations import DTYPE, OPS, input_shape
-from .report import dump_json, format_table, pyplot
+from .report import dump_json, format_table, pyplot, save_figure
 from .routes import PLAIN
 from .sizes import KIB, MIB, QUICK_SIZES, format_size, parse_size
 
@@ -190,16 +190,7 @@ def plot_scaling(path: str, records: Sequence[dict[str, Any]], busy: set[int], t
             ax.set_xlabel("ranks")
             ax.set_ylabel("us per op")
             ax.grid(True, which="both", alpha=0.3)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.legend(
-        *axes[0][0].get_legend_handles_labels(),
-        loc="center left",
-        bbox_to_anchor=(1.0, 0.5),
-        fontsize="small",
-    )
-    fig.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(fig)
+    save_figure(plt, fig, axes[0][0], title, path)
 
 
 def parser() -> argparse.ArgumentParser:
