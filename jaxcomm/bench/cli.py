@@ -161,7 +161,9 @@ def run_and_report(
     return records
 
 
-def start_jax_route(comm: MPI.Intracomm, args: argparse.Namespace, notes: dict[str, str]):
+def start_jax_route(
+    comm: MPI.Intracomm, args: argparse.Namespace, notes: dict[str, str]
+) -> Callable[[], Impl] | None:
     """Start ``jax.distributed`` for ``--jax``, before anything starts JAX's backends.
 
     Returns:

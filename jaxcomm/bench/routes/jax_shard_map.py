@@ -8,6 +8,7 @@ import socket
 
 import jax
 import numpy as np
+from mpi4py import MPI
 
 from ..operations import fori, ring
 from .base import Impl
@@ -31,7 +32,8 @@ def start_jax_distributed(comm, collectives="gloo"):
     """
     # jaxlib's MPI collectives go through MPItrampoline, which ends the
     # process (no exception) when it has no MPI wrapper library to load.
-    if collectives == "mpi" and not os.environ.get("MPITRAMPOLINE_LIB"):
+    unwrapped = collectives == "mpi" and not os.environ.get("MPITRAMPOLINE_LIB")
+    if comm.allreduce(unwrapped, op=MPI.LOR):
         return (
             "jaxlib's MPI collectives load MPI through MPItrampoline: set MPITRAMPOLINE_LIB "
             "to an MPIwrapper library built for this MPI"
