@@ -148,7 +148,10 @@ def run_and_report(
     records = run(comm, impls, **options)
     meta = metadata(comm, options={k: v for k, v in options.items() if k != "progress"}, **meta)
     if comm.rank == 0:
-        print(f"# {title}: {comm.size} ranks, jax {jax.__version__}, {meta['cpu']}")
+        print(
+            f"# {title}: {comm.size} ranks, jax {jax.__version__}, {meta['cpu']}, "
+            f"MPI thread level {meta['thread_level']}"
+        )
         print("# times: microseconds per op, median of repeats (slowest rank); ratios of times")
         names = [impl.name for impl in impls]
         print(table(records, names, ratios, bandwidth, markdown=args.markdown))

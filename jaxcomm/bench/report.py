@@ -156,6 +156,14 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+THREAD_LEVELS = {
+    MPI.THREAD_SINGLE: "single",
+    MPI.THREAD_FUNNELED: "funneled",
+    MPI.THREAD_SERIALIZED: "serialized",
+    MPI.THREAD_MULTIPLE: "multiple",
+}
+
+
 def metadata(comm: MPI.Intracomm, **extra: Any) -> dict[str, Any]:
     """The run's machine, versions and rank count, for the JSON output."""
     import jaxlib
@@ -179,6 +187,8 @@ def metadata(comm: MPI.Intracomm, **extra: Any) -> dict[str, Any]:
         "hosts": hosts,
         "cpu": _cpu_model(),
         "cpus": os.cpu_count(),
+        # MPICH's small collectives depend on it (docs/sharp-bits.md).
+        "thread_level": THREAD_LEVELS.get(MPI.Query_thread(), str(MPI.Query_thread())),
         "platform": platform.platform(),
         # Other work on the machine shows in the figures: say how busy it was.
         "load_average": list(os.getloadavg()),
