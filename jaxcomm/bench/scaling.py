@@ -41,7 +41,10 @@ SIZES = (8, 4 * KIB, 256 * KIB, 4 * MIB)
 MODES = ("jit", "loop")
 # The launcher's variables: a run started from a process that mpiexec started
 # would join that job instead of starting its own.
-_LAUNCHER_VARS = ("PMI_", "HYDRA_", "MPIR_", "OMPI_", "PMIX_", "PRTE_", "MPI_LOCAL")
+# Set in each process a launcher starts (MPICH's Hydra, Open MPI's PRRTE, PMIx
+# launchers such as srun). Prefixes alone would also catch settings such as
+# OMPI_MCA_* or MPIR_CVAR_*, which the launches below must keep.
+_LAUNCHED_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MPI_LOCALRANKID")
 
 
 def cores() -> int:
@@ -69,7 +72,6 @@ def launcher(ranks: int) -> list[str]:
 
 def bench_run(ranks: int, options: Sequence[str], timeout: float) -> dict[str, Any]:
     """One ``jaxcomm.bench`` launch: its JSON, or ``{"error": why}``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCHER_VARS)}
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "bench.json")
         command = [
@@ -83,7 +85,7 @@ def bench_run(ranks: int, options: Sequence[str], timeout: float) -> dict[str, A
             path,
         ]
         try:
-            done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout)
+            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             return {"error": f"timed out after {timeout:.0f} s"}
         if done.returncode or not os.path.exists(path):
@@ -224,7 +226,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the bench at each rank count, print the table, write JSON and the plot."""
     args = parser().parse_args(argv)
-    if any(k.startswith(_LAUNCHER_VARS) for k in os.environ):
+    if any(name in os.environ for name in _LAUNCHED_VARS):
         raise SystemExit("run jaxcomm.bench.scaling without mpiexec: it starts mpiexec itself")
     if args.plot:
         try:
