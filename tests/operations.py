@@ -50,10 +50,7 @@ JIT, VMAP, JVP, GRAD, TRANSPOSE, SCAN, COND = (
 ALL = frozenset({JIT, VMAP, JVP, GRAD, TRANSPOSE, SCAN, COND})
 NONLINEAR = ALL - {TRANSPOSE}
 NOT_DIFFERENTIABLE = ALL - {JVP, GRAD, TRANSPOSE}
-# vmap of an eager nonblocking call on NumPy input fails its wait's check of
-# the send buffer ("XLA copied it in between; please report this as a jaxcomm
-# bug"); batched inside jit it works. Left out until the bug is fixed.
-NONBLOCKING = ALL - {VMAP}
+NONBLOCKING = ALL
 # jax.linear_transpose of a send and a receive apart waits forever: the
 # transposed send on a rank whose output has no cotangent makes no message.
 APART = ALL - {TRANSPOSE}
@@ -724,7 +721,7 @@ OPERATIONS = (
         mpi=("MPI_Iscan",),
         targets=("iscan", "wait_exchange"),
         methods=("iscan", "wait"),
-        transforms=NOT_DIFFERENTIABLE - {VMAP},
+        transforms=NOT_DIFFERENTIABLE,
         linear=False,
     ),
     Operation(

@@ -484,6 +484,44 @@ def test_vmap(jc):
     np.testing.assert_array_equal(gathered[:, jc.rank], xs)
 
 
+def _unaligned(a):
+    """A copy of NumPy array ``a`` at an address no device buffer may share.
+
+    JAX then copies it to a new device buffer every time it is passed in,
+    on every rank alike (an aligned array may be shared instead, or not).
+    """
+    raw = np.zeros(a.nbytes + a.itemsize, np.uint8)
+    out = np.frombuffer(raw.data, a.dtype, count=a.size, offset=a.itemsize).reshape(a.shape)
+    out[...] = a
+    return out
+
+
+@pytest.mark.mpi
+def test_eager_vmap_of_numpy_input(jc):
+    # The batch is the NumPy array itself: the start and the wait must see one
+    # copy of it, not one each (the wait refused the second as a copy XLA made).
+    right, left = _ring(jc)
+    xs = rank_data(jc.rank, (3, 4), np.float32)
+    every = [rank_data(r, (3, 4), np.float32) for r in range(jc.size)]
+    cases = {
+        "iallreduce": (lambda x: jc.wait(jc.iallreduce(x)), sum(every)),
+        "iallgather": (lambda x: jc.wait(jc.iallgather(x)), np.stack(every, axis=1)),
+        "isend/irecv": (partial(_exchange, jc), every[left]),
+    }
+    failures = []
+    for name, (fn, want) in cases.items():
+        # Every rank makes every call, whatever fails where: a rank that raised
+        # would leave the others waiting in the next collective.
+        try:
+            got = jax.vmap(fn)(_unaligned(xs))
+            np.testing.assert_array_equal(got, want)
+        except Exception as error:
+            failures.append(f"{name}: {error}")
+    everywhere = MPI.COMM_WORLD.allgather(failures)
+    assert everywhere == [[]] * jc.size
+    unchanged(xs, every[jc.rank])
+
+
 # Derivatives ---------------------------------------------------------------------
 #
 # Each nonblocking program against its blocking twin: the same values, tangents

@@ -570,18 +570,32 @@ _compat.jaxpr_checks.append(_check_lowered)
 # to be moved into place, the start sends from a new array: the wait must
 # keep that one alive, not the caller's, so the start leaves it here for the
 # wait's rule to take.
+#
+# Under an eager vmap the batch is the caller's value itself, a NumPy array
+# when vmap was given one. Each eager bind would copy it to the device anew,
+# so the wait would check another buffer than the one MPI reads (or, where
+# JAX shares the NumPy memory, MPI would read memory the caller may still
+# write): the start sends from one copy of it, as held() makes for an
+# unbatched call, which the wait then takes.
 
 _moved_sends = {}
+
+
+def _sent_from(x):
+    """``x`` as an array that stays the same buffer from the start to the wait."""
+    return x if isinstance(x, jax.Array) else jnp.array(x, copy=True)
 
 
 def _start_batched(operation, axis_data, args, dims, **params):
     (x,), (dim,) = args, dims
     prim = operation.start
     if dim is None:
-        outs = prim.bind(x, **params)
-        return outs, [None] * len(outs)
-    in_axis, out_axis = operation.layout(**params)
-    moved = placed(x, dim, in_axis, axis_data.size)
+        moved, out_axis = x, None
+    else:
+        in_axis, out_axis = operation.layout(**params)
+        moved = placed(x, dim, in_axis, axis_data.size)
+    if operation.wait.sends:
+        moved = _sent_from(moved)
     outs = prim.bind(moved, **params)
     if moved is not x and operation.wait.sends:
         _moved_sends.setdefault(id(x), []).append((x, outs[0], moved))
