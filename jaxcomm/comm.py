@@ -1265,6 +1265,48 @@ class JaxComm:
             handle=handle,
         )
 
+    def iscatter(self, x: ArrayLike, root: int = 0, *, tiled: bool = False) -> Request:
+        """Start sending one piece of root's ``x`` to each rank; :meth:`wait` returns it.
+
+        Wraps ``MPI_Iscatter``. Its wait returns what :meth:`scatter`
+        returns: rank ``r`` gets piece ``r``. Arguments as for
+        :meth:`scatter`; only root's values are read. Works eagerly and under
+        ``jit``, in loops and conditionals, under ``vmap``; differentiable
+        (transposed as :meth:`scatter`, to a gather on root).
+
+        Args:
+            x: array with a leading axis of length ``size`` (``tiled=False``)
+                or a multiple of ``size`` (``tiled=True``), the same shape and
+                dtype on every rank.
+            root: the rank whose ``x`` is scattered (a static int).
+            tiled: ``False``: rank ``r`` gets ``x[r]``; ``True``: the leading
+                axis is split into ``size`` equal chunks and rank ``r`` gets
+                chunk ``r``.
+
+        Returns:
+            A :class:`jaxcomm.Request`; its wait returns a new array of shape
+            ``x.shape[1:]``, or ``(x.shape[0] // size, *x.shape[1:])`` when
+            ``tiled``.
+
+        Raises:
+            TypeError: for a non-array ``x``, a non-int or traced ``root`` or a
+                non-bool ``tiled``.
+            ValueError: for a ``root`` out of range, or a leading axis that
+                does not fit.
+        """
+        handle = self._live()
+        x = held(x, "x")
+        tiled = static_bool(tiled, "tiled")
+        check_split_rows(x, tiled, self._size)
+        return nonblocking.start(
+            nonblocking.iscatter_p,
+            x,
+            root=static_rank(root, "root", self._size),
+            size=self._size,
+            tiled=tiled,
+            handle=handle,
+        )
+
     def ialltoall(self, x: ArrayLike, *, tiled: bool = False) -> Request:
         """Start sending block ``r`` of ``x``'s leading axis to rank ``r``; see :meth:`wait`.
 
@@ -1323,8 +1365,9 @@ class JaxComm:
 
         Wraps ``MPI_Wait``. Returns the received array (``irecv``), the
         collective's result (``iallreduce``, ``ireduce``, ``iscan``,
-        ``ibcast``, ``iallgather``, ``igather``, ``ialltoall``) or None (``isend``). Waits are ordered with every other
-        jaxcomm call, in program order. Each request is waited exactly once,
+        ``ibcast``, ``iallgather``, ``igather``, ``iscatter``, ``ialltoall``)
+        or None (``isend``). Waits are ordered with every other jaxcomm call,
+        in program order. Each request is waited exactly once,
         in the traced function (loop body, cond branch) that started it, or
         eagerly for a request started eagerly.
 

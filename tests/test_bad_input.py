@@ -935,6 +935,33 @@ CASES = [
         ],
     ),
     *cases(
+        "iscatter",
+        [
+            *x_cases(lambda c, x: c.jc.iscatter(x)),
+            *rank_cases("root", lambda c, root: c.jc.iscatter(ones(c.size), root=root)),
+            *tiled_cases(lambda c, tiled: c.jc.iscatter(ones(c.size), tiled=tiled)),
+            (
+                "x-leading-axis",
+                lambda c: c.jc.iscatter(ones(c.size + 1)),
+                ValueError,
+                r"^x has leading axis \d+; with tiled=False it needs one entry per rank",
+            ),
+            (
+                "x-0-d",
+                lambda c: c.jc.iscatter(ones()),
+                ValueError,
+                r"^x must have a leading axis to split among the ranks",
+            ),
+            (
+                "x-0-d-tiled",
+                lambda c: c.jc.iscatter(ones(), tiled=True),
+                ValueError,
+                r"^x must have a leading axis to split among the ranks",
+            ),
+            ("freed", lambda c: c.freed.iscatter(ones(c.size)), RuntimeError, FREED),
+        ],
+    ),
+    *cases(
         "ialltoall",
         [
             *x_cases(lambda c, x: c.jc.ialltoall(x)),
@@ -1229,6 +1256,7 @@ TRACEABLE = frozenset(
         "ibcast",
         "iallgather",
         "igather",
+        "iscatter",
         "ialltoall",
     ]
 )

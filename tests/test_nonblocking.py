@@ -1,4 +1,4 @@
-"""Nonblocking operations: isend, irecv, iallreduce, ireduce, iscan, ibcast, iallgather, igather, ialltoall, wait.
+"""Nonblocking operations: isend, irecv, iallreduce, ireduce, iscan, ibcast, iallgather, igather, iscatter, ialltoall, wait.
 
 Every rule of docs/nonblocking.md has a test here: program order, buffers
 kept alive until the wait and read only after it, one wait per request in
@@ -204,6 +204,8 @@ def test_rooted_collectives(jc, mode):
             jc.ireduce(x, op=MPI.MAX, root=size - 1),
             *[jc.igather(x, root=root) for root in range(size)],
             jc.igather(x, root=0, tiled=True),
+            *[jc.iscatter(x, root=root) for root in range(size)],
+            jc.iscatter(x, root=size - 1, tiled=True),
         ]
         return jc.waitall(reqs[::-1])[::-1]
 
@@ -217,7 +219,11 @@ def test_rooted_collectives(jc, mode):
         gathered = out[size + 1 + root]
         np.testing.assert_array_equal(gathered, every if rank == root else np.zeros_like(every))
     tiled = every.reshape(size * size, 3)
-    np.testing.assert_array_equal(out[-1], tiled if rank == 0 else np.zeros_like(tiled))
+    np.testing.assert_array_equal(out[2 * size + 1], tiled if rank == 0 else np.zeros_like(tiled))
+    # Only root's x is read: every rank gets its row of root's.
+    for root in range(size):
+        np.testing.assert_array_equal(out[2 * size + 2 + root], every[root][rank])
+    np.testing.assert_array_equal(out[-1], every[size - 1][rank][None])
     unchanged(x, every[rank])
 
 
@@ -575,6 +581,10 @@ def _pairs(jc):
             lambda v: jc.wait(jc.igather(v * v, root=last)),
             lambda v: jc.gather(v * v, root=last),
         ),
+        "scatter": (
+            lambda v: jc.wait(jc.iscatter(tile(v * v), root=last)),
+            lambda v: jc.scatter(tile(v * v), root=last),
+        ),
         "alltoall": (
             lambda v: jc.wait(jc.ialltoall(tile(v * v))),
             lambda v: jc.alltoall(tile(v * v)),
@@ -593,6 +603,7 @@ PAIRS = [
     "bcast",
     "allgather",
     "gather",
+    "scatter",
     "alltoall",
 ]
 

@@ -1,6 +1,6 @@
 // Nonblocking operations: MPI_Isend, MPI_Irecv, MPI_Iallreduce, MPI_Ireduce,
-// MPI_Iscan, MPI_Ibcast, MPI_Iallgather, MPI_Igather, MPI_Ialltoall, and the MPI_Wait that
-// completes each.
+// MPI_Iscan, MPI_Ibcast, MPI_Iallgather, MPI_Igather, MPI_Iscatter, MPI_Ialltoall, and the
+// MPI_Wait that completes each.
 //
 // A start handler makes the MPI call and writes a request handle: the bits
 // of two int32 (slot, serial) in a float32[2] (a float type, so that a
@@ -483,33 +483,49 @@ ffi::Error IbcastImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuff
 
 namespace {
 
-// MPI_Iallgather, MPI_Igather and MPI_Ialltoall: `blocks` blocks of y, one
-// per rank, where `blocks(in, count, type, out, request)` starts the call
-// (a block is `count` of `type`). With a `root` (MPI_Igather), MPI writes
-// only root's y; the others' waits give zeros.
+// Which of a block collective's buffers hold one block per rank: y
+// (kGather), x (kScatter) or both (kAlltoall).
+enum class Blocked { kGather, kScatter, kAlltoall };
+
+// MPI_Iallgather, MPI_Igather, MPI_Iscatter and MPI_Ialltoall: blocks of
+// equal size, one per rank, where `blocks(in, count, type, out, request)`
+// starts the call (a block is `count` of `type`). With a `root` (MPI_Igather,
+// MPI_Iscatter), MPI reads only root's x or writes only root's y; the waits
+// of a gather's other ranks give zeros.
 template <typename BlockStart>
 ffi::Error StartBlocks(const Call& call, Memory& memory, const char* function, ffi::AnyBuffer& x,
-                       ffi::AnyBuffer& handle, ffi::AnyBuffer& y, bool gather, int64_t root,
+                       ffi::AnyBuffer& handle, ffi::AnyBuffer& y, Blocked blocked, int64_t root,
                        BlockStart blocks) {
   Collective announced = Collective::Of(x);
   if (root != kNoPeer) announced.Root(root);
   JAXCOMM_RETURN_IF_ERROR(call.Announce(announced));
   const size_t size = static_cast<size_t>(call.size());
   size_t block_count;
-  if (gather) {
-    block_count = x.element_count();
-    JAXCOMM_RETURN_IF_ERROR(CheckOutput(call, x, y, size * block_count,
-                                        [&] { return std::to_string(size) + " times the input"; }));
-  } else {
-    JAXCOMM_RETURN_IF_ERROR(CheckDivisible(call, x, size));
-    block_count = x.element_count() / size;
-    JAXCOMM_RETURN_IF_ERROR(CheckOutput(call, x, y, x.element_count(), LikeTheInput));
+  switch (blocked) {
+    case Blocked::kGather:
+      block_count = x.element_count();
+      JAXCOMM_RETURN_IF_ERROR(CheckOutput(call, x, y, size * block_count, [&] {
+        return std::to_string(size) + " times the input";
+      }));
+      break;
+    case Blocked::kScatter:
+      block_count = y.element_count();
+      JAXCOMM_RETURN_IF_ERROR(CheckOutput(call, x, y, block_count, [] { return std::string(); }));
+      JAXCOMM_RETURN_IF_ERROR(
+          CheckElements(call, "input", x.element_count(), size * block_count,
+                        [&] { return std::to_string(size) + " times the output"; }));
+      break;
+    case Blocked::kAlltoall:
+      JAXCOMM_RETURN_IF_ERROR(CheckDivisible(call, x, size));
+      block_count = x.element_count() / size;
+      JAXCOMM_RETURN_IF_ERROR(CheckOutput(call, x, y, x.element_count(), LikeTheInput));
+      break;
   }
   LargeType block;
   JAXCOMM_RETURN_IF_ERROR(LargeType::Make(x.element_type(), block_count, call.comm(), &block));
   Start start(call, memory, Kind::kCollective);
   JAXCOMM_RETURN_IF_ERROR(start.Begin(root, 0, x, handle));
-  start.slot().undefined = root != kNoPeer && call.rank() != root;
+  start.slot().undefined = blocked == Blocked::kGather && root != kNoPeer && call.rank() != root;
   const void* in;
   void* out;
   JAXCOMM_RETURN_IF_ERROR(start.HoldInput(x, &in));
@@ -530,7 +546,7 @@ ffi::Error IallgatherImpl(const Call& call, Memory& memory, ffi::Token, ffi::Any
                           ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> handle,
                           ffi::Result<ffi::AnyBuffer> y) {
   return StartBlocks(
-      call, memory, "MPI_Iallgather", x, *handle, *y, true, kNoPeer,
+      call, memory, "MPI_Iallgather", x, *handle, *y, Blocked::kGather, kNoPeer,
       [&](const void* in, int count, MPI_Datatype type, void* out, MPI_Request* request) {
         return MPI_Iallgather(in, count, type, out, count, type, call.comm(), request);
       });
@@ -540,10 +556,21 @@ ffi::Error IgatherImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuf
                        ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> handle,
                        ffi::Result<ffi::AnyBuffer> y, int64_t root) {
   return StartBlocks(
-      call, memory, "MPI_Igather", x, *handle, *y, true, root,
+      call, memory, "MPI_Igather", x, *handle, *y, Blocked::kGather, root,
       [&](const void* in, int count, MPI_Datatype type, void* out, MPI_Request* request) {
         return MPI_Igather(in, count, type, out, count, type, static_cast<int>(root), call.comm(),
                            request);
+      });
+}
+
+ffi::Error IscatterImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffer x,
+                        ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> handle,
+                        ffi::Result<ffi::AnyBuffer> y, int64_t root) {
+  return StartBlocks(
+      call, memory, "MPI_Iscatter", x, *handle, *y, Blocked::kScatter, root,
+      [&](const void* in, int count, MPI_Datatype type, void* out, MPI_Request* request) {
+        return MPI_Iscatter(in, count, type, out, count, type, static_cast<int>(root), call.comm(),
+                            request);
       });
 }
 
@@ -551,7 +578,7 @@ ffi::Error IalltoallImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyB
                          ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> handle,
                          ffi::Result<ffi::AnyBuffer> y) {
   return StartBlocks(
-      call, memory, "MPI_Ialltoall", x, *handle, *y, false, kNoPeer,
+      call, memory, "MPI_Ialltoall", x, *handle, *y, Blocked::kAlltoall, kNoPeer,
       [&](const void* in, int count, MPI_Datatype type, void* out, MPI_Request* request) {
         return MPI_Ialltoall(in, count, type, out, count, type, call.comm(), request);
       });

@@ -1,7 +1,7 @@
 """Nonblocking operations: a start primitive per op, and the waits that complete them.
 
 A start (``isend_p``, ``irecv_p``, ``iallreduce_p``, ``ireduce_p``,
-``iscan_p``, ``ibcast_p``, ``iallgather_p``, ``igather_p``,
+``iscan_p``, ``ibcast_p``, ``iallgather_p``, ``igather_p``, ``iscatter_p``,
 ``ialltoall_p``) makes the ``MPI_I*`` call and returns a request id (a
 slot of the kernels' request table and its serial, as the bits of a
 float32[2]) and, where MPI fills one, the receive buffer. A wait
@@ -40,10 +40,10 @@ from jax.interpreters import ad
 from .. import _compat, _runtime
 from ._adjoint import replicated_adjoint
 from ._base import SUM, comm_primitive, derivative_comm, no_output, not_differentiable, op_name
-from ._batching import batched_alike, behind_rows, flat, placed, stacked
+from ._batching import batched_alike, behind_rows, flat, placed, split, stacked
 from ._crossing import contribution
 from .bcast import bcast
-from .gather import allgather, alltoall, gather
+from .gather import allgather, alltoall, gather, scatter
 from .p2p import recv, send, wildcard
 from .reduction import allreduce, reduce, scan
 
@@ -67,6 +67,11 @@ def _gather_start(aval, *, size, tiled, **_):
     return [_request_id_aval(), jax.core.ShapedArray(shape, aval.dtype)]
 
 
+def _scatter_start(aval, *, size, tiled, **_):
+    shape = (aval.shape[0] // size, *aval.shape[1:]) if tiled else aval.shape[1:]
+    return [_request_id_aval(), jax.core.ShapedArray(shape, aval.dtype)]
+
+
 def _received(request_id, *buffers, **_):
     y = buffers[-1]
     return [jax.core.ShapedArray(y.shape, y.dtype)]
@@ -80,6 +85,7 @@ iscan_p = comm_primitive("iscan", _receive_start, "jaxcomm_iscan", ("handle", "o
 ibcast_p = comm_primitive("ibcast", _receive_start, "jaxcomm_ibcast", ("handle", "root"))
 iallgather_p = comm_primitive("iallgather", _gather_start, "jaxcomm_iallgather", ("handle",))
 igather_p = comm_primitive("igather", _gather_start, "jaxcomm_igather", ("handle", "root"))
+iscatter_p = comm_primitive("iscatter", _scatter_start, "jaxcomm_iscatter", ("handle", "root"))
 ialltoall_p = comm_primitive("ialltoall", _receive_start, "jaxcomm_ialltoall", ("handle",))
 
 # Operands (request_id, send) / (request_id, receive) / (request_id, send, receive); the
@@ -160,7 +166,7 @@ class Blocking:
 
     The cotangent of the result goes to the start's transpose, which
     transposes the blocking op on it (for a scan, a total and an exclusive
-    scan; for a gather, a scatter): that part of the backward pass does not
+    scan; for a gather, a scatter, and the other way round): that part of the backward pass does not
     overlap.
     """
 
@@ -235,6 +241,7 @@ OPERATIONS = {
         Operation(ibcast_p, WAIT_EXCHANGE, bcast, flat, Replicated(("root",))),
         Operation(iallgather_p, WAIT_EXCHANGE, allgather, stacked, Replicated(("size", "tiled"))),
         Operation(igather_p, WAIT_EXCHANGE, gather, stacked, Blocking()),
+        Operation(iscatter_p, WAIT_EXCHANGE, scatter, split, Blocking()),
         Operation(ialltoall_p, WAIT_EXCHANGE, alltoall, behind_rows, Reverse("ialltoall", _same)),
     )
 }
@@ -649,7 +656,8 @@ for _wait in _WAITS.values():
 #
 # Replicated collectives (iallreduce with SUM, ibcast, iallgather) transpose
 # locally, like their blocking forms (Replicated, _adjoint.py): their cotangent
-# needs no message. iscan and igather transpose as scan and gather do (Blocking). A reduction with MAX, MIN or PROD needs the reduced value
+# needs no message. iscan, igather and iscatter transpose as scan, gather and
+# scatter do (Blocking). A reduction with MAX, MIN or PROD needs the reduced value
 # for its tangent, so its wait's rule computes the tangent with the blocking
 # collectives, after the primal wait. Rules run on every rank (_compat.py).
 
