@@ -1329,6 +1329,60 @@ class JaxComm:
         check_split_rows(x, static_bool(tiled, "tiled"), self._size)
         return nonblocking.start(nonblocking.ialltoall_p, x, handle=handle)
 
+    def ialltoallv(self, x: ArrayLike, sendcounts: Any, recvcounts: Any) -> Request:
+        """Start exchanging blocks of rows of different sizes between every pair of ranks.
+
+        Wraps ``MPI_Ialltoallv``. ``sendcounts[j]`` is the number of rows this
+        rank sends to rank ``j`` and ``recvcounts[i]`` the number it receives
+        from rank ``i``, which must be rank ``i``'s ``sendcounts`` entry for
+        this rank. Its wait returns what :meth:`alltoallv` returns for the
+        counts matrix whose row ``rank`` is ``sendcounts``: the blocks
+        received from ranks 0, 1, ... one after another. Works eagerly and
+        under ``jit``, in loops and conditionals, under ``vmap``;
+        differentiable (transposed by the reverse exchange, with the counts
+        swapped).
+
+        Args:
+            x: array with ``sum(sendcounts)`` rows, holding its blocks for
+                ranks 0, 1, ... one after another; trailing dimensions and
+                dtype the same on every rank.
+            sendcounts: static sequence of ``size`` non-negative ints.
+            recvcounts: static sequence of ``size`` non-negative ints.
+
+        Returns:
+            A :class:`jaxcomm.Request`; its wait returns a new array of shape
+            ``(sum(recvcounts), *x.shape[1:])``.
+
+        Raises:
+            TypeError: for a non-array ``x``, or counts that are traced or not
+                a sequence of ints.
+            ValueError: for counts without one entry per rank or with
+                negative entries, or a ``sendcounts`` that does not give
+                ``x``'s rows.
+
+        Example:
+            With 2 ranks, where rank 0 sends 1 row to itself and 2 to rank 1,
+            and rank 1 sends 3 rows to rank 0 and none to itself:
+
+            >>> counts = [[1, 2], [3, 0]]
+            >>> received = [row[jc.rank] for row in counts]
+            >>> x = jnp.full(sum(counts[jc.rank]), jc.rank)
+            >>> jc.wait(jc.ialltoallv(x, counts[jc.rank], received))
+            Array([0, 1, 1, 1], dtype=int32)   # on rank 0; [0, 0] on rank 1
+        """
+        handle = self._live()
+        x = held(x, "x")
+        send = static_counts(sendcounts, "sendcounts", self._size)
+        recv = static_counts(recvcounts, "recvcounts", self._size)
+        own = leading_axis(x, "of sum(sendcounts) rows")
+        if own != sum(send):
+            raise ValueError(
+                f"x has {own} rows on rank {self._rank}, but sendcounts adds up to {sum(send)}"
+            )
+        return nonblocking.start(
+            nonblocking.ialltoallv_p, x, sendcounts=send, recvcounts=recv, handle=handle
+        )
+
     def during(self, requests: Sequence[Request], fn: Any, *args: Any, **kwargs: Any) -> Any:
         """Run ``fn(*args, **kwargs)`` while ``requests`` are under way, and return its result.
 
@@ -1365,8 +1419,8 @@ class JaxComm:
 
         Wraps ``MPI_Wait``. Returns the received array (``irecv``), the
         collective's result (``iallreduce``, ``ireduce``, ``iscan``,
-        ``ibcast``, ``iallgather``, ``igather``, ``iscatter``, ``ialltoall``)
-        or None (``isend``). Waits are ordered with every other jaxcomm call,
+        ``ibcast``, ``iallgather``, ``igather``, ``iscatter``, ``ialltoall``,
+        ``ialltoallv``) or None (``isend``). Waits are ordered with every other jaxcomm call,
         in program order. Each request is waited exactly once,
         in the traced function (loop body, cond branch) that started it, or
         eagerly for a request started eagerly.

@@ -318,6 +318,11 @@ def _alltoallv_call(jc, x):
     return jc.alltoallv(x, matrix(jc.size))
 
 
+def _ialltoallv(jc, x):
+    m = matrix(jc.size)
+    return jc.wait(jc.ialltoallv(x, m[jc.rank], [row[jc.rank] for row in m]))
+
+
 def _sendrecv(jc, x):
     return jc.sendrecv(x, x, *ring(jc.rank, jc.size), recvtag=0)
 
@@ -796,6 +801,18 @@ OPERATIONS = (
         mpi=("MPI_Iscatter",),
         targets=("iscatter", "wait_exchange"),
         methods=("iscatter", "wait"),
+        transforms=NONBLOCKING,
+    ),
+    Operation(
+        "ialltoallv",
+        family="nonblocking",
+        kind="nonblocking",
+        call=_ialltoallv,
+        shape=_row_of_matrix,
+        expected=_alltoallv,
+        mpi=("MPI_Ialltoallv",),
+        targets=("ialltoallv", "wait_exchange"),
+        methods=("ialltoallv", "wait"),
         transforms=NONBLOCKING,
     ),
     Operation(

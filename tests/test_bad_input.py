@@ -247,8 +247,8 @@ def tiled_cases(call) -> list[tuple]:
     ]
 
 
-def counts_cases(call, rows) -> list[tuple]:
-    """Bad one-per-rank ``counts`` for ``call(c, x, counts)``.
+def counts_cases(call, rows, name="counts") -> list[tuple]:
+    """Bad one-per-rank counts (the argument ``name``) for ``call(c, x, counts)``.
 
     ``x`` has ``rows(c)`` rows, which fit counts of one row per rank.
     """
@@ -257,48 +257,53 @@ def counts_cases(call, rows) -> list[tuple]:
         return lambda c: call(c, ones(rows(c)), counts_of(c))
 
     return [
-        ("counts-int", with_counts(lambda c: 1), TypeError, r"^counts must be a sequence, got int"),
         (
-            "counts-str",
+            f"{name}-int",
+            with_counts(lambda c: 1),
+            TypeError,
+            rf"^{name} must be a sequence, got int",
+        ),
+        (
+            f"{name}-str",
             with_counts(lambda c: "1" * c.size),
             TypeError,
-            r"^counts must be a sequence, got str",
+            rf"^{name} must be a sequence, got str",
         ),
         (
-            "counts-dict",
+            f"{name}-dict",
             with_counts(lambda c: dict.fromkeys(range(c.size), 1)),
             TypeError,
-            r"^counts must be a sequence, got dict",
+            rf"^{name} must be a sequence, got dict",
         ),
         (
-            "counts-float",
+            f"{name}-float",
             with_counts(lambda c: [1.0] * c.size),
             TypeError,
-            r"^counts\[0\] must be an int, got float",
+            rf"^{name}\[0\] must be an int, got float",
         ),
         (
-            "counts-traced",
+            f"{name}-traced",
             lambda c: traced(lambda t: call(c, ones(rows(c)), t), jnp.ones(c.size, int)),
             TypeError,
-            r"^counts must be a static sequence, but got a traced value",
+            rf"^{name} must be a static sequence, but got a traced value",
         ),
         (
-            "counts-entry-traced",
+            f"{name}-entry-traced",
             lambda c: traced(lambda t: call(c, ones(rows(c)), [t] * c.size), 1),
             TypeError,
-            r"^counts\[0\] must be a static Python int, but got a traced value",
+            rf"^{name}\[0\] must be a static Python int, but got a traced value",
         ),
         (
-            "counts-too-long",
+            f"{name}-too-long",
             with_counts(lambda c: [1] * (c.size + 1)),
             ValueError,
-            r"^counts has \d+ entries; it needs one per rank",
+            rf"^{name} has \d+ entries; it needs one per rank",
         ),
         (
-            "counts-negative",
+            f"{name}-negative",
             with_counts(lambda c: [-1] * c.size),
             ValueError,
-            r"^counts\[0\]=-1 is negative",
+            rf"^{name}\[0\]=-1 is negative",
         ),
     ]
 
@@ -976,6 +981,40 @@ CASES = [
         ],
     ),
     *cases(
+        "ialltoallv",
+        [
+            *x_cases(lambda c, x: c.jc.ialltoallv(x, [1] * c.size, [1] * c.size)),
+            *counts_cases(
+                lambda c, x, counts: c.jc.ialltoallv(x, counts, [1] * c.size),
+                lambda c: c.size,
+                name="sendcounts",
+            ),
+            *counts_cases(
+                lambda c, x, counts: c.jc.ialltoallv(x, [1] * c.size, counts),
+                lambda c: c.size,
+                name="recvcounts",
+            ),
+            (
+                "x-rows",
+                lambda c: c.jc.ialltoallv(ones(c.size + 1), [1] * c.size, [1] * c.size),
+                ValueError,
+                r"^x has \d+ rows on rank \d+, but sendcounts adds up to \d+",
+            ),
+            (
+                "x-0-d",
+                lambda c: c.jc.ialltoallv(ones(), [1] * c.size, [1] * c.size),
+                ValueError,
+                r"^x must have a leading axis of sum\(sendcounts\) rows",
+            ),
+            (
+                "freed",
+                lambda c: c.freed.ialltoallv(ones(c.size), [1] * c.size, [1] * c.size),
+                RuntimeError,
+                FREED,
+            ),
+        ],
+    ),
+    *cases(
         "wait",
         [
             (
@@ -1258,6 +1297,7 @@ TRACEABLE = frozenset(
         "igather",
         "iscatter",
         "ialltoall",
+        "ialltoallv",
     ]
 )
 

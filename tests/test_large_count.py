@@ -197,6 +197,49 @@ def test_gather_family_large_blocks(jc, small_cap, dtype):
     np.testing.assert_array_equal(np.asarray(exchanged), np.concatenate(want))
 
 
+@pytest.mark.mpi
+def test_nonblocking_blocks_past_the_cap(jc, small_cap):
+    # The block starts move blocks of 45 elements as one derived-datatype
+    # element each; ialltoallv, whose int displacements no datatype widens,
+    # counts rows of 8 elements instead, and refuses more rows than an int.
+    size, rank, n = jc.size, jc.rank, 45
+    x = rank_data(rank, (n,), np.float32)
+    big = rank_data(rank, (size * n,), np.float32)
+    matrix = [[(i + j) % 3 + 1 for j in range(size)] for i in range(size)]
+    rows = rank_data(rank, (sum(matrix[rank]), 8), np.float32)
+
+    @jax.jit
+    def run(x, big, rows):
+        return jc.waitall(
+            [
+                jc.igather(x, size - 1, tiled=True),
+                jc.iscatter(big, 0, tiled=True),
+                jc.ialltoall(big, tiled=True),
+                jc.ialltoallv(rows, matrix[rank], [row[rank] for row in matrix]),
+            ]
+        )
+
+    gathered, scattered, exchanged, received = run(x, big, rows)
+    everyone = np.concatenate([rank_data(r, (n,), np.float32) for r in range(size)])
+    np.testing.assert_array_equal(gathered, everyone if rank == size - 1 else 0 * everyone)
+    np.testing.assert_array_equal(
+        scattered, np.split(rank_data(0, big.shape, np.float32), size)[rank]
+    )
+    want = [np.split(rank_data(i, big.shape, np.float32), size)[rank] for i in range(size)]
+    np.testing.assert_array_equal(exchanged, np.concatenate(want))
+    want = [
+        _split(rank_data(i, (sum(matrix[i]), 8), np.float32), matrix[i])[rank] for i in range(size)
+    ]
+    np.testing.assert_array_equal(received, np.concatenate(want))
+    # Every rank sends itself 8 rows: more than the cap counts, on every rank alike.
+    own = [8 if r == rank else 0 for r in range(size)]
+    with pytest.raises(
+        RuntimeError, match="8 rows are more than one nonblocking alltoallv can count"
+    ):
+        jc.wait(jc.ialltoallv(jnp.zeros((8, 1)), own, own))
+    not_reported_again()
+
+
 def _large_counts(size):
     """Rows per rank, past the cap of 7 elements, with an empty rank when size > 1."""
     return [0 if r % 3 == 1 else 8 + r for r in range(size)]

@@ -1,4 +1,4 @@
-"""Nonblocking operations: isend, irecv, iallreduce, ireduce, iscan, ibcast, iallgather, igather, iscatter, ialltoall, wait.
+"""Nonblocking operations: isend, irecv, iallreduce, ireduce, iscan, ibcast, iallgather, igather, iscatter, ialltoall, ialltoallv, wait.
 
 Every rule of docs/nonblocking.md has a test here: program order, buffers
 kept alive until the wait and read only after it, one wait per request in
@@ -225,6 +225,39 @@ def test_rooted_collectives(jc, mode):
         np.testing.assert_array_equal(out[2 * size + 2 + root], every[root][rank])
     np.testing.assert_array_equal(out[-1], every[size - 1][rank][None])
     unchanged(x, every[rank])
+
+
+def _spread(size, rows):
+    """Counts matrix: rank i sends rank j its rows k with k % size == (i + j) % size."""
+    return [[len(range((i + j) % size, rows, size)) for j in range(size)] for i in range(size)]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("mode", ["eager", "jit"])
+def test_alltoallv(jc, mode):
+    # Uneven blocks, empty ones among them; MPI reads the counts and
+    # displacements until the wait, after another collective in between.
+    size, rank = jc.size, jc.rank
+    matrix = _spread(size, 5)
+    none = [0] * size
+    x = jnp.asarray(rank_data(rank, (5, 2), np.float32))
+
+    def program(x):
+        sendcounts, recvcounts = matrix[rank], [row[rank] for row in matrix]
+        requests = [jc.ialltoallv(x, sendcounts, recvcounts), jc.ialltoallv(x[:0], none, none)]
+        jc.barrier()
+        return jc.waitall(requests), jc.alltoallv(x, matrix)
+
+    run = jax.jit(program) if mode == "jit" else program
+    (received, empty), blocking = run(x)
+    blocks = [
+        np.split(rank_data(i, (5, 2), np.float32), np.cumsum(matrix[i])[:-1])[rank]
+        for i in range(size)
+    ]
+    np.testing.assert_array_equal(received, np.concatenate(blocks))
+    np.testing.assert_array_equal(received, blocking)
+    assert empty.shape == (0, 2)
+    unchanged(x, rank_data(rank, (5, 2), np.float32))
 
 
 @pytest.mark.mpi
@@ -540,6 +573,7 @@ def _pairs(jc):
     size = jc.size
     last = size - 1
     tile = lambda v: jnp.tile(v, (size, 1))
+    spread = _spread(size, 4)
     return {
         "ring": (
             lambda v: _exchange(jc, v * v, tag=4),
@@ -589,6 +623,10 @@ def _pairs(jc):
             lambda v: jc.wait(jc.ialltoall(tile(v * v))),
             lambda v: jc.alltoall(tile(v * v)),
         ),
+        "alltoallv": (
+            lambda v: jc.wait(jc.ialltoallv(v * v, spread[jc.rank], [r[jc.rank] for r in spread])),
+            lambda v: jc.alltoallv(v * v, spread),
+        ),
     }
 
 
@@ -605,6 +643,7 @@ PAIRS = [
     "gather",
     "scatter",
     "alltoall",
+    "alltoallv",
 ]
 
 

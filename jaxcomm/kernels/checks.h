@@ -46,6 +46,27 @@ ffi::Error CheckOutput(const Call& call, const ffi::AnyBuffer& x, const ffi::Any
 // rank.
 ffi::Error CheckDivisible(const Call& call, const ffi::AnyBuffer& x, size_t size);
 
+// Elements in one leading-axis row of an array of shape `dims`.
+size_t RowElements(ffi::Span<const int64_t> dims);
+
+// Fails unless the counts attribute `name` holds one non-negative count of
+// rows per rank of `size`.
+ffi::Error CheckCounts(const Call& call, const char* name, ffi::Span<const int64_t> counts,
+                       int size);
+
+// The rows `counts` add up to.
+size_t Sum(ffi::Span<const int64_t> counts);
+
+// "sum(<name>) <rows> x row <n>", how a *v op's buffer size is made.
+std::string RowsOf(const char* name, size_t rows, size_t row);
+
+// The checks of an all-to-all of rows (MPI_Alltoallv, MPI_Ialltoallv): both
+// counts are valid, input `x` holds sum(sendcounts) rows and output `y`
+// sum(recvcounts) rows of x's row length.
+ffi::Error CheckExchangedRows(const Call& call, ffi::Span<const int64_t> sendcounts,
+                              ffi::Span<const int64_t> recvcounts, const ffi::AnyBuffer& x,
+                              const ffi::AnyBuffer& y);
+
 // The `how` of an output shaped like its input.
 inline std::string LikeTheInput() { return "like the input"; }
 

@@ -14,13 +14,6 @@
 namespace jaxcomm {
 namespace {
 
-// Elements in one leading-axis row of an array of shape `dims`.
-size_t RowElements(ffi::Span<const int64_t> dims) {
-  size_t n = 1;
-  for (size_t i = 1; i < dims.size(); ++i) n *= static_cast<size_t>(dims[i]);
-  return n;
-}
-
 // Per-rank blocks of whole rows, stored one after another in rank order, in
 // elements, and their int forms for one MPI call where they fit.
 class Blocks {
@@ -77,34 +70,6 @@ ffi::Error CheckStacked(const Call& call, const ffi::AnyBuffer& x, const ffi::An
   const int size = call.size();
   return CheckOutput(call, x, y, size * x.element_count(),
                      [&] { return PerRank(size, "input", x.element_count()); });
-}
-
-// Checks a counts attribute: one non-negative count of rows per rank.
-ffi::Error CheckCounts(const Call& call, const char* name, ffi::Span<const int64_t> counts,
-                       int size) {
-  if (counts.size() != static_cast<size_t>(size)) {
-    return call.Invalid(std::string(name) + " has " + std::to_string(counts.size()) +
-                        " entries, expected one per rank (" + std::to_string(size) + ")");
-  }
-  for (size_t r = 0; r < counts.size(); ++r) {
-    if (counts[r] < 0) {
-      return call.Invalid(std::string(name) + "[" + std::to_string(r) + "] is " +
-                          std::to_string(counts[r]) + ", expected a count of rows >= 0");
-    }
-  }
-  return ffi::Error::Success();
-}
-
-size_t Sum(ffi::Span<const int64_t> counts) {
-  size_t total = 0;
-  for (int64_t c : counts) total += static_cast<size_t>(c);
-  return total;
-}
-
-// "sum(<name>) <rows> x row <n>", how a *v op's buffer size is made.
-std::string RowsOf(const char* name, size_t rows, size_t row) {
-  return std::string(name) + " " + std::to_string(rows) + " rows x " + std::to_string(row) +
-         " elements";
 }
 
 // The checks every *v op with one counts attribute makes: `counts` is valid,
@@ -386,15 +351,8 @@ ffi::Error AlltoallvImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyB
                          int64_t max_rows) {
   JAXCOMM_RETURN_IF_ERROR(call.Announce(
       Collective::OfType(x.element_type()).Agreed(ffi::Span<const int64_t>(&max_rows, 1))));
-  const int size = call.size();
-  JAXCOMM_RETURN_IF_ERROR(CheckCounts(call, "sendcounts", sendcounts, size));
-  JAXCOMM_RETURN_IF_ERROR(CheckCounts(call, "recvcounts", recvcounts, size));
+  JAXCOMM_RETURN_IF_ERROR(CheckExchangedRows(call, sendcounts, recvcounts, x, *y));
   const size_t row = RowElements(x.dimensions());
-  const size_t sent = Sum(sendcounts), received = Sum(recvcounts);
-  JAXCOMM_RETURN_IF_ERROR(CheckElements(call, "input", x.element_count(), sent * row,
-                                        [&] { return RowsOf("sum(sendcounts)", sent, row); }));
-  JAXCOMM_RETURN_IF_ERROR(CheckOutput(call, x, *y, received * row,
-                                      [&] { return RowsOf("sum(recvcounts)", received, row); }));
   MPI_Datatype dtype;
   JAXCOMM_RETURN_IF_ERROR(MpiDatatype(x.element_type(), &dtype));
   const Blocks& send_blocks = Blocks::Of(0, sendcounts, row);

@@ -1,6 +1,6 @@
 // Nonblocking operations: MPI_Isend, MPI_Irecv, MPI_Iallreduce, MPI_Ireduce,
-// MPI_Iscan, MPI_Ibcast, MPI_Iallgather, MPI_Igather, MPI_Iscatter, MPI_Ialltoall, and the
-// MPI_Wait that completes each.
+// MPI_Iscan, MPI_Ibcast, MPI_Iallgather, MPI_Igather, MPI_Iscatter, MPI_Ialltoall,
+// MPI_Ialltoallv, and the MPI_Wait that completes each.
 //
 // A start handler makes the MPI call and writes a request handle: the bits
 // of two int32 (slot, serial) in a float32[2] (a float type, so that a
@@ -26,6 +26,7 @@
 // taken, so a handle waited twice, or kept from an earlier run, is refused.
 #include "nonblocking.h"
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstring>
@@ -75,6 +76,10 @@ struct Slot {
   // and the memory MPI uses for them until the wait.
   Held send;
   Held recv;
+  // The int counts and displacements of MPI_Ialltoallv, which MPI reads
+  // until the wait. Their capacity stays with the slot, so a start reusing
+  // it allocates nothing.
+  std::vector<int> counts;
 };
 
 struct Table {
@@ -245,6 +250,7 @@ class Start {
     s.undefined = false;
     s.send = Held{};
     s.recv = Held{};
+    s.counts.clear();
     ffi::Error written = WriteHandle(memory_, handle, index_, serial);
     if (written.failure()) {
       Release(index_);
@@ -582,6 +588,94 @@ ffi::Error IalltoallImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyB
       [&](const void* in, int count, MPI_Datatype type, void* out, MPI_Request* request) {
         return MPI_Ialltoall(in, count, type, out, count, type, call.comm(), request);
       });
+}
+
+namespace {
+
+// The largest count or displacement, in rows, of one side of an all-to-all.
+size_t LargestRows(ffi::Span<const int64_t> counts) {
+  size_t largest = 0, offset = 0;
+  for (int64_t count : counts) {
+    largest = std::max({largest, static_cast<size_t>(count), offset});
+    offset += static_cast<size_t>(count);
+  }
+  return largest;
+}
+
+// Appends the int counts of `rows`, then their displacements, to `out`,
+// where a row is `per_row` counted elements.
+void AppendCounts(ffi::Span<const int64_t> rows, size_t per_row, std::vector<int>* out) {
+  for (int64_t count : rows) {
+    out->push_back(static_cast<int>(static_cast<size_t>(count) * per_row));
+  }
+  size_t offset = 0;
+  for (int64_t count : rows) {
+    out->push_back(static_cast<int>(offset * per_row));
+    offset += static_cast<size_t>(count);
+  }
+}
+
+// A datatype this start makes, freed when it returns: MPI may free it while
+// the request is under way (MPI 4.1, section 5.1.10).
+struct OwnedType {
+  MPI_Datatype type = MPI_DATATYPE_NULL;
+  OwnedType() = default;
+  OwnedType(const OwnedType&) = delete;
+  OwnedType& operator=(const OwnedType&) = delete;
+  ~OwnedType() {
+    if (type != MPI_DATATYPE_NULL) MPI_Type_free(&type);
+  }
+};
+
+}  // namespace
+
+// MPI_Ialltoallv counts elements where every count and displacement fits an
+// int, and rows otherwise, as elements of a datatype of one row. Each rank
+// chooses for itself: n rows of that datatype are the same sequence of
+// elements as n times the row's elements, which is all MPI matches.
+ffi::Error IalltoallvImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffer x,
+                          ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> handle,
+                          ffi::Result<ffi::AnyBuffer> y, ffi::Span<const int64_t> sendcounts,
+                          ffi::Span<const int64_t> recvcounts) {
+  JAXCOMM_RETURN_IF_ERROR(call.Announce(Collective::OfType(x.element_type())));
+  JAXCOMM_RETURN_IF_ERROR(CheckExchangedRows(call, sendcounts, recvcounts, x, *y));
+  const size_t row = RowElements(x.dimensions());
+  const size_t largest = std::max(LargestRows(sendcounts), LargestRows(recvcounts));
+  MPI_Datatype type;
+  JAXCOMM_RETURN_IF_ERROR(MpiDatatype(x.element_type(), &type));
+  OwnedType row_type;
+  size_t per_row = row;
+  if (largest * row > MaxCount()) {
+    if (largest > MaxCount()) {
+      return call.Invalid(std::to_string(largest) +
+                          " rows are more than one nonblocking alltoallv can count (" +
+                          std::to_string(MaxCount()) + "); use the blocking form");
+    }
+    LargeType span;
+    JAXCOMM_RETURN_IF_ERROR(LargeType::Make(type, row, call.comm(), &span));
+    JAXCOMM_MPI_CHECK(call, MPI_Type_contiguous, span.count(), span.type(), &row_type.type);
+    JAXCOMM_MPI_CHECK(call, MPI_Type_commit, &row_type.type);
+    type = row_type.type;
+    per_row = 1;
+  }
+  Start start(call, memory, Kind::kCollective);
+  JAXCOMM_RETURN_IF_ERROR(start.Begin(kNoPeer, 0, x, *handle));
+  std::vector<int>& counts = start.slot().counts;
+  AppendCounts(sendcounts, per_row, &counts);
+  AppendCounts(recvcounts, per_row, &counts);
+  const size_t size = sendcounts.size();
+  const void* in;
+  void* out;
+  JAXCOMM_RETURN_IF_ERROR(start.HoldInput(x, &in));
+  JAXCOMM_RETURN_IF_ERROR(start.HoldOutput(*y, &out));
+  JAXCOMM_RETURN_IF_ERROR(memory.Ready());
+  call.Log([&] {
+    const char* unit = type == row_type.type ? "in rows " : "";
+    return std::string("MPI_Ialltoallv ") + unit + Elements(x.element_count(), x.element_type());
+  });
+  JAXCOMM_MPI_CHECK(call, MPI_Ialltoallv, in, &counts[0], &counts[size], type, out,
+                    &counts[2 * size], &counts[3 * size], type, call.comm(), start.request());
+  return start.Started();
 }
 
 // Waits -----------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 A start (``isend_p``, ``irecv_p``, ``iallreduce_p``, ``ireduce_p``,
 ``iscan_p``, ``ibcast_p``, ``iallgather_p``, ``igather_p``, ``iscatter_p``,
-``ialltoall_p``) makes the ``MPI_I*`` call and returns a request id (a
+``ialltoall_p``, ``ialltoallv_p``) makes the ``MPI_I*`` call and returns a request id (a
 slot of the kernels' request table and its serial, as the bits of a
 float32[2]) and, where MPI fills one, the receive buffer. A wait
 (``wait_send_p``, ``wait_recv_p``, ``wait_exchange_p``) takes the request id and
@@ -43,7 +43,7 @@ from ._base import SUM, comm_primitive, derivative_comm, no_output, not_differen
 from ._batching import batched_alike, behind_rows, flat, placed, split, stacked
 from ._crossing import contribution
 from .bcast import bcast
-from .gather import allgather, alltoall, gather, scatter
+from .gather import allgather, alltoall, alltoallv, gather, scatter
 from .p2p import recv, send, wildcard
 from .reduction import allreduce, reduce, scan
 
@@ -72,6 +72,11 @@ def _scatter_start(aval, *, size, tiled, **_):
     return [_request_id_aval(), jax.core.ShapedArray(shape, aval.dtype)]
 
 
+def _alltoallv_start(aval, *, recvcounts, **_):
+    shape = (sum(recvcounts), *aval.shape[1:])
+    return [_request_id_aval(), jax.core.ShapedArray(shape, aval.dtype)]
+
+
 def _received(request_id, *buffers, **_):
     y = buffers[-1]
     return [jax.core.ShapedArray(y.shape, y.dtype)]
@@ -87,6 +92,12 @@ iallgather_p = comm_primitive("iallgather", _gather_start, "jaxcomm_iallgather",
 igather_p = comm_primitive("igather", _gather_start, "jaxcomm_igather", ("handle", "root"))
 iscatter_p = comm_primitive("iscatter", _scatter_start, "jaxcomm_iscatter", ("handle", "root"))
 ialltoall_p = comm_primitive("ialltoall", _receive_start, "jaxcomm_ialltoall", ("handle",))
+ialltoallv_p = comm_primitive(
+    "ialltoallv",
+    _alltoallv_start,
+    "jaxcomm_ialltoallv",
+    ("handle", "sendcounts", "recvcounts"),
+)
 
 # Operands (request_id, send) / (request_id, receive) / (request_id, send, receive); the
 # result takes the receive buffer's place.
@@ -214,6 +225,10 @@ def _same(params):
     return params
 
 
+def _swapped(params):
+    return dict(sendcounts=params["recvcounts"], recvcounts=params["sendcounts"])
+
+
 # By name (the start primitive's, and the JaxComm method's). Columns: start,
 # wait, blocking, layout, transpose, then the choices that differ from the
 # defaults.
@@ -243,6 +258,13 @@ OPERATIONS = {
         Operation(igather_p, WAIT_EXCHANGE, gather, stacked, Blocking()),
         Operation(iscatter_p, WAIT_EXCHANGE, scatter, split, Blocking()),
         Operation(ialltoall_p, WAIT_EXCHANGE, alltoall, behind_rows, Reverse("ialltoall", _same)),
+        Operation(
+            ialltoallv_p,
+            WAIT_EXCHANGE,
+            alltoallv,
+            behind_rows,
+            Reverse("ialltoallv", _swapped),
+        ),
     )
 }
 
