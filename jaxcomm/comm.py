@@ -1232,8 +1232,8 @@ class JaxComm:
         the gathered arrays on root, zeros of the same shape elsewhere.
         Arguments as for :meth:`gather`, but a single array, not a pytree.
         Works eagerly and under ``jit``, in loops and conditionals, under
-        ``vmap`` inside ``jit``; differentiable (transposed as :meth:`gather`,
-        to a scatter from root).
+        ``vmap`` inside ``jit``; differentiable (transposed by a reverse
+        :meth:`iscatter` from root, as :meth:`gather` to a scatter).
 
         Args:
             x: array or scalar, the same shape and dtype on every rank.
@@ -1272,7 +1272,8 @@ class JaxComm:
         returns: rank ``r`` gets piece ``r``. Arguments as for
         :meth:`scatter`; only root's values are read. Works eagerly and under
         ``jit``, in loops and conditionals, under ``vmap``; differentiable
-        (transposed as :meth:`scatter`, to a gather on root).
+        (transposed by a reverse :meth:`igather` on root, as :meth:`scatter`
+        to a gather).
 
         Args:
             x: array with a leading axis of length ``size`` (``tiled=False``)

@@ -177,8 +177,7 @@ class Blocking:
 
     The cotangent of the result goes to the start's transpose, which
     transposes the blocking op on it (for a scan, a total and an exclusive
-    scan; for a gather, a scatter, and the other way round): that part of the backward pass does not
-    overlap.
+    scan): that part of the backward pass does not overlap.
     """
 
 
@@ -255,8 +254,8 @@ OPERATIONS = {
         Operation(iscan_p, WAIT_EXCHANGE, scan, flat, Blocking(), sum_only=True),
         Operation(ibcast_p, WAIT_EXCHANGE, bcast, flat, Replicated(("root",))),
         Operation(iallgather_p, WAIT_EXCHANGE, allgather, stacked, Replicated(("size", "tiled"))),
-        Operation(igather_p, WAIT_EXCHANGE, gather, stacked, Blocking()),
-        Operation(iscatter_p, WAIT_EXCHANGE, scatter, split, Blocking()),
+        Operation(igather_p, WAIT_EXCHANGE, gather, stacked, Reverse("iscatter", _same)),
+        Operation(iscatter_p, WAIT_EXCHANGE, scatter, split, Reverse("igather", _same)),
         Operation(ialltoall_p, WAIT_EXCHANGE, alltoall, behind_rows, Reverse("ialltoall", _same)),
         Operation(
             ialltoallv_p,
@@ -678,8 +677,8 @@ for _wait in _WAITS.values():
 #
 # Replicated collectives (iallreduce with SUM, ibcast, iallgather) transpose
 # locally, like their blocking forms (Replicated, _adjoint.py): their cotangent
-# needs no message. iscan, igather and iscatter transpose as scan, gather and
-# scatter do (Blocking). A reduction with MAX, MIN or PROD needs the reduced value
+# needs no message. ireduce and iscan transpose as reduce and scan do
+# (Blocking); igather and iscatter transpose into each other (Reverse). A reduction with MAX, MIN or PROD needs the reduced value
 # for its tangent, so its wait's rule computes the tangent with the blocking
 # collectives, after the primal wait. Rules run on every rank (_compat.py).
 
