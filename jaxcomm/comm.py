@@ -1127,9 +1127,9 @@ class JaxComm:
         Wraps ``MPI_Ireduce``. Its wait returns what :meth:`reduce` returns:
         the reduction on root, zeros elsewhere. Arguments as for
         :meth:`reduce`, but a single array, not a pytree. Works eagerly and
-        under ``jit``, in loops and conditionals, under ``vmap`` inside
-        ``jit``; differentiable (the cotangent goes back as a broadcast from
-        root, as :meth:`reduce`'s).
+        under ``jit``, in loops and conditionals, under ``vmap``;
+        differentiable (the cotangent goes back as a broadcast from root, as
+        :meth:`reduce`'s).
 
         Args:
             x: array or scalar, the same shape and dtype on every rank.
@@ -1156,7 +1156,7 @@ class JaxComm:
 
         Wraps ``MPI_Iscan``. Its wait returns what :meth:`scan` returns: on
         rank ``r``, ``x_0 op x_1 op ... op x_r``. Works eagerly and under
-        ``jit``, in loops and conditionals, under ``vmap`` inside ``jit``;
+        ``jit``, in loops and conditionals, under ``vmap``;
         differentiable with ``MPI.SUM`` (transposed as :meth:`scan`).
 
         Args:
@@ -1232,8 +1232,8 @@ class JaxComm:
         the gathered arrays on root, zeros of the same shape elsewhere.
         Arguments as for :meth:`gather`, but a single array, not a pytree.
         Works eagerly and under ``jit``, in loops and conditionals, under
-        ``vmap`` inside ``jit``; differentiable (transposed by a reverse
-        :meth:`iscatter` from root, as :meth:`gather` to a scatter).
+        ``vmap``; differentiable (transposed by a reverse :meth:`iscatter`
+        from root, as :meth:`gather` to a scatter).
 
         Args:
             x: array or scalar, the same shape and dtype on every rank.
