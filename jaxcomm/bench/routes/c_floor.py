@@ -52,11 +52,16 @@ def load_floor(
     ]
     # A wrapper of another MPI links another libmpi, which the process would
     # load beside mpi4py's: the calls would go to an MPI that was never started.
-    built, running = _library_version(lib), MPI.Get_library_version()
-    same = built.split("\n")[0].strip() == running.split("\n")[0].strip()
-    if not comm.allreduce(same, op=MPI.LAND):
-        return None, f"mpicc's MPI is not mpi4py's ({built.splitlines()[0].strip()!r})"
+    built, running = _first_line(_library_version(lib)), _first_line(MPI.Get_library_version())
+    if not comm.allreduce(built == running, op=MPI.LAND):
+        return None, f"mpicc's MPI is not mpi4py's ({built!r}, mpi4py runs {running!r})"
     return lib, None
+
+
+def _first_line(version: str) -> str:
+    # Open MPI's MPI_Get_library_version counts the terminating NUL, which
+    # mpi4py then keeps in its string.
+    return version.split("\n")[0].replace("\x00", "").strip()
 
 
 class CFloorImpl(Impl):
