@@ -16,6 +16,8 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import textwrap
+import time
 
 # `python -m pytest` puts the source checkout first on sys.path, where the
 # jaxcomm package has no compiled kernels: test the installed package instead.
@@ -182,6 +184,24 @@ def mpiexec(n):
     version = subprocess.run([launcher, "--version"], capture_output=True, text=True).stdout
     extra = ["--oversubscribe"] if "Open MPI" in version or "open-mpi" in version else []
     return [launcher, *extra, "-n", str(n)]
+
+
+def run_job(tmp_path, script, *args, ranks=2, limit=120, **env):
+    """Run ``script`` with ``args`` on ``ranks`` ranks under a time limit; the result and its seconds.
+
+    ``env`` adds environment variables.
+    """
+    path = tmp_path / "job.py"
+    path.write_text(textwrap.dedent(script))
+    start = time.monotonic()
+    done = subprocess.run(
+        ["timeout", "-k", "10", str(limit), *mpiexec(ranks), sys.executable, str(path), *args],
+        capture_output=True,
+        text=True,
+        env=environment_without_launcher(**env),
+        cwd=tmp_path,
+    )
+    return done, time.monotonic() - start
 
 
 def environment_without_launcher(**extra):

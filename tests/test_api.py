@@ -13,7 +13,7 @@ from conftest import (
     THREAD_LEVEL,
     environment_without_launcher,
     mpi_debug,
-    mpiexec,
+    run_job,
     spawns_own_mpi,
     unmonitored,
 )
@@ -269,15 +269,7 @@ open(f"ok-{rank}", "w").close()
 @spawns_own_mpi
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_serialized_thread_level_runs_programs(tmp_path, ranks):
-    script = tmp_path / "serialized.py"
-    script.write_text(_SERIALIZED_PROGRAM)
-    done = subprocess.run(
-        ["timeout", "-k", "10", "300", *mpiexec(ranks), sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        env=environment_without_launcher(),
-        cwd=tmp_path,
-    )
+    done, _ = run_job(tmp_path, _SERIALIZED_PROGRAM, ranks=ranks, limit=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert sorted(p.name for p in tmp_path.glob("ok-*")) == [f"ok-{r}" for r in range(ranks)]
 
@@ -311,8 +303,8 @@ def test_set_check_clones_the_same_communicators_on_every_rank(tmp_path):
     # A JaxComm in a reference cycle outlives its last reference until the
     # cycle collector runs, which one rank may do earlier than another: the
     # checker's collective clones must not depend on it.
-    script = tmp_path / "garbage.py"
-    script.write_text(
+    done, _ = run_job(
+        tmp_path,
         "import gc\n"
         "import jax.numpy as jnp\n"
         "import jaxcomm\n"
@@ -326,14 +318,7 @@ def test_set_check_clones_the_same_communicators_on_every_rank(tmp_path):
         "    gc.collect()\n"
         "jaxcomm.set_check(True)\n"
         "assert float(jc.allreduce(jnp.ones(())).block_until_ready()) == jc.size\n"
-        "open(f'ok-{jc.rank}', 'w').close()\n"
-    )
-    done = subprocess.run(
-        ["timeout", "-k", "10", "120", *mpiexec(2), sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        env=environment_without_launcher(),
-        cwd=tmp_path,
+        "open(f'ok-{jc.rank}', 'w').close()\n",
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert sorted(p.name for p in tmp_path.glob("ok-*")) == ["ok-0", "ok-1"]

@@ -1,14 +1,12 @@
 """jaxcomm.compat.mpi4jax: mpi4jax 0.9's functions, eager and jitted, and where they differ from JaxComm."""
 
 import inspect
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import environment_without_launcher, mpiexec, rank_data, spawns_own_mpi
+from conftest import rank_data, run_job, spawns_own_mpi
 from mpi4py import MPI
 
 import jaxcomm
@@ -485,15 +483,7 @@ sys.stdout.write(f"rank {rank}: sub total {int(total[0])}, got {int(got[0])}\\n"
 
 @spawns_own_mpi
 def test_first_calls_of_a_job_need_not_involve_every_rank(tmp_path):
-    script = tmp_path / "first_calls.py"
-    script.write_text(FIRST_CALLS)
-    done = subprocess.run(
-        ["timeout", "-k", "10", "180", *mpiexec(3), sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        env=environment_without_launcher(JAXCOMM_TIMEOUT="20"),
-        cwd=tmp_path,
-    )
+    done, _ = run_job(tmp_path, FIRST_CALLS, ranks=3, limit=180, JAXCOMM_TIMEOUT="20")
     assert done.returncode == 0, (done.returncode, done.stderr)
     lines = sorted(done.stdout.splitlines())
     assert lines == [

@@ -12,10 +12,7 @@ plain ``pytest`` run.
 """
 
 import re
-import subprocess
 import sys
-import textwrap
-import time
 
 import jax
 import jax.numpy as jnp
@@ -23,9 +20,8 @@ import numpy as np
 import pytest
 from conftest import (
     RUNTIME_ERRORS,
-    environment_without_launcher,
-    mpiexec,
     not_reported_again,
+    run_job,
     spawns_own_mpi,
     unmonitored,
 )
@@ -229,24 +225,6 @@ def test_abort_on_exception_stays_in_a_chain_of_hooks(excepthook):
 
 
 # The end of a job -----------------------------------------------------------
-
-
-def run_job(tmp_path, script, *args, limit=120, **env):
-    """Run ``script`` with ``args`` on 2 ranks under a time limit; the result and its seconds.
-
-    ``env`` adds environment variables.
-    """
-    path = tmp_path / "job.py"
-    path.write_text(textwrap.dedent(script))
-    start = time.monotonic()
-    done = subprocess.run(
-        ["timeout", "-k", "10", str(limit), *mpiexec(2), sys.executable, str(path), *args],
-        capture_output=True,
-        text=True,
-        env=environment_without_launcher(**env),
-        cwd=tmp_path,
-    )
-    return done, time.monotonic() - start
 
 
 @spawns_own_mpi
