@@ -8,7 +8,15 @@ order.
 
 from ._abort import abort_on_exception
 from ._gpu import bind_local_gpu, cuda_info, set_cuda_aware
-from ._runtime import build_info, set_check, set_debug, set_timeout, sync
+from ._runtime import (
+    build_info,
+    pipeline_bytes,
+    set_check,
+    set_debug,
+    set_pipeline_bytes,
+    set_timeout,
+    sync,
+)
 from ._version import __version__
 from .comm import JaxComm
 from .ops.nonblocking import Request
@@ -21,9 +29,11 @@ __all__ = [
     "bind_local_gpu",
     "build_info",
     "cuda_info",
+    "pipeline_bytes",
     "set_check",
     "set_cuda_aware",
     "set_debug",
+    "set_pipeline_bytes",
     "set_timeout",
     "sync",
 ]

@@ -296,6 +296,48 @@ def set_timeout(seconds: float | None) -> None:
     _kernels_cpu.set_timeout(seconds)
 
 
+def set_pipeline_bytes(nbytes: int) -> None:
+    """Hand large collectives to MPI in pieces of ``nbytes`` bytes from now on (0: whole).
+
+    ``allreduce``, ``scan``, ``exscan``, ``bcast`` and ``allgather`` of at
+    least two pieces then make one MPI call per piece. On GPU arrays without a
+    CUDA-aware MPI this pipelines the staging: each piece goes to MPI as soon
+    as its copy to host memory arrived, and back to the GPU (on a second
+    stream) while MPI moves the next (see docs/gpu.md for the measured piece
+    size). The pieces are cut the same way on every platform, so that a rank
+    with GPU arrays and one with CPU arrays make the same MPI calls: every
+    rank of a communicator must use the same setting, as with any argument of
+    a collective. ``JAXCOMM_PIPELINE_BYTES`` sets it at import.
+
+    Args:
+        nbytes: the piece size in bytes, or 0 to hand every message to MPI whole.
+
+    Raises:
+        TypeError: if ``nbytes`` is not an integer.
+        ValueError: if ``nbytes`` is negative.
+    """
+    if isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)):
+        raise TypeError(f"nbytes must be an integer, got {type(nbytes).__name__}")
+    if nbytes < 0:
+        raise ValueError(f"nbytes must be 0 (off) or a positive number of bytes, got {nbytes}")
+    _kernels_cpu.set_pipeline_bytes(int(nbytes))
+
+
+def pipeline_bytes() -> int:
+    """The piece size of pipelined collectives in bytes (0: off); see :func:`set_pipeline_bytes`."""
+    return int(_kernels_cpu.pipeline_bytes())
+
+
+def _env_bytes(name):
+    text = os.environ.get(name, "")
+    if text == "":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{name} must be a whole number of bytes, got {text!r}") from None
+
+
 def _env_seconds(name):
     text = os.environ.get(name, "")
     if text in ("", "0"):
@@ -432,6 +474,8 @@ def before_mpi_from_python() -> None:
 set_debug(os.environ.get("JAXCOMM_DEBUG", "") not in ("", "0"))
 _kernels_cpu.set_check(os.environ.get("JAXCOMM_CHECK", "") not in ("", "0"))
 set_timeout(_env_seconds("JAXCOMM_TIMEOUT"))
+if _env_bytes("JAXCOMM_PIPELINE_BYTES") is not None:
+    set_pipeline_bytes(_env_bytes("JAXCOMM_PIPELINE_BYTES"))
 
 
 # Interrupts ------------------------------------------------------------------

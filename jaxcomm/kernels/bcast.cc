@@ -10,6 +10,9 @@ ffi::Error BcastImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffe
   JAXCOMM_RETURN_IF_ERROR(CheckOutput(call, x, *y, x.element_count(), LikeTheInput));
   LargeType type;
   JAXCOMM_RETURN_IF_ERROR(LargeType::Make(x.element_type(), count, call.comm(), &type));
+  const size_t width = ffi::ByteWidth(x.element_type());
+  const size_t piece = PieceElements(count, width);
+  if (piece < x.element_count()) memory.Pipeline(piece * width);
   const bool is_root = call.rank() == root;
   void* data;
   if (SameBuffer(x, *y)) {
@@ -22,6 +25,23 @@ ffi::Error BcastImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffe
     if (is_root) JAXCOMM_RETURN_IF_ERROR(memory.Preload(*y, 0, x));
   }
   JAXCOMM_RETURN_IF_ERROR(memory.Ready());
+  if (piece < count) {
+    MPI_Datatype base;
+    JAXCOMM_RETURN_IF_ERROR(MpiDatatype(x.element_type(), &base));
+    JAXCOMM_RETURN_IF_ERROR(ForEachChunk(
+        count,
+        [&](size_t offset, int n) {
+          void* at = ElementAt(data, x.element_type(), offset);
+          JAXCOMM_RETURN_IF_ERROR(memory.Arrived(at, n * width));
+          call.Log([&] {
+            return "MPI_Bcast root " + std::to_string(root) + " " + Elements(n, x.element_type());
+          });
+          JAXCOMM_MPI_CHECK(call, MPI_Bcast, at, n, base, static_cast<int>(root), call.comm());
+          return memory.Produced(at, n * width);
+        },
+        piece));
+    return memory.Finish();
+  }
   call.Log([&] {
     return "MPI_Bcast root " + std::to_string(root) + " " + Elements(count, x.element_type());
   });

@@ -1,5 +1,6 @@
 #include "chunks.h"
 
+#include <algorithm>
 #include <atomic>
 #include <climits>
 #include <string>
@@ -9,7 +10,18 @@
 namespace jaxcomm {
 namespace {
 std::atomic<size_t> max_count{static_cast<size_t>(INT_MAX)};
+std::atomic<size_t> pipeline_bytes{0};
 }  // namespace
+
+size_t PipelineBytes() { return pipeline_bytes.load(std::memory_order_relaxed); }
+
+void SetPipelineBytes(size_t bytes) { pipeline_bytes.store(bytes); }
+
+size_t PieceElements(size_t count, size_t width) {
+  const size_t piece = PipelineBytes();
+  if (piece == 0 || width == 0 || count * width < 2 * piece) return count;
+  return std::max<size_t>(1, std::min(std::max<size_t>(piece / width, 1), MaxCount()));
+}
 
 size_t MaxCount() { return max_count.load(std::memory_order_relaxed); }
 

@@ -44,12 +44,27 @@ class LargeType {
   MPI_Datatype owned_[3] = {MPI_DATATYPE_NULL, MPI_DATATYPE_NULL, MPI_DATATYPE_NULL};
 };
 
-// Calls fn(offset, count) over consecutive pieces of at most MaxCount()
-// elements covering [0, total), at least once (with count 0 when total is 0),
-// and stops at the first error.
+// Pipelining: a collective of at least two pieces of PipelineBytes() bytes
+// goes to MPI piece by piece, so that on a GPU without CUDA-aware MPI the
+// staging copy of one piece runs while MPI moves another. 0 turns it off.
+// The pieces are cut the same way on every platform (a GPU rank and a CPU
+// rank make the same MPI calls), so the setting must be the same on every
+// rank of a communicator.
+size_t PipelineBytes();
+void SetPipelineBytes(size_t bytes);
+
+// Elements of one piece of a collective on `count` elements of `width`
+// bytes each: `count` (no pipelining) when the message spans fewer than two
+// pieces, else PipelineBytes() worth (at least one element) and at most
+// MaxCount().
+size_t PieceElements(size_t count, size_t width);
+
+// Calls fn(offset, count) over consecutive pieces of at most `max` elements
+// (MaxCount() unless given) covering [0, total), at least once (with count 0
+// when total is 0), and stops at the first error.
 template <typename Fn>
-ffi::Error ForEachChunk(size_t total, Fn&& fn) {
-  const size_t max = MaxCount();
+ffi::Error ForEachChunk(size_t total, Fn&& fn, size_t max = MaxCount()) {
+  if (max > MaxCount()) max = MaxCount();
   size_t offset = 0;
   do {
     const size_t n = total - offset < max ? total - offset : max;

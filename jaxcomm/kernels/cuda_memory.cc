@@ -1,6 +1,7 @@
 #include "cuda_memory.h"
 
 #include <atomic>
+#include <chrono>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -30,6 +31,16 @@ ffi::Error CudaFailure(const char* function, cudaError_t code) {
 
 std::atomic<int> cuda_aware_mode{-1};
 
+std::atomic<uint64_t> clock_calls{0};
+std::atomic<uint64_t> clock_handler_ns{0};
+std::atomic<uint64_t> clock_wait_ns{0};
+
+uint64_t NanosecondsSince(std::chrono::steady_clock::time_point start) {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
+          .count());
+}
+
 constexpr size_t kAlignment = 256;
 constexpr size_t kMinChunk = size_t{1} << 20;
 
@@ -51,6 +62,21 @@ int MpiCudaSupport() {
 #else
   return -1;
 #endif
+}
+
+void AddHandlerTime(uint64_t ns) {
+  clock_calls.fetch_add(1, std::memory_order_relaxed);
+  clock_handler_ns.fetch_add(ns, std::memory_order_relaxed);
+}
+
+HandlerTimes HandlerClock() {
+  return HandlerTimes{clock_calls.load(), clock_handler_ns.load(), clock_wait_ns.load()};
+}
+
+void ResetHandlerClock() {
+  clock_calls.store(0);
+  clock_handler_ns.store(0);
+  clock_wait_ns.store(0);
 }
 
 void SetCudaAware(int mode) { cuda_aware_mode.store(mode < 0 ? -1 : mode > 0); }
@@ -90,6 +116,28 @@ class StagingArena {
     }
     last_stream_ = stream;
     used_ = 0;
+    next_event_ = 0;
+    return ffi::Error::Success();
+  }
+
+  // An event of this call's; the arena reuses them in its next call.
+  ffi::Error TakeEvent(size_t* index) {
+    if (next_event_ == events_.size()) {
+      cudaEvent_t event;
+      JAXCOMM_CUDA_CHECK(cudaEventCreateWithFlags, &event, cudaEventDisableTiming);
+      events_.push_back(event);
+    }
+    *index = next_event_++;
+    return ffi::Error::Success();
+  }
+  cudaEvent_t event(size_t index) const { return events_[index]; }
+
+  // The stream that the copies of pipelined outputs go back to the device on.
+  ffi::Error CopyStream(cudaStream_t* out) {
+    if (copy_stream_ == nullptr) {
+      JAXCOMM_CUDA_CHECK(cudaStreamCreateWithFlags, &copy_stream_, cudaStreamNonBlocking);
+    }
+    *out = copy_stream_;
     return ffi::Error::Success();
   }
 
@@ -130,6 +178,10 @@ class StagingArena {
     JAXCOMM_RETURN_IF_ERROR(Release());
     if (done_ != nullptr) JAXCOMM_CUDA_CHECK(cudaEventDestroy, done_);
     done_ = nullptr;
+    for (cudaEvent_t event : events_) JAXCOMM_CUDA_CHECK(cudaEventDestroy, event);
+    events_.clear();
+    if (copy_stream_ != nullptr) JAXCOMM_CUDA_CHECK(cudaStreamDestroy, copy_stream_);
+    copy_stream_ = nullptr;
     return ffi::Error::Success();
   }
 
@@ -157,6 +209,9 @@ class StagingArena {
   cudaEvent_t done_ = nullptr;
   cudaStream_t last_stream_ = nullptr;
   bool recorded_ = false;
+  std::vector<cudaEvent_t> events_;
+  size_t next_event_ = 0;
+  cudaStream_t copy_stream_ = nullptr;
 };
 
 namespace {
@@ -305,8 +360,16 @@ CudaMemory::CudaMemory(cudaStream_t stream) : stream_(stream), direct_(CudaAware
   // the stream's device.
 #if CUDART_VERSION >= 12080
   cudaError_t rc = cudaStreamGetDevice(stream, &device_);
-  if (rc == cudaSuccess) rc = cudaSetDevice(device_);
-  if (rc != cudaSuccess) init_error_ = CudaFailure("cudaStreamGetDevice", rc);
+  if (rc != cudaSuccess) {
+    init_error_ = CudaFailure("cudaStreamGetDevice", rc);
+    return;
+  }
+  // Reading the current device is a thread-local lookup; setting it is not.
+  int current = -1;
+  if (cudaGetDevice(&current) != cudaSuccess || current != device_) {
+    rc = cudaSetDevice(device_);
+    if (rc != cudaSuccess) init_error_ = CudaFailure("cudaSetDevice", rc);
+  }
 #else
   cudaError_t rc = cudaGetDevice(&device_);
   if (rc != cudaSuccess) init_error_ = CudaFailure("cudaGetDevice", rc);
@@ -315,7 +378,9 @@ CudaMemory::CudaMemory(cudaStream_t stream) : stream_(stream), direct_(CudaAware
 
 CudaMemory::~CudaMemory() {
   if (arena_ != nullptr) {
-    // If recording fails the stream is broken, and XLA reports that.
+    // A call that failed after Produced: its copies still read the arena.
+    // If joining or recording fails the stream is broken, and XLA reports that.
+    (void)Join();
     (void)arena_->End(stream_);
     ReleaseArena(arena_);
   }
@@ -326,6 +391,59 @@ CudaMemory::Staged* CudaMemory::Find(const void* device) {
     if (staged_[i].device == device) return &staged_[i];
   }
   return nullptr;
+}
+
+CudaMemory::Staged* CudaMemory::Holding(const void* host) {
+  const char* at = static_cast<const char*>(host);
+  for (int i = 0; i < num_staged_; ++i) {
+    const Staged& staged = staged_[i];
+    if (at >= staged.host && at < staged.host + staged.bytes) return &staged_[i];
+  }
+  return nullptr;
+}
+
+ffi::Error CudaMemory::WaitFor(cudaEvent_t event) {
+  const auto start = std::chrono::steady_clock::now();
+  JAXCOMM_CUDA_CHECK(cudaEventSynchronize, event);
+  clock_wait_ns.fetch_add(NanosecondsSince(start), std::memory_order_relaxed);
+  return ffi::Error::Success();
+}
+
+ffi::Error CudaMemory::MarkEntry() {
+  if (entry_ != nullptr) return ffi::Error::Success();
+  size_t index;
+  JAXCOMM_RETURN_IF_ERROR(arena_->TakeEvent(&index));
+  JAXCOMM_CUDA_CHECK(cudaEventRecord, arena_->event(index), stream_);
+  entry_ = arena_->event(index);
+  return ffi::Error::Success();
+}
+
+ffi::Error CudaMemory::CopyIn(Staged& staged, size_t offset, const void* source, size_t bytes) {
+  if (piece_ == 0 || bytes <= piece_) {
+    JAXCOMM_CUDA_CHECK(cudaMemcpyAsync, staged.host + offset, source, bytes, cudaMemcpyDeviceToHost,
+                       stream_);
+    if (pieced_) whole_after_pieces_ = true;
+    return ffi::Error::Success();
+  }
+  // The copies back start from before these: MPI's first piece need not
+  // wait for the other pieces to reach the host.
+  JAXCOMM_RETURN_IF_ERROR(MarkEntry());
+  staged.copied_from = offset;
+  staged.events = 0;
+  for (size_t done = 0; done < bytes; done += piece_) {
+    const size_t n = bytes - done < piece_ ? bytes - done : piece_;
+    JAXCOMM_CUDA_CHECK(cudaMemcpyAsync, staged.host + offset + done,
+                       static_cast<const char*>(source) + done, n, cudaMemcpyDeviceToHost, stream_);
+    size_t index;
+    JAXCOMM_RETURN_IF_ERROR(arena_->TakeEvent(&index));
+    JAXCOMM_CUDA_CHECK(cudaEventRecord, arena_->event(index), stream_);
+    if (staged.events++ == 0) staged.first_event = index;
+    if (!pieced_) {
+      pieced_ = true;
+      first_piece_event_ = index;
+    }
+  }
+  return ffi::Error::Success();
 }
 
 ffi::Error CudaMemory::Stage(void* device, size_t bytes, bool copy_in, bool copy_out, void** host) {
@@ -344,10 +462,9 @@ ffi::Error CudaMemory::Stage(void* device, size_t bytes, bool copy_in, bool copy
   }
   char* data;
   JAXCOMM_RETURN_IF_ERROR(arena_->Take(bytes, &data));
-  if (copy_in && bytes > 0) {
-    JAXCOMM_CUDA_CHECK(cudaMemcpyAsync, data, device, bytes, cudaMemcpyDeviceToHost, stream_);
-  }
-  staged_[num_staged_++] = Staged{device, data, copy_out ? bytes : 0};
+  Staged& staged = staged_[num_staged_++];
+  staged = Staged{device, data, bytes, copy_out ? bytes : 0};
+  if (copy_in && bytes > 0) JAXCOMM_RETURN_IF_ERROR(CopyIn(staged, 0, device, bytes));
   *host = data;
   return ffi::Error::Success();
 }
@@ -390,8 +507,7 @@ ffi::Error CudaMemory::HostOutput(ffi::AnyBuffer& y, void** data) {
 ffi::Error CudaMemory::Preload(ffi::AnyBuffer& y, size_t offset, const ffi::AnyBuffer& x) {
   if (x.size_bytes() == 0) return ffi::Error::Success();
   if (Staged* staged = Find(y.untyped_data())) {
-    JAXCOMM_CUDA_CHECK(cudaMemcpyAsync, staged->host + offset, x.untyped_data(), x.size_bytes(),
-                       cudaMemcpyDeviceToHost, stream_);
+    JAXCOMM_RETURN_IF_ERROR(CopyIn(*staged, offset, x.untyped_data(), x.size_bytes()));
   } else {
     JAXCOMM_CUDA_CHECK(cudaMemcpyAsync, static_cast<char*>(y.untyped_data()) + offset,
                        x.untyped_data(), x.size_bytes(), cudaMemcpyDeviceToDevice, stream_);
@@ -401,14 +517,63 @@ ffi::Error CudaMemory::Preload(ffi::AnyBuffer& y, size_t offset, const ffi::AnyB
 
 // Also waits for the kernels that wrote the inputs: XLA queued them on the
 // stream before this call.
+// A pipelined call waits only for its first piece: the event after it also
+// marks the end of all the work queued before (later pieces: Arrived).
 ffi::Error CudaMemory::Ready() {
   JAXCOMM_RETURN_IF_ERROR(init_error_);
+  if (pieced_ && !whole_after_pieces_) return WaitFor(arena_->event(first_piece_event_));
+  const auto start = std::chrono::steady_clock::now();
   JAXCOMM_CUDA_CHECK(cudaStreamSynchronize, stream_);
+  clock_wait_ns.fetch_add(NanosecondsSince(start), std::memory_order_relaxed);
+  return ffi::Error::Success();
+}
+
+ffi::Error CudaMemory::Arrived(const void* data, size_t bytes) {
+  Staged* staged = piece_ > 0 && bytes > 0 ? Holding(data) : nullptr;
+  if (staged == nullptr || staged->events == 0) return ffi::Error::Success();
+  const char* start = staged->host + staged->copied_from;
+  const char* end = static_cast<const char*>(data) + bytes;
+  if (end <= start) return ffi::Error::Success();
+  size_t last = static_cast<size_t>(end - start - 1) / piece_;
+  if (last >= staged->events) last = staged->events - 1;
+  return WaitFor(arena_->event(staged->first_event + last));
+}
+
+ffi::Error CudaMemory::Produced(const void* data, size_t bytes) {
+  Staged* staged = piece_ > 0 && bytes > 0 ? Holding(data) : nullptr;
+  if (staged == nullptr || staged->copy_back == 0) return ffi::Error::Success();
+  cudaStream_t copy;
+  JAXCOMM_RETURN_IF_ERROR(arena_->CopyStream(&copy));
+  if (!producing_) {
+    // The output's memory may still be in use by work queued on XLA's stream
+    // before this call.
+    JAXCOMM_RETURN_IF_ERROR(MarkEntry());
+    JAXCOMM_CUDA_CHECK(cudaStreamWaitEvent, copy, entry_, 0);
+    producing_ = true;
+  }
+  const size_t offset = static_cast<size_t>(static_cast<const char*>(data) - staged->host);
+  JAXCOMM_CUDA_CHECK(cudaMemcpyAsync, static_cast<char*>(staged->device) + offset, data, bytes,
+                     cudaMemcpyHostToDevice, copy);
+  staged->produced = true;
+  return ffi::Error::Success();
+}
+
+ffi::Error CudaMemory::Join() {
+  if (!producing_) return ffi::Error::Success();
+  producing_ = false;
+  cudaStream_t copy;
+  JAXCOMM_RETURN_IF_ERROR(arena_->CopyStream(&copy));
+  size_t index;
+  JAXCOMM_RETURN_IF_ERROR(arena_->TakeEvent(&index));
+  JAXCOMM_CUDA_CHECK(cudaEventRecord, arena_->event(index), copy);
+  JAXCOMM_CUDA_CHECK(cudaStreamWaitEvent, stream_, arena_->event(index), 0);
   return ffi::Error::Success();
 }
 
 ffi::Error CudaMemory::ZeroFrom(ffi::AnyBuffer& y, size_t offset) {
   if (offset >= y.size_bytes()) return ffi::Error::Success();
+  // After the pieces Produced copied there.
+  JAXCOMM_RETURN_IF_ERROR(Join());
   if (Staged* staged = Find(y.untyped_data())) {
     if (staged->copy_back > offset) staged->copy_back = offset;
   }
@@ -420,12 +585,12 @@ ffi::Error CudaMemory::ZeroFrom(ffi::AnyBuffer& y, size_t offset) {
 ffi::Error CudaMemory::Finish() {
   for (int i = 0; i < num_staged_; ++i) {
     const Staged& staged = staged_[i];
-    if (staged.copy_back > 0) {
+    if (staged.copy_back > 0 && !staged.produced) {
       JAXCOMM_CUDA_CHECK(cudaMemcpyAsync, staged.device, staged.host, staged.copy_back,
                          cudaMemcpyHostToDevice, stream_);
     }
   }
-  return ffi::Error::Success();
+  return Join();
 }
 
 // Nonblocking starts and waits --------------------------------------------
@@ -463,7 +628,7 @@ ffi::Error CudaMemory::HoldOutput(ffi::AnyBuffer& y, void** data, Held* held) {
   if (held->staging != nullptr) {
     // Listed with the call's staged buffers for Preload; nothing goes back
     // to the device in Finish(): Unhold copies at the wait.
-    staged_[num_staged_++] = Staged{y.untyped_data(), static_cast<char*>(*data), 0};
+    staged_[num_staged_++] = Staged{y.untyped_data(), static_cast<char*>(*data), y.size_bytes(), 0};
   }
   return ffi::Error::Success();
 }

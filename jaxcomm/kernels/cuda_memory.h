@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 
 #include "memory.h"
 
@@ -28,6 +29,16 @@ void FreeStaging();
 
 // Pinned blocks nonblocking requests hold now, from their start to their wait.
 size_t StagingHeld();
+
+// The handler clock: how many handler calls ran on a GPU, the time spent in
+// them, and the part of it spent waiting for the GPU (stream and event
+// synchronisation), in nanoseconds since the last reset.
+struct HandlerTimes {
+  uint64_t calls, handler_ns, wait_ns;
+};
+void AddHandlerTime(uint64_t ns);
+HandlerTimes HandlerClock();
+void ResetHandlerClock();
 
 class StagingArena;
 
@@ -55,6 +66,9 @@ class CudaMemory final : public Memory {
   ffi::Error HostOutput(ffi::AnyBuffer& y, void** data) override;
   ffi::Error Preload(ffi::AnyBuffer& y, size_t offset, const ffi::AnyBuffer& x) override;
   ffi::Error Ready() override;
+  void Pipeline(size_t piece_bytes) override { piece_ = piece_bytes; }
+  ffi::Error Arrived(const void* data, size_t bytes) override;
+  ffi::Error Produced(const void* data, size_t bytes) override;
   ffi::Error ZeroFrom(ffi::AnyBuffer& y, size_t offset) override;
   ffi::Error Finish() override;
   ffi::Error HoldInput(const ffi::AnyBuffer& x, const void** data, Held* held) override;
@@ -63,11 +77,18 @@ class CudaMemory final : public Memory {
 
  private:
   // A device buffer and its host copy; `copy_back` leading bytes go back to
-  // the device in Finish().
+  // the device in Finish(), unless Produced sent them piece by piece. A
+  // pipelined copy to the host records one event per piece (`events` of the
+  // arena's, from `first_event`), for the piece's bytes from `copied_from`.
   struct Staged {
     void* device;
     char* host;
+    size_t bytes;
     size_t copy_back;
+    size_t copied_from = 0;
+    size_t first_event = 0;
+    size_t events = 0;
+    bool produced = false;
   };
   static constexpr int kMaxStaged = 4;
 
@@ -76,6 +97,19 @@ class CudaMemory final : public Memory {
   // path, else its staged host copy.
   ffi::Error Reach(void* device, size_t bytes, bool copy_in, bool copy_out, void** data);
   Staged* Find(const void* device);
+  // The staged buffer whose host copy holds `host`, or null.
+  Staged* Holding(const void* host);
+  // Queues the copy of `bytes` from device memory at `source` into `staged`'s
+  // host copy at `offset`: in pieces, each followed by an event, when the
+  // call is pipelined and the copy spans more than one piece.
+  ffi::Error CopyIn(Staged& staged, size_t offset, const void* source, size_t bytes);
+  // An event recorded now on XLA's stream: the point the copies of Produced,
+  // on the arena's copy stream, start from.
+  ffi::Error MarkEntry();
+  // Makes XLA's stream wait for the copies Produced queued.
+  ffi::Error Join();
+  // Waits for `event`, counting the time on the handler clock.
+  ffi::Error WaitFor(cudaEvent_t event);
   // The pointer MPI uses for a nonblocking request's buffer until Unhold:
   // the buffer itself on the direct path, else a pinned block of its own
   // (holding a copy of the buffer if `copy_in`).
@@ -87,6 +121,16 @@ class CudaMemory final : public Memory {
   StagingArena* arena_ = nullptr;
   Staged staged_[kMaxStaged];
   int num_staged_ = 0;
+  // Pipelining (Memory::Pipeline): the piece size, the entry event, whether
+  // a pieced copy was queued (the first event it recorded), whether a whole
+  // copy to the host followed it, and whether Produced copies wait to be
+  // joined.
+  size_t piece_ = 0;
+  cudaEvent_t entry_ = nullptr;
+  bool pieced_ = false;
+  size_t first_piece_event_ = 0;
+  bool whole_after_pieces_ = false;
+  bool producing_ = false;
   ffi::Error init_error_;
 };
 

@@ -157,6 +157,50 @@ ffi::Error Buffers(Memory& memory, ffi::AnyBuffer& x, ffi::AnyBuffer& y, void** 
   return memory.Ready();
 }
 
+// A pipelined allgather: piece k of every rank's block at a time, received
+// at its place in each block through a datatype whose extent is the block.
+ffi::Error AllgatherPieces(const Call& call, Memory& memory, ffi::DataType dtype, size_t count,
+                           size_t piece, void* in, void* out) {
+  MPI_Datatype base;
+  JAXCOMM_RETURN_IF_ERROR(MpiDatatype(dtype, &base));
+  const size_t width = ffi::ByteWidth(dtype);
+  const int size = call.size();
+  // One datatype per piece length: the full one and the last, shorter one.
+  MPI_Datatype strided[2] = {MPI_DATATYPE_NULL, MPI_DATATYPE_NULL};
+  int lengths[2] = {0, 0};
+  const ffi::Error done = ForEachChunk(
+      count,
+      [&](size_t offset, int n) {
+        const int which = n == static_cast<int>(piece) ? 0 : 1;
+        if (lengths[which] != n) {
+          if (strided[which] != MPI_DATATYPE_NULL) MPI_Type_free(&strided[which]);
+          MPI_Datatype run;
+          JAXCOMM_MPI_CHECK(call, MPI_Type_contiguous, n, base, &run);
+          const int rc = MPI_Type_create_resized(run, 0, static_cast<MPI_Aint>(count * width),
+                                                 &strided[which]);
+          MPI_Type_free(&run);
+          if (rc != MPI_SUCCESS) return MpiFailure("MPI_Type_create_resized", rc, call);
+          JAXCOMM_MPI_CHECK(call, MPI_Type_commit, &strided[which]);
+          lengths[which] = n;
+        }
+        void* mine = ElementAt(in, dtype, offset);
+        JAXCOMM_RETURN_IF_ERROR(memory.Arrived(mine, n * width));
+        call.Log([&] { return "MPI_Allgather " + Elements(n, dtype); });
+        JAXCOMM_MPI_CHECK(call, MPI_Allgather, mine, n, base, ElementAt(out, dtype, offset), 1,
+                          strided[which], call.comm());
+        for (int r = 0; r < size; ++r) {
+          JAXCOMM_RETURN_IF_ERROR(
+              memory.Produced(ElementAt(out, dtype, r * count + offset), n * width));
+        }
+        return ffi::Error::Success();
+      },
+      piece);
+  for (MPI_Datatype& t : strided) {
+    if (t != MPI_DATATYPE_NULL) MPI_Type_free(&t);
+  }
+  return done;
+}
+
 }  // namespace
 
 ffi::Error AllgatherImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffer x,
@@ -166,9 +210,17 @@ ffi::Error AllgatherImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyB
   LargeType block;
   JAXCOMM_RETURN_IF_ERROR(
       LargeType::Make(x.element_type(), x.element_count(), call.comm(), &block));
+  const size_t count = x.element_count();
+  const size_t width = ffi::ByteWidth(x.element_type());
+  const size_t piece = PieceElements(count, width);
+  if (piece < count) memory.Pipeline(piece * width);
   void *in, *out;
   JAXCOMM_RETURN_IF_ERROR(Buffers(memory, x, *y, &in, &out));
-  call.Log([&] { return "MPI_Allgather " + Elements(x.element_count(), x.element_type()); });
+  if (piece < count) {
+    JAXCOMM_RETURN_IF_ERROR(AllgatherPieces(call, memory, x.element_type(), count, piece, in, out));
+    return memory.Finish();
+  }
+  call.Log([&] { return "MPI_Allgather " + Elements(count, x.element_type()); });
   JAXCOMM_MPI_CHECK(call, MPI_Allgather, in, block.count(), block.type(), out, block.count(),
                     block.type(), call.comm());
   return memory.Finish();

@@ -52,8 +52,25 @@ class Memory {
   // Output `y`, already given its pointer, starts with the bytes of input `x`
   // at byte `offset` (MPI_Bcast works in place on y).
   virtual ffi::Error Preload(ffi::AnyBuffer& y, size_t offset, const ffi::AnyBuffer& x) = 0;
-  // Waits until MPI can read the inputs through their pointers.
+  // Waits until MPI can read the inputs through their pointers (for a
+  // pipelined call, the first piece of each; Arrived waits for the others).
   virtual ffi::Error Ready() = 0;
+
+  // Pipelining (PieceElements, chunks.h): a handler that hands MPI its
+  // buffers in pieces of `piece_bytes` says so before taking them, so that
+  // staging copies are cut at the same boundaries; before MPI reads a piece
+  // it calls Arrived, after MPI wrote one Produced, each with the pointer MPI
+  // used (from Input, Output, InPlace or Preload) and the piece's bytes.
+  // Produced may start the piece's way to the output, which is then complete
+  // at Finish. On the host, and for buffers MPI reaches directly, they do
+  // nothing.
+  virtual void Pipeline(size_t /*piece_bytes*/) {}
+  virtual ffi::Error Arrived(const void* /*data*/, size_t /*bytes*/) {
+    return ffi::Error::Success();
+  }
+  virtual ffi::Error Produced(const void* /*data*/, size_t /*bytes*/) {
+    return ffi::Error::Success();
+  }
   // After the MPI calls: output `y` holds zeros from byte `offset` on.
   virtual ffi::Error ZeroFrom(ffi::AnyBuffer& y, size_t offset) = 0;
   // Moves the outputs to their buffers.

@@ -5,6 +5,7 @@
 // share it, with every other piece of state, through libjaxcomm_core.
 #include <pybind11/pybind11.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
@@ -63,15 +64,31 @@ xla::ffi::Error Outcome(xla::ffi::Error error) {
 // ops.def. It runs the body with this platform's Memory (RunCall, call.h).
 // The emulated CUDA module (tests/cuda_emulation) runs the CUDA platform
 // layer on XLA's CPU, which has no stream.
+#ifdef JAXCOMM_CUDA
+// Runs one handler call on the handler clock (HandlerClock, cuda_memory.h):
+// the whole call, the CudaMemory's destructor included.
+template <typename Body>
+xla::ffi::Error Timed(Body&& body) {
+  const auto start = std::chrono::steady_clock::now();
+  xla::ffi::Error error = body();
+  jaxcomm::AddHandlerTime(static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
+          .count()));
+  return error;
+}
+#endif
+
 #if defined(JAXCOMM_CUDA_EMULATION)
 template <auto Impl, bool kOnComm>
 struct OnPlatform {
   const char* op;
   template <typename... Args>
   xla::ffi::Error operator()(int64_t site, int64_t handle, Args... args) const {
-    jaxcomm::CallScope scope(site);
-    jaxcomm::CudaMemory memory(nullptr);
-    return Outcome(jaxcomm::RunCall<Impl, kOnComm>(op, handle, memory, args...));
+    return Timed([&] {
+      jaxcomm::CallScope scope(site);
+      jaxcomm::CudaMemory memory(nullptr);
+      return Outcome(jaxcomm::RunCall<Impl, kOnComm>(op, handle, memory, args...));
+    });
   }
 };
 auto PlatformBinding() { return xla::ffi::Ffi::Bind(); }
@@ -82,9 +99,11 @@ struct OnPlatform {
   template <typename... Args>
   xla::ffi::Error operator()(cudaStream_t stream, int64_t site, int64_t handle,
                              Args... args) const {
-    jaxcomm::CallScope scope(site);
-    jaxcomm::CudaMemory memory(stream);
-    return Outcome(jaxcomm::RunCall<Impl, kOnComm>(op, handle, memory, args...));
+    return Timed([&] {
+      jaxcomm::CallScope scope(site);
+      jaxcomm::CudaMemory memory(stream);
+      return Outcome(jaxcomm::RunCall<Impl, kOnComm>(op, handle, memory, args...));
+    });
   }
 };
 auto PlatformBinding() {
@@ -171,6 +190,14 @@ PYBIND11_MODULE(JAXCOMM_MODULE, m) {
         "Data path of device buffers: 1 straight to MPI, 0 host staging, -1 "
         "as the MPI library says (the default).");
   m.def("cuda_aware", &jaxcomm::CudaAware, "Whether device buffers go straight to MPI now.");
+  m.def(
+      "handler_clock",
+      []() {
+        const jaxcomm::HandlerTimes times = jaxcomm::HandlerClock();
+        return py::make_tuple(times.calls, times.handler_ns, times.wait_ns);
+      },
+      "(calls, ns in handlers, ns of it waiting for the GPU) since the last reset.");
+  m.def("reset_handler_clock", &jaxcomm::ResetHandlerClock, "Zero the handler clock.");
   m.def("staging_bytes", &jaxcomm::StagingBytes, "Pinned host memory held for staging, in bytes.");
   m.def("free_staging", &jaxcomm::FreeStaging,
         "Release the pinned staging memory no call or request is using.");
@@ -304,5 +331,8 @@ PYBIND11_MODULE(JAXCOMM_MODULE, m) {
         "Cap the count of one MPI call (tests use small caps to exercise the "
         "large-message paths).");
   m.def("max_count", &jaxcomm::MaxCount);
+  m.def("set_pipeline_bytes", &jaxcomm::SetPipelineBytes, py::arg("bytes"),
+        "Piece size of pipelined collectives in bytes (0: whole messages).");
+  m.def("pipeline_bytes", &jaxcomm::PipelineBytes);
 #endif
 }

@@ -37,7 +37,8 @@ ffi::Error ReductionBuffers(Memory& memory, int64_t op, ffi::AnyBuffer& x, ffi::
 
 // Allreduce, Scan and Exscan combine element i of every rank's x into element
 // i of y. Predefined reductions take no derived datatypes, so large arrays
-// reduce in independent pieces of at most MaxCount() elements.
+// reduce in independent pieces of at most MaxCount() elements, and smaller
+// pieces where the call is pipelined.
 ffi::Error ElementwiseReduction(const Call& call, Memory& memory, ElementwiseCall reduce,
                                 const char* function, ffi::AnyBuffer x, ffi::AnyBuffer& y,
                                 int64_t op) {
@@ -47,15 +48,23 @@ ffi::Error ElementwiseReduction(const Call& call, Memory& memory, ElementwiseCal
   MPI_Datatype dtype;
   MPI_Op mpi_op;
   JAXCOMM_RETURN_IF_ERROR(ReductionTypes(call, type, op, &dtype, &mpi_op));
+  const size_t width = ffi::ByteWidth(type);
+  const size_t piece = PieceElements(x.element_count(), width);
+  if (piece < x.element_count()) memory.Pipeline(piece * width);
   void *send, *recv;
   JAXCOMM_RETURN_IF_ERROR(ReductionBuffers(memory, op, x, y, &send, &recv));
-  return ForEachChunk(x.element_count(), [&](size_t offset, int count) {
-    call.Log([&] { return OpText(function, op) + " " + Elements(count, type); });
-    const int rc = reduce(ArgumentAt(send, type, offset), ElementAt(recv, type, offset), count,
-                          dtype, mpi_op, call.comm());
-    if (rc != MPI_SUCCESS) return MpiFailure(function, rc, call);
-    return ffi::Error::Success();
-  });
+  return ForEachChunk(
+      x.element_count(),
+      [&](size_t offset, int count) {
+        void* in = ArgumentAt(send, type, offset);
+        void* out = ElementAt(recv, type, offset);
+        JAXCOMM_RETURN_IF_ERROR(memory.Arrived(in == MPI_IN_PLACE ? out : in, count * width));
+        call.Log([&] { return OpText(function, op) + " " + Elements(count, type); });
+        const int rc = reduce(in, out, count, dtype, mpi_op, call.comm());
+        if (rc != MPI_SUCCESS) return MpiFailure(function, rc, call);
+        return memory.Produced(out, count * width);
+      },
+      piece);
 }
 
 // Reduces `total` elements from `send` on every rank into `recv` on `root`,

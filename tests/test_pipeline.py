@@ -1,0 +1,157 @@
+"""Pipelined collectives: messages of two pieces or more go to MPI piece by piece.
+
+A piece of a few bytes (set_pipeline_bytes) makes small arrays take the
+pipelined path: one MPI call per piece on every platform, and on GPU arrays
+staged piece by piece (tests/gpu and the emulated CUDA runtime run this file
+through the CUDA platform layer).
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import mpi_debug, rank_data, run_job, spawns_own_mpi, unchanged
+
+import jaxcomm
+
+PIECE = 24  # bytes: 6 float32, 3 float64, 24 int8, 1.5 complex128 (so 1)
+
+# Below two pieces of float32 (11), exactly two (12), a short last piece (13),
+# many pieces (50).
+SIZES = [11, 12, 13, 50]
+DTYPES = ["float32", "float64", "int8", "complex128", "bfloat16"]
+
+
+@pytest.fixture
+def pipelined():
+    previous = jaxcomm.pipeline_bytes()
+    jaxcomm.set_pipeline_bytes(PIECE)
+    try:
+        yield PIECE
+    finally:
+        jaxcomm.set_pipeline_bytes(previous)
+
+
+def _dtype(name):
+    return np.dtype(jnp.bfloat16) if name == "bfloat16" else np.dtype(name)
+
+
+def _sum(arrays, n, dtype):
+    return functools.reduce(np.add, arrays, np.zeros(n, dtype))
+
+
+def _data(size, n, dtype):
+    # Small values: sums of every rank's stay exact in int8 and bfloat16.
+    return [rank_data(r, (n,), dtype, high=3) for r in range(size)]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_reductions(jc, pipelined, dtype, n, jit):
+    dtype = _dtype(dtype)
+    rank, size = jc.rank, jc.size
+    every = _data(size, n, dtype)
+    x = jnp.asarray(every[rank])
+    wrap = jax.jit if jit else (lambda f: f)
+    np.testing.assert_array_equal(np.asarray(wrap(jc.allreduce)(x)), _sum(every, n, dtype))
+    np.testing.assert_array_equal(np.asarray(wrap(jc.scan)(x)), _sum(every[: rank + 1], n, dtype))
+    np.testing.assert_array_equal(np.asarray(wrap(jc.exscan)(x)), _sum(every[:rank], n, dtype))
+    unchanged(x, every[rank])
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("dtype", ["float32", "int8", "complex128"])
+def test_bcast_and_allgather(jc, pipelined, dtype, n, jit):
+    dtype = np.dtype(dtype)
+    rank, size = jc.rank, jc.size
+    every = _data(size, n, dtype)
+    x = jnp.asarray(every[rank])
+    wrap = jax.jit if jit else (lambda f: f)
+    for root in range(size):
+        got = wrap(lambda v, root=root: jc.bcast(v, root=root))(x)
+        np.testing.assert_array_equal(np.asarray(got), every[root])
+    stacked = wrap(jc.allgather)(x)
+    np.testing.assert_array_equal(np.asarray(stacked), np.stack(every))
+    tiled = wrap(lambda v: jc.allgather(v.reshape(n, 1), tiled=True))(x)
+    np.testing.assert_array_equal(np.asarray(tiled), np.concatenate(every).reshape(size * n, 1))
+    unchanged(x, every[rank])
+
+
+@pytest.mark.mpi
+def test_in_a_loop_the_carry_is_reduced_in_place(jc, pipelined):
+    # The loop's carry is aliased to the result: the pieces are read from and
+    # written back to the same buffer, and each step starts from the last.
+    size = jc.size
+    x = jnp.asarray(rank_data(jc.rank, (50,), np.float32, high=3))
+
+    @jax.jit
+    def steps(v):
+        return jax.lax.fori_loop(0, 3, lambda _, w: jc.allreduce(w) - w * (size - 1), v)
+
+    want = np.asarray(x)
+    every = _data(size, 50, np.float32)
+    for _ in range(3):
+        total = _sum(every, 50, np.float32)
+        every = [total - e * (size - 1) for e in every]
+        want = every[jc.rank]
+    np.testing.assert_array_equal(np.asarray(steps(x)), want)
+
+
+@pytest.mark.mpi
+def test_one_mpi_call_per_piece(jc, pipelined, capfd):
+    with mpi_debug():
+        jc.allreduce(jnp.ones(50, jnp.float32)).block_until_ready()
+        jc.bcast(jnp.ones(13, jnp.float32), root=0).block_until_ready()
+        jc.allgather(jnp.ones(12, jnp.float32)).block_until_ready()
+        jc.allreduce(jnp.ones(11, jnp.float32)).block_until_ready()
+    lines = [line.split(" | ")[1] for line in capfd.readouterr().err.splitlines() if " | " in line]
+    assert lines == (
+        ["MPI_Allreduce op SUM count 6 float32"] * 8
+        + ["MPI_Allreduce op SUM count 2 float32"]
+        + ["MPI_Bcast root 0 count 6 float32"] * 2
+        + ["MPI_Bcast root 0 count 1 float32"]
+        + ["MPI_Allgather count 6 float32"] * 2
+        + ["MPI_Allreduce op SUM count 11 float32"]
+    )
+
+
+@pytest.mark.mpi
+def test_off_by_default_and_whole_messages_when_off(jc, capfd):
+    assert jaxcomm.pipeline_bytes() == 0
+    with mpi_debug():
+        jc.allreduce(jnp.ones(50, jnp.float32)).block_until_ready()
+    lines = [line.split(" | ")[1] for line in capfd.readouterr().err.splitlines() if " | " in line]
+    assert lines == ["MPI_Allreduce op SUM count 50 float32"]
+
+
+def test_setting_is_checked():
+    with pytest.raises(TypeError, match="nbytes must be an integer"):
+        jaxcomm.set_pipeline_bytes(1.5)
+    with pytest.raises(TypeError, match="nbytes must be an integer"):
+        jaxcomm.set_pipeline_bytes(True)
+    with pytest.raises(ValueError, match="0 \\(off\\) or a positive number"):
+        jaxcomm.set_pipeline_bytes(-1)
+    assert jaxcomm.pipeline_bytes() == 0
+
+
+@spawns_own_mpi
+def test_environment_variable_sets_it_at_import(tmp_path):
+    done, _ = run_job(
+        tmp_path,
+        """
+        import jaxcomm
+        print(jaxcomm.pipeline_bytes())
+        """,
+        ranks=1,
+        JAXCOMM_PIPELINE_BYTES="4096",
+    )
+    assert done.stdout.split() == ["4096"], done.stderr
+    done, _ = run_job(tmp_path, "import jaxcomm", ranks=1, JAXCOMM_PIPELINE_BYTES="4 MiB")
+    assert done.returncode != 0
+    assert "JAXCOMM_PIPELINE_BYTES must be a whole number of bytes, got '4 MiB'" in done.stderr
