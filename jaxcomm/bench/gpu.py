@@ -5,15 +5,24 @@ Run:  mpiexec -n 2 python -m jaxcomm.bench.gpu [--quick] [--out DIR]
 For allreduce (float32 sum), bcast (root 0), allgather and sendrecv (a ring),
 from 8 B to 256 MiB per rank, rank 0 prints the median time of one call and
 its bandwidth (bytes per rank / time) for:
-  jaxcomm     jax.jit(jc.<op>) on GPU arrays, once per data path jaxcomm has
-              here (host staging; cuda-aware where the MPI library is)
-  by hand     jax.device_get + mpi4py on NumPy + jax.device_put
-  C++ ref     cudaMemcpyAsync into pinned buffers, the MPI call, and back, in
-              C++ (gpu_reference.cc): the physical limit of host staging
-and, for 8 B, an allreduce in a jitted fori_loop (time per iteration) next
-to the mpi4py call alone on NumPy. It prints whether jaxcomm meets its
-targets (not asserted) and writes results.csv, results.json, table.md and,
-with matplotlib, bandwidth.png to --out.
+  jaxcomm       jax.jit(jc.<op>) on GPU arrays, once per data path jaxcomm
+                has here (host staging; cuda-aware where the MPI library is);
+                with --pieces, again at each pipeline piece size
+  jaxcomm loop  the op in a jitted fori_loop, per iteration
+  mpi4jax       jax.jit(mpi4jax.<op>), and in a fori_loop, where mpi4jax is
+                installed (it is never a dependency of jaxcomm)
+  by hand       jax.device_get + mpi4py on NumPy + jax.device_put
+  C++ ref       cudaMemcpyAsync into pinned buffers, the MPI call, and back, in
+                C++ (gpu_reference.cc): host staging without pipelining
+and, for 8 B, the allreduce in a jitted fori_loop (time per iteration) next
+to the same loop in mpi4jax, the C++ reference, an empty loop (XLA's own
+cost of an iteration), mpi4py on NumPy, and jaxcomm's handler clock (time
+in the handler, and the part of it waiting for the GPU). It prints whether
+jaxcomm meets its targets (not asserted) and writes results.csv,
+results.json, table.md and, with matplotlib, bandwidth.png to --out.
+--latency-only measures the 8 B loops alone (to compare settings: one rank,
+ranks sharing a GPU with and without MPS); --hlo FILE writes the compiled
+HLO of jaxcomm's loop.
 
 Without a GPU it says so and exits 0; --cpu measures CPU arrays instead
 (no C++ reference), which checks this script anywhere.
@@ -32,11 +41,19 @@ import jax
 import numpy as np
 from mpi4py import MPI
 
-from .. import __version__, bind_local_gpu, cuda_info, set_cuda_aware
+from .. import (
+    __version__,
+    _runtime,
+    bind_local_gpu,
+    cuda_info,
+    pipeline_bytes,
+    set_cuda_aware,
+    set_pipeline_bytes,
+)
 from ..comm import JaxComm
 from .native import HERE, build_shared, default_build_dir, load_on_every_rank, mpi_cxx
 from .report import dump_json, format_table, pyplot
-from .sizes import format_size
+from .sizes import format_size, parse_size
 from .timing import median_seconds
 
 OPS = ("allreduce", "bcast", "allgather", "sendrecv")
@@ -45,7 +62,10 @@ MIB = 1 << 20
 FULL_SIZES = [8 * 4**k for k in range(13)] + [256 * MIB]  # 8 B .. 128 MiB, 256 MiB
 QUICK_SIZES = [8, 2048, 512 * 1024, 16 * MIB, 256 * MIB]
 TARGET_FROM = 16 * MIB
-TARGETS = {"by hand": 1.5, "C++ ref": 0.8, "fori_loop": 1.5}
+# Bandwidth against the unpipelined C++ reference at >= TARGET_FROM, and the
+# 8 B loop's time per iteration against the C++ reference's per call.
+TARGETS = {"C++ ref": 1.0, "fori_loop": 2.0}
+LOOP_STEPS = 20  # iterations of the fori_loop of each op and size
 
 
 def parse_args(argv=None):
@@ -64,6 +84,22 @@ def parse_args(argv=None):
         action="store_true",
         help="measure CPU arrays (no C++ reference), e.g. to check the script",
     )
+    parser.add_argument(
+        "--sizes", nargs="+", type=parse_size, help="sizes per rank (default: by --quick)"
+    )
+    parser.add_argument(
+        "--pieces",
+        nargs="+",
+        type=parse_size,
+        default=[],
+        help="pipeline piece sizes to measure jaxcomm's host staging at, from "
+        f"{format_size(TARGET_FROM)} up (0: whole messages)",
+    )
+    parser.add_argument(
+        "--latency-only", action="store_true", help="only the 8 B loops and the handler clock"
+    )
+    parser.add_argument("--hlo", help="write the compiled HLO of jaxcomm's 8 B loop here")
+    parser.add_argument("--label", default="", help="a word on the setting, printed and saved")
     args = parser.parse_args(argv)
     if args.max_bytes < 8:
         parser.error("--max-bytes must be at least 8")
@@ -71,7 +107,7 @@ def parse_args(argv=None):
 
 
 def sizes_for(args):
-    sizes = QUICK_SIZES if args.quick else FULL_SIZES
+    sizes = args.sizes or (QUICK_SIZES if args.quick else FULL_SIZES)
     return [s for s in sizes if s <= args.max_bytes]
 
 
@@ -97,28 +133,34 @@ def ratio(a, b):
 
 
 def table_rows(results):
-    """One row per (op, size, jaxcomm path): times, bandwidths and ratios."""
+    """One row per (op, size, jaxcomm method): times, bandwidths and ratios."""
     rows = []
     refs = {(r["op"], r["bytes"], r["method"]): r["seconds"] for r in results}
     for r in results:
-        if not r["method"].startswith("jaxcomm"):
+        if not r["method"].startswith("jaxcomm: "):
             continue
         key = (r["op"], r["bytes"])
-        hand, cpp = refs.get((*key, "by hand")), refs.get((*key, "C++ ref"))
-        bw = bandwidth(r["bytes"], r["seconds"])
+        path = r["method"].split(": ", 1)[-1]
+        loop = refs.get((*key, f"jaxcomm loop: {path}"))
+        cpp, m4j, m4j_loop = (refs.get((*key, m)) for m in ("C++ ref", "mpi4jax", "mpi4jax loop"))
+        hand = refs.get((*key, "by hand"))
         rows.append(
             {
                 "op": r["op"],
                 "bytes": r["bytes"],
-                "path": r["method"].split(": ", 1)[-1],
+                "path": path,
                 "jaxcomm_us": _us(r["seconds"]),
+                "loop_us": _us(loop),
+                "mpi4jax_us": _us(m4j),
+                "mpi4jax_loop_us": _us(m4j_loop),
                 "by_hand_us": _us(hand),
                 "cpp_us": _us(cpp),
-                "jaxcomm_gbs": bw,
-                "by_hand_gbs": bandwidth(r["bytes"], hand),
+                "jaxcomm_gbs": bandwidth(r["bytes"], r["seconds"]),
                 "cpp_gbs": bandwidth(r["bytes"], cpp),
-                "vs_by_hand": ratio(bw, bandwidth(r["bytes"], hand)),
-                "vs_cpp": ratio(bw, bandwidth(r["bytes"], cpp)),
+                "vs_cpp": ratio(cpp, r["seconds"]),
+                "vs_by_hand": ratio(hand, r["seconds"]),
+                "vs_mpi4jax": ratio(m4j, r["seconds"]),
+                "loop_vs_mpi4jax": ratio(m4j_loop, loop),
             }
         )
     return rows
@@ -128,20 +170,25 @@ def _us(seconds):
     return None if seconds is None else seconds * 1e6
 
 
+# Ratios are speed-ups: the other's time over jaxcomm's (above 1: jaxcomm faster).
 COLUMNS = (
     ("jaxcomm us", "jaxcomm_us", ".1f"),
+    ("loop us", "loop_us", ".1f"),
+    ("mpi4jax us", "mpi4jax_us", ".1f"),
+    ("mpi4jax loop us", "mpi4jax_loop_us", ".1f"),
     ("by hand us", "by_hand_us", ".1f"),
     ("C++ ref us", "cpp_us", ".1f"),
     ("jaxcomm GB/s", "jaxcomm_gbs", ".3g"),
-    ("by hand GB/s", "by_hand_gbs", ".3g"),
     ("C++ ref GB/s", "cpp_gbs", ".3g"),
-    ("jaxcomm / by hand", "vs_by_hand", ".2f"),
-    ("jaxcomm / C++ ref", "vs_cpp", ".2f"),
+    ("x C++ ref", "vs_cpp", ".2f"),
+    ("x by hand", "vs_by_hand", ".2f"),
+    ("x mpi4jax", "vs_mpi4jax", ".2f"),
+    ("loop x mpi4jax loop", "loop_vs_mpi4jax", ".2f"),
 )
 
 
 def markdown_table(rows, loop=None):
-    """A Markdown table of ``table_rows`` and the fori_loop comparison."""
+    """A Markdown table of ``table_rows`` and the 8 B loop comparison."""
     text = format_table(
         ["op", "bytes", "jaxcomm path", *(title for title, _, _ in COLUMNS)],
         [
@@ -152,42 +199,59 @@ def markdown_table(rows, loop=None):
         markdown=True,
     )
     if loop:
-        text += "\n\n" + format_table(
-            ["8 B allreduce", "us per call"],
-            [[name, _cell(_us(s), ".2f")] for name, s in loop.items()],
-            markdown=True,
-        )
+        text += "\n\n" + loop_table(loop)
     return text
+
+
+def loop_table(loop):
+    return format_table(
+        ["8 B allreduce", "us per call"],
+        [[name, _cell(_us(s), ".2f")] for name, s in loop.items()],
+        markdown=True,
+    )
 
 
 def check_targets(rows, loop):
     """(verdict, text) lines for the targets; printed, never asserted."""
     checks = []
-    staged = [r for r in rows if r["path"] == "host staging" and r["bytes"] >= TARGET_FROM]
-    for key, name in (("vs_by_hand", "by hand"), ("vs_cpp", "C++ ref")):
-        goal = TARGETS[name]
+    staged = [r for r in rows if r["path"].startswith("host staging") and r["bytes"] >= TARGET_FROM]
+    goal = TARGETS["C++ ref"]
+    for path in dict.fromkeys(r["path"] for r in staged):
         for op in dict.fromkeys(r["op"] for r in staged):
-            values = [r[key] for r in staged if r["op"] == op and r[key] is not None]
+            values = [r["vs_cpp"] for r in staged if (r["op"], r["path"]) == (op, path)]
+            values = [v for v in values if v is not None]
             if not values:
-                checks.append(("n/a", f"{op}: host staging vs {name} at >= 16 MiB: not measured"))
                 continue
             worst = min(values)
-            verdict = "pass" if worst >= goal else "miss"
             checks.append(
                 (
-                    verdict,
-                    f"{op}: host staging >= {goal}x {name} bandwidth at "
-                    f">= 16 MiB: worst {worst:.2f}x",
+                    "pass" if worst >= goal else "miss",
+                    f"{op}, {path}: >= {goal}x the C++ reference at >= "
+                    f"{format_size(TARGET_FROM)}: worst {worst:.2f}x",
                 )
             )
-    hand = loop.get("mpi4py Allreduce on NumPy") if loop else None
-    for name, seconds in (loop or {}).items():
-        if not name.startswith("jaxcomm") or hand is None or seconds is None:
-            continue
-        times = seconds / hand
-        verdict = "pass" if times <= TARGETS["fori_loop"] else "miss"
+    looped = [r for r in rows if r["loop_vs_mpi4jax"] is not None]
+    if looped:
+        worst = min(looped, key=lambda r: r["loop_vs_mpi4jax"])
         checks.append(
-            (verdict, f"8 B {name}: within {TARGETS['fori_loop']}x of mpi4py latency: {times:.2f}x")
+            (
+                "pass" if worst["loop_vs_mpi4jax"] >= 1 else "miss",
+                "in a loop, at least as fast as mpi4jax at every op and size: worst "
+                f"{worst['loop_vs_mpi4jax']:.2f}x ({worst['op']} {format_size(worst['bytes'])}, "
+                f"{worst['path']})",
+            )
+        )
+    cpp = (loop or {}).get(LOOP_CPP)
+    for name, seconds in (loop or {}).items():
+        if not name.startswith("jaxcomm fori_loop") or cpp is None or seconds is None:
+            continue
+        times = seconds / cpp
+        goal = TARGETS["fori_loop"]
+        checks.append(
+            (
+                "pass" if times <= goal else "miss",
+                f"8 B {name}: within {goal}x of the C++ reference loop: {times:.2f}x",
+            )
         )
     return checks
 
@@ -245,15 +309,58 @@ def call_seconds(call, iterations, comm):
     return median_seconds(call, iterations, comm, warmup=2, barrier_each=False)
 
 
-def jaxcomm_calls(jc):
-    right, left = (jc.rank + 1) % jc.size, (jc.rank - 1) % jc.size
-    fns = {
-        "allreduce": lambda v: jc.allreduce(v, op=MPI.SUM),
-        "bcast": lambda v: jc.bcast(v, root=0),
-        "allgather": lambda v: jc.allgather(v, tiled=True),
-        "sendrecv": lambda v: jc.sendrecv(v, v, source=left, dest=right),
+def op_functions(rank, size, allreduce, bcast, allgather, sendrecv):
+    """The four ops from one library's functions; allgather's result flat, as jaxcomm's tiled."""
+    right, left = (rank + 1) % size, (rank - 1) % size
+    return {
+        "allreduce": allreduce,
+        "bcast": bcast,
+        "allgather": lambda v: allgather(v).reshape(-1),
+        "sendrecv": lambda v: sendrecv(v, left, right),
     }
-    return {name: jax.jit(fn) for name, fn in fns.items()}
+
+
+def jaxcomm_functions(jc):
+    return op_functions(
+        jc.rank,
+        jc.size,
+        lambda v: jc.allreduce(v, op=MPI.SUM),
+        lambda v: jc.bcast(v, root=0),
+        lambda v: jc.allgather(v, tiled=True),
+        lambda v, left, right: jc.sendrecv(v, v, source=left, dest=right),
+    )
+
+
+def mpi4jax_functions(comm):
+    """mpi4jax's functions on ``comm``, or None where it is not installed."""
+    try:
+        import mpi4jax
+    except ImportError:
+        return None
+    return op_functions(
+        comm.Get_rank(),
+        comm.Get_size(),
+        lambda v: mpi4jax.allreduce(v, op=MPI.SUM, comm=comm),
+        lambda v: mpi4jax.bcast(v, 0, comm=comm),
+        lambda v: mpi4jax.allgather(v, comm=comm),
+        lambda v, left, right: mpi4jax.sendrecv(v, v, left, right, comm=comm),
+    )
+
+
+def looped(fn, steps):
+    """``fn`` applied ``steps`` times in a jitted fori_loop, its result the next operand.
+
+    allgather's result is larger than its operand: its first block goes on.
+    """
+
+    def body(_, v):
+        return fn(v)[: v.shape[0]]
+
+    return jax.jit(lambda v: jax.lax.fori_loop(0, steps, body, v))
+
+
+def jitted(functions):
+    return {name: jax.jit(fn) for name, fn in functions.items()}
 
 
 def by_hand_call(op, comm, x, device):
@@ -368,10 +475,15 @@ def measure(name, fn, comm, log):
     return (None, error or "failed on another rank") if failed else (seconds, None)
 
 
-def loop_latency(jc, comm, device, steps):
-    """8 B: seconds per allreduce in a jitted fori_loop, per path, and mpi4py's alone."""
+LOOP_CPP = "C++ ref: copy, sync, MPI, copy"
+
+
+def loop_latency(jc, comm, device, steps, label, lib, mpi4jax_ops, hlo=None):
+    """8 B allreduce: seconds per iteration of each loop, and jaxcomm's handler clock."""
     x = jax.device_put(np.zeros(2, np.float32), device)  # sums stay zero
-    loop = jax.jit(lambda v: jax.lax.fori_loop(0, steps, lambda _, w: jc.allreduce(w), v))
+    jaxcomm_loop = looped(lambda v: jc.allreduce(v), steps)
+    if hlo:
+        pathlib.Path(hlo).write_text(jaxcomm_loop.lower(x).compile().as_text())
     buf, out = np.zeros(2, np.float32), np.empty(2, np.float32)
 
     def per_call(call, repeats=5):
@@ -381,12 +493,33 @@ def loop_latency(jc, comm, device, steps):
         for _ in range(steps):
             comm.Allreduce(buf, out)
 
-    return per_call(lambda: loop(x).block_until_ready()), per_call(by_hand)
+    kernels = _runtime.cuda_kernels
+    clock = kernels is not None and device.platform == "gpu"
+    times = {}
+    if clock:
+        jaxcomm_loop(x).block_until_ready()
+        kernels.reset_handler_clock()
+    times[f"jaxcomm fori_loop: {label}"] = per_call(lambda: jaxcomm_loop(x).block_until_ready())
+    if clock:
+        calls, handler_ns, wait_ns = kernels.handler_clock()
+        times["jaxcomm handler, per call"] = handler_ns * 1e-9 / max(calls, 1)
+        times["jaxcomm handler waiting for the GPU, per call"] = wait_ns * 1e-9 / max(calls, 1)
+    if mpi4jax_ops is not None:
+        m4j = looped(mpi4jax_ops["allreduce"], steps)
+        times["mpi4jax fori_loop"] = per_call(lambda: m4j(x).block_until_ready())
+    if lib is not None:
+        target = jax.device_put(np.zeros(2, np.float32), device)
+        times[LOOP_CPP] = reference_seconds(lib, "allreduce", comm, x, target, steps * 5)
+    empty = jax.jit(lambda v: jax.lax.fori_loop(0, steps, lambda _, w: w + 1, v))
+    times["empty fori_loop (w + 1 on the device)"] = per_call(lambda: empty(x).block_until_ready())
+    times["mpi4py Allreduce on NumPy"] = per_call(by_hand)
+    return times
 
 
-def measure_size(op, nbytes, quick, comm, device, paths, use_path, lib, log):
+def measure_size(op, nbytes, args, comm, device, paths, use_path, lib, m4j, log):
     """Results of every method for one op and size."""
-    iterations = iterations_for(nbytes, quick)
+    iterations = iterations_for(nbytes, args.quick)
+    steps = max(2, min(LOOP_STEPS, iterations))
     n = nbytes // 4
     x = jax.device_put(np.ones(n, np.float32), device)
     results = []
@@ -397,12 +530,31 @@ def measure_size(op, nbytes, quick, comm, device, paths, use_path, lib, log):
             {"op": op, "bytes": nbytes, "method": method, "seconds": seconds, "error": error}
         )
 
+    def timed(call):
+        return lambda: call_seconds(lambda: call(x).block_until_ready(), iterations, comm)
+
+    def loop_timed(fn):
+        loop = looped(fn, steps)
+        return lambda: median_seconds(lambda: loop(x).block_until_ready(), 3, comm) / steps
+
     for label, cuda_aware in paths:
-        call = use_path(label, cuda_aware)[op]
-        record(
-            f"jaxcomm: {label}",
-            lambda call=call: call_seconds(lambda: call(x).block_until_ready(), iterations, comm),
-        )
+        calls = use_path(label, cuda_aware)
+        record(f"jaxcomm: {label}", timed(calls["jit"][op]))
+        record(f"jaxcomm loop: {label}", loop_timed(calls["functions"][op]))
+        if label != "host staging":
+            continue
+        default = pipeline_bytes()
+        for piece in args.pieces:
+            if nbytes < TARGET_FROM or nbytes < 2 * piece:
+                continue
+            set_pipeline_bytes(piece)
+            try:
+                record(f"jaxcomm: {label}, pieces {format_size(piece)}", timed(calls["jit"][op]))
+            finally:
+                set_pipeline_bytes(default)
+    if m4j is not None:
+        record("mpi4jax", timed(m4j["jit"][op]))
+        record("mpi4jax loop", loop_timed(m4j["functions"][op]))
     record("by hand", lambda: call_seconds(by_hand_call(op, comm, x, device), iterations, comm))
     if lib is not None:
         out_rows = n * comm.Get_size() if op == "allgather" else n
@@ -445,49 +597,68 @@ def main(argv=None):
     lib, ref_error = (None, "not with --cpu") if args.cpu else load_reference(comm, args.build_dir)
     if ref_error:
         log(f"C++ reference unavailable: {ref_error}")
+    m4j_functions = mpi4jax_functions(comm)
+    m4j = None
+    if m4j_functions is not None:
+        m4j = {"functions": m4j_functions, "jit": jitted(m4j_functions)}
+    else:
+        log("mpi4jax is not installed: no mpi4jax columns")
     info = None if args.cpu else cuda_info()
     meta = {
         "ranks": comm.Get_size(),
         "device": str(device),
         "jax": jax.__version__,
         "jaxcomm": __version__,
+        "mpi4jax": _mpi4jax_version(),
         "mpi": MPI.Get_library_version().splitlines()[0],
         "cuda_info": info,
+        "pipeline_bytes": pipeline_bytes(),
         "quick": args.quick,
+        "label": args.label,
     }
-    log(f"{comm.Get_size()} ranks on {device}; jax {jax.__version__}, {meta['mpi'].strip()}")
+    log(
+        f"{comm.Get_size()} ranks on {device}; jax {jax.__version__}, {meta['mpi'].strip()}, "
+        f"mpi4jax {meta['mpi4jax']}, pipeline pieces {format_size(pipeline_bytes())}"
+        + (f"; {args.label}" if args.label else "")
+    )
     log(f"cuda_info: {info}")
 
     results = []
-    current = {"path": None, "calls": jaxcomm_calls(jc)}
+    current = {"path": None}
 
     def use_path(label, cuda_aware):
         """Switch jaxcomm's data path; compiled code is dropped on a switch."""
-        if cuda_aware is not None and current["path"] != label:
-            set_cuda_aware(cuda_aware)
-            jax.clear_caches()
-            current["calls"] = jaxcomm_calls(jc)
-        current["path"] = label
-        return current["calls"]
+        if current["path"] != label:
+            if cuda_aware is not None:
+                set_cuda_aware(cuda_aware)
+                jax.clear_caches()
+            functions = jaxcomm_functions(jc)
+            current.update(path=label, functions=functions, jit=jitted(functions))
+        return current
 
-    for op in args.ops:
-        for nbytes in sizes_for(args):
-            done = measure_size(op, nbytes, args.quick, comm, device, paths, use_path, lib, log)
-            results += done
-            log(
-                f"{op:>9} {format_size(nbytes):>8}: "
-                + ", ".join(f"{r['method']} {_cell(_us(r['seconds']), '.1f')} us" for r in done)
-            )
+    if not args.latency_only:
+        for op in args.ops:
+            for nbytes in sizes_for(args):
+                done = measure_size(op, nbytes, args, comm, device, paths, use_path, lib, m4j, log)
+                results += done
+                log(
+                    f"{op:>9} {format_size(nbytes):>8}: "
+                    + ", ".join(f"{r['method']} {_cell(_us(r['seconds']), '.1f')} us" for r in done)
+                )
 
     loop = {}
     steps = 200 if args.quick else 1000
     for label, cuda_aware in paths:
         use_path(label, cuda_aware)
         timing = measure(
-            f"fori_loop {label}", lambda: loop_latency(jc, comm, device, steps), comm, log
+            f"fori_loop {label}",
+            lambda label=label: loop_latency(
+                jc, comm, device, steps, label, lib, m4j_functions, args.hlo
+            ),
+            comm,
+            log,
         )[0]
-        loop[f"jaxcomm fori_loop: {label}"] = timing[0] if timing else None
-        loop["mpi4py Allreduce on NumPy"] = timing[1] if timing else None
+        loop.update(timing or {f"jaxcomm fori_loop: {label}": None})
     if not args.cpu:
         set_cuda_aware(None)
 
@@ -496,7 +667,7 @@ def main(argv=None):
         checks = check_targets(rows, loop)
         plot = write_results(out, results, rows, loop, checks, meta)
         print()
-        print(markdown_table(rows, loop))
+        print(markdown_table(rows, loop) if rows else loop_table(loop))
         print("\nTargets (reported, not asserted):")
         for verdict, text in checks:
             print(f"  {verdict.upper():4} {text}")
@@ -505,6 +676,15 @@ def main(argv=None):
     jc.free()
     comm.Free()
     return 0
+
+
+def _mpi4jax_version():
+    try:
+        from importlib.metadata import version
+
+        return version("mpi4jax")
+    except Exception:  # noqa: BLE001  (not installed, or no metadata)
+        return None
 
 
 if __name__ == "__main__":

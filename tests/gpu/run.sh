@@ -13,11 +13,13 @@
 # run), TEST_TIMEOUT (600 s per pytest run), BENCH_TIMEOUT (600 s),
 # PYTEST_ARGS (extra pytest arguments, e.g. -m 'not large'), BENCH_ARGS
 # (extra benchmark arguments, e.g. --quick), BUILD_ARGS (extra pip arguments
-# for the build, e.g. -C cmake.define.CMAKE_CUDA_ARCHITECTURES=90).
+# for the build, e.g. -C cmake.define.CMAKE_CUDA_ARCHITECTURES=90), MPS
+# (auto: the tests and the benchmark run under CUDA MPS where
+# nvidia-cuda-mps-control exists; 0: never).
 set -uo pipefail
 
 if [[ $# -lt 1 || $# -gt 2 || $1 == -h || $1 == --help ]]; then
-  sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 wheel_dir=$(realpath "$1")
@@ -89,7 +91,11 @@ install_wheels() {
   # run the same MPI, the one whose mpicc builds the kernels.
   "${pip[@]}" --ignore-installed --no-deps mpich mpi4py || return
   # The rest only where missing.
-  "${pip[@]}" pytest-mpi pybind11 scikit-build-core pytest
+  "${pip[@]}" pytest-mpi pybind11 scikit-build-core pytest || return
+  # mpi4jax, for the benchmark's side-by-side columns, where its wheel came.
+  if compgen -G "$wheel_dir/mpi4jax-*.whl" >/dev/null; then
+    "${pip[@]}" --no-deps mpi4jax || return
+  fi
 }
 
 check_mpi() {
@@ -181,10 +187,55 @@ gpu_tests() {
 }
 
 # The benchmarks run from / : the source tree's jaxcomm has no kernels.
-benchmark() {
-  (cd / && XLA_PYTHON_CLIENT_PREALLOCATE=false timeout "$bench_timeout" \
-    mpiexec -n 2 python -m jaxcomm.bench.gpu --out "$out_dir/benchmark" "${bench_args[@]}")
+# mpi4jax's CUDA module links the CUDA runtime dynamically.
+gpu_bench() {
+  (cd / && XLA_PYTHON_CLIENT_PREALLOCATE=false \
+    LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$(cuda_runtime_dirs)" \
+    timeout "$bench_timeout" mpiexec -n "$1" python -m jaxcomm.bench.gpu "${@:2}")
 }
+
+cuda_runtime_dirs() {
+  python - <<'EOF'
+import glob, os, site
+dirs = {os.path.dirname(p) for d in site.getsitepackages()
+        for p in glob.glob(os.path.join(d, "nvidia", "**", "libcudart.so.*"), recursive=True)}
+dirs |= {d for d in ("/usr/local/cuda/lib64",) if glob.glob(d + "/libcudart.so.*")}
+print(":".join(sorted(dirs)))
+EOF
+}
+
+benchmark() { gpu_bench 2 --out "$out_dir/benchmark" "${bench_args[@]}"; }
+
+# Where the 8 B loop's time goes: one rank alone, then two sharing the GPU
+# (under MPS when it runs), each beside the C++ reference, mpi4jax, an empty
+# loop and the handler clock; the first also writes the loop's HLO.
+latency() {
+  local ranks=$1 name=$2
+  gpu_bench "$ranks" --latency-only --quick --label "$name" --out "$out_dir/latency-$name" \
+    ${3:+--hlo "$out_dir/loop-hlo.txt"}
+}
+
+# CUDA MPS lets the ranks' kernels and copies share the GPU at once instead
+# of time-slicing it between processes. The daemon and its clients use the
+# default pipe directory. Says whether it runs in $out_dir/mps-on.
+mps_start() {
+  PATH="$PATH:/usr/local/cuda/bin"
+  if [[ ${MPS:-auto} == 0 ]] || ! command -v nvidia-cuda-mps-control >/dev/null; then
+    echo "MPS not used (MPS=${MPS:-auto}; nvidia-cuda-mps-control: $(command -v nvidia-cuda-mps-control || echo not found))"
+    return 0
+  fi
+  nvidia-cuda-mps-control -d || return
+  sleep 1
+  # A client that connects proves the daemon serves.
+  if timeout 120 python -c 'import jax; print("MPS up; JAX sees", jax.devices("gpu"))'; then
+    touch "$out_dir/mps-on"
+  else
+    echo "no client could use the MPS daemon: stopped, running without it"
+    echo quit | nvidia-cuda-mps-control
+  fi
+}
+
+mps_stop() { echo quit | PATH="$PATH:/usr/local/cuda/bin" nvidia-cuda-mps-control; }
 
 # jaxcomm.bench.overlap on the default device, the GPU: 16 MiB only, which
 # every GPU holds twice per rank.
@@ -202,10 +253,17 @@ step "build with JAXCOMM_CUDA=ON" build.log build
 step "versions" versions.log versions
 step "cuda_info" cuda_info.log cuda_info
 step "JAX sees a GPU" jax_gpu.log jax_gpu
+step "8 B loop, 1 rank" latency-n1.log latency 1 n1 hlo
+step "8 B loop, 2 ranks sharing the GPU" latency-n2.log latency 2 n2
+step "CUDA MPS daemon" mps.log mps_start
+if [[ -f $out_dir/mps-on ]]; then
+  step "8 B loop, 2 ranks under MPS" latency-n2-mps.log latency 2 n2-mps
+fi
+step "GPU benchmark, 2 ranks" benchmark.log benchmark
 step "GPU tests, 1 rank" pytest-n1.log gpu_tests 1
 step "GPU tests, 2 ranks" pytest-n2.log gpu_tests 2
-step "GPU benchmark, 2 ranks" benchmark.log benchmark
 step "nonblocking overlap on GPU arrays, 2 ranks" overlap.log overlap
+if [[ -f $out_dir/mps-on ]]; then mps_stop; fi
 
 python - "$out_dir" "$failures" "${steps[@]}" <<'EOF' >"$out_dir/summary.md"
 import glob, os, re, sys
@@ -246,6 +304,17 @@ table = read("benchmark/table.md")
 print("\n## Benchmark (2 ranks)\n")
 print(table if table else "No benchmark table; the end of benchmark.log:\n\n```\n"
       + "\n".join(read("benchmark.log").splitlines()[-15:]) + "\n```")
+print("\n## Where the 8 B loop's time goes\n")
+for name, what in (("n1", "1 rank"), ("n2", "2 ranks sharing the GPU"),
+                   ("n2-mps", "2 ranks under MPS")):
+    text = read(f"latency-{name}/table.md")
+    if text:
+        print(f"{what}:\n\n{text}\n")
+hlo = read("loop-hlo.txt")
+if hlo:
+    whiles = [line.strip()[:160] for line in hlo.splitlines() if " while(" in line]
+    print("While loops in the compiled HLO of jaxcomm's loop (loop-hlo.txt):\n\n```\n"
+          + "\n".join(whiles) + "\n```\n")
 print("\n## Nonblocking overlap (2 ranks, python -m jaxcomm.bench.overlap)\n")
 print("```\n" + "\n".join(read("overlap.log").splitlines()[-6:]) + "\n```")
 EOF

@@ -126,6 +126,63 @@ def test_large_allreduce_and_sendrecv(jc, data_path):
     assert bool(jnp.array_equal(x, pattern(on_gpu(np.float32(rank)))))
 
 
+@pytest.fixture
+def pipelined():
+    previous = jaxcomm.pipeline_bytes()
+    jaxcomm.set_pipeline_bytes(256 << 10)
+    try:
+        yield 256 << 10
+    finally:
+        jaxcomm.set_pipeline_bytes(previous)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_pipelined_collectives(jc, data_path, pipelined, jit):
+    # 2 MiB + 12 B of float32: eight pieces of 256 KiB and a short one, with
+    # real streams: a piece read before its copy arrived, or a copy back not
+    # joined before the next kernel, shows as a wrong value.
+    n = (2 << 20) // 4 + 3
+    size, rank = jc.size, jc.rank
+    pattern = jax.jit(lambda r: (jnp.arange(n, dtype=jnp.int32) % 1000).astype(jnp.float32) + r)
+    every = [pattern(on_gpu(np.float32(q))) for q in range(size)]
+    x = every[rank]
+    wrap = jax.jit if jit else (lambda f: f)
+    total = functools.reduce(jnp.add, every)
+    assert bool(jnp.array_equal(wrap(jc.allreduce)(x), total))
+    assert bool(jnp.array_equal(wrap(jc.scan)(x), functools.reduce(jnp.add, every[: rank + 1])))
+    exscan = wrap(jc.exscan)(x)
+    assert bool(jnp.array_equal(exscan, functools.reduce(jnp.add, every[:rank], jnp.zeros(n))))
+    for root in range(size):
+        got = wrap(lambda v, root=root: jc.bcast(v, root=root))(x)
+        assert bool(jnp.array_equal(got, every[root]))
+    gathered = wrap(lambda v: jc.allgather(v, tiled=True))(x)
+    assert_on(gathered)
+    assert bool(jnp.array_equal(gathered, jnp.concatenate(every)))
+    assert bool(jnp.array_equal(x, pattern(on_gpu(np.float32(rank)))))
+
+
+@pytest.mark.mpi
+def test_pipelined_results_feed_the_next_kernel(jc, data_path, pipelined):
+    # Each step's result is read by a kernel at once and is the next step's
+    # operand, reduced in place: the copies back must have landed first.
+    n = (2 << 20) // 4 + 3
+    size = jc.size
+
+    @jax.jit
+    def steps(v):
+        def body(_, w):
+            return jc.allreduce(w) * 0.5 + jc.bcast(w, root=size - 1) * 0.25
+
+        return jax.lax.fori_loop(0, 4, body, v)
+
+    x = on_gpu((np.arange(n) % 7).astype(np.float32) + jc.rank)
+    every = [(np.arange(n) % 7).astype(np.float32) + q for q in range(size)]
+    for _ in range(4):
+        every = [sum(every) * 0.5 + every[size - 1] * 0.25 for _ in every]
+    np.testing.assert_allclose(np.asarray(steps(x)), every[jc.rank], rtol=1e-6)
+
+
 @pytest.mark.mpi
 def test_grad_of_jitted_allreduce(jc, data_path):
     every = [rank_data(q, (4, 3), F32) for q in range(jc.size)]
