@@ -312,7 +312,7 @@ for name, what in (("n1", "1 rank"), ("n2", "2 ranks sharing the GPU"),
         print(f"{what}:\n\n{text}\n")
 hlo = read("loop-hlo.txt")
 if hlo:
-    whiles = [line.strip()[:160] for line in hlo.splitlines() if " while(" in line]
+    whiles = [line.strip()[:400] for line in hlo.splitlines() if " while(" in line]
     print("While loops in the compiled HLO of jaxcomm's loop (loop-hlo.txt):\n\n```\n"
           + "\n".join(whiles) + "\n```\n")
 print("\n## Nonblocking overlap (2 ranks, python -m jaxcomm.bench.overlap)\n")
