@@ -306,6 +306,23 @@ def test_gpu_command_on_cpu_arrays(jc, tmp_path, capsys):
 
 
 @pytest.mark.mpi
+def test_gpu_command_latency_only_on_cpu_arrays(jc, tmp_path):
+    out = pathlib.Path(jc.comm.bcast(str(tmp_path / "gpu")))
+    hlo = out.parent / f"loop-{jc.rank}.hlo"
+    argv = ["--cpu", "--quick", "--latency-only", "--hlo", str(hlo), "--out", str(out)]
+    assert gpu.main(argv) == 0
+    assert " while(" in hlo.read_text()
+    if jc.rank == 0:
+        data = json.loads((out / "results.json").read_text())
+        assert data["results"] == [] and data["rows"] == []
+        loop = data["loop"]
+        for name in ("jaxcomm fori_loop: cpu", "empty fori_loop (w + 1 on the device)"):
+            assert loop[name] > 0
+        table = (out / "table.md").read_text()
+        assert table.startswith("| 8 B allreduce | us per call |")
+
+
+@pytest.mark.mpi
 def test_native_code_is_built_once_with_the_mpi_compiler_and_loaded_on_every_rank(jc, tmp_path):
     folder = pathlib.Path(jc.comm.bcast(str(tmp_path)))
     source = folder / "size_of.cc"

@@ -17,6 +17,7 @@ from conftest import mpi_debug, rank_data, run_job, spawns_own_mpi, unchanged
 import jaxcomm
 
 PIECE = 24  # bytes: 6 float32, 3 float64, 24 int8, 1.5 complex128 (so 1)
+DEFAULT = 4 << 20
 
 # Below two pieces of float32 (11), exactly two (12), a short last piece (13),
 # many pieces (50).
@@ -122,12 +123,21 @@ def test_one_mpi_call_per_piece(jc, pipelined, capfd):
 
 
 @pytest.mark.mpi
-def test_off_by_default_and_whole_messages_when_off(jc, capfd):
-    assert jaxcomm.pipeline_bytes() == 0
+def test_default_pieces_and_whole_messages_when_off(jc, capfd):
+    # 4 MiB pieces by default: 8 MiB of float32 is two, just under it one.
+    assert jaxcomm.pipeline_bytes() == DEFAULT
     with mpi_debug():
-        jc.allreduce(jnp.ones(50, jnp.float32)).block_until_ready()
+        jc.allreduce(jnp.ones(DEFAULT // 2, jnp.float32)).block_until_ready()
+        jc.allreduce(jnp.ones(DEFAULT // 2 - 1, jnp.float32)).block_until_ready()
+        jaxcomm.set_pipeline_bytes(0)
+        try:
+            jc.allreduce(jnp.ones(DEFAULT // 2, jnp.float32)).block_until_ready()
+        finally:
+            jaxcomm.set_pipeline_bytes(DEFAULT)
     lines = [line.split(" | ")[1] for line in capfd.readouterr().err.splitlines() if " | " in line]
-    assert lines == ["MPI_Allreduce op SUM count 50 float32"]
+    assert lines == [f"MPI_Allreduce op SUM count {DEFAULT // 4} float32"] * 2 + [
+        f"MPI_Allreduce op SUM count {n} float32" for n in (DEFAULT // 2 - 1, DEFAULT // 2)
+    ]
 
 
 def test_setting_is_checked():
@@ -137,7 +147,7 @@ def test_setting_is_checked():
         jaxcomm.set_pipeline_bytes(True)
     with pytest.raises(ValueError, match="0 \\(off\\) or a positive number"):
         jaxcomm.set_pipeline_bytes(-1)
-    assert jaxcomm.pipeline_bytes() == 0
+    assert jaxcomm.pipeline_bytes() == DEFAULT
 
 
 @spawns_own_mpi

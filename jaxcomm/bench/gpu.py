@@ -52,7 +52,7 @@ from .. import (
 )
 from ..comm import JaxComm
 from .native import HERE, build_shared, default_build_dir, load_on_every_rank, mpi_cxx
-from .report import dump_json, format_table, pyplot
+from .report import dump_json, format_table, pyplot, save_figure
 from .sizes import format_size, parse_size
 from .timing import median_seconds
 
@@ -189,6 +189,8 @@ COLUMNS = (
 
 def markdown_table(rows, loop=None):
     """A Markdown table of ``table_rows`` and the 8 B loop comparison."""
+    if not rows:
+        return loop_table(loop or {})
     text = format_table(
         ["op", "bytes", "jaxcomm path", *(title for title, _, _ in COLUMNS)],
         [
@@ -278,6 +280,8 @@ def write_results(out, results, rows, loop, checks, meta):
         text += "\n\nTargets (reported, not asserted):\n\n"
         text += "\n".join(f"- {v.upper()}: {t}" for v, t in checks)
     (out / "table.md").write_text(text + "\n")
+    if not results:
+        return None  # --latency-only: nothing to plot
     try:
         plt = pyplot()
     except RuntimeError:
@@ -295,9 +299,8 @@ def write_results(out, results, rows, loop, checks, meta):
             if points:
                 ax.plot(*zip(*points, strict=True), marker="o", label=method)
         ax.set(xscale="log", yscale="log", title=op, xlabel="bytes per rank", ylabel="GB/s")
-        ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(out / "bandwidth.png", dpi=120)
+    title = f"{meta['ranks']} ranks on {meta['device']}, jax {meta['jax']}"
+    save_figure(plt, fig, axes[0][0], title, out / "bandwidth.png")
     return out / "bandwidth.png"
 
 
@@ -667,7 +670,7 @@ def main(argv=None):
         checks = check_targets(rows, loop)
         plot = write_results(out, results, rows, loop, checks, meta)
         print()
-        print(markdown_table(rows, loop) if rows else loop_table(loop))
+        print(markdown_table(rows, loop))
         print("\nTargets (reported, not asserted):")
         for verdict, text in checks:
             print(f"  {verdict.upper():4} {text}")

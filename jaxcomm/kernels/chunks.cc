@@ -10,7 +10,8 @@
 namespace jaxcomm {
 namespace {
 std::atomic<size_t> max_count{static_cast<size_t>(INT_MAX)};
-std::atomic<size_t> pipeline_bytes{0};
+// 4 MiB: the best piece size measured for staged GPU buffers (docs/gpu.md).
+std::atomic<size_t> pipeline_bytes{size_t{4} << 20};
 }  // namespace
 
 size_t PipelineBytes() { return pipeline_bytes.load(std::memory_order_relaxed); }

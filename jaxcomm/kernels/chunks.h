@@ -49,7 +49,7 @@ class LargeType {
 // staging copy of one piece runs while MPI moves another. 0 turns it off.
 // The pieces are cut the same way on every platform (a GPU rank and a CPU
 // rank make the same MPI calls), so the setting must be the same on every
-// rank of a communicator.
+// rank of a communicator. 4 MiB by default.
 size_t PipelineBytes();
 void SetPipelineBytes(size_t bytes);
 

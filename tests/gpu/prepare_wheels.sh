@@ -8,10 +8,15 @@
 #
 # Versions are pinned to the ones jaxcomm is tested with; set GPU_WHEELS to a
 # space-separated list of requirements to fetch others.
+#
+# With MPI4JAX_PYTHON set to a Python of the GPU machine's version, it also
+# builds mpi4jax 0.9.1's wheel (PyPI has its source only) with its CUDA
+# extension, for the GPU benchmark's side-by-side columns; nvcc must be in
+# /usr/local/cuda or CUDA_ROOT. mpi4jax is never a dependency of jaxcomm.
 set -euo pipefail
 
 if [[ $# -lt 1 || $# -gt 2 || $1 == -h || $1 == --help ]]; then
-  sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 wheel_dir=$1
@@ -35,6 +40,18 @@ mkdir -p "$wheel_dir"
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
   --platform manylinux2014_x86_64 --platform manylinux1_x86_64 \
   --dest "$wheel_dir" "${wheels[@]}"
+
+if [[ -n ${MPI4JAX_PYTHON:-} ]]; then
+  build_venv=$(mktemp -d)
+  "$MPI4JAX_PYTHON" -m venv "$build_venv"
+  "$build_venv/bin/pip" install --quiet --disable-pip-version-check mpich==5.0.2 mpi4py==4.1.2 \
+    nanobind cython setuptools wheel jax
+  # Its build finds mpicc and the CUDA toolkit through the environment.
+  PATH="$build_venv/bin:$PATH" CUDA_ROOT=${CUDA_ROOT:-/usr/local/cuda} \
+    "$build_venv/bin/pip" wheel --quiet --disable-pip-version-check --no-build-isolation \
+    --no-deps -w "$wheel_dir" mpi4jax==0.9.1
+  rm -rf "$build_venv"
+fi
 
 (cd "$wheel_dir" && sha256sum -- *.whl >SHA256SUMS)
 total_kib=$(du -sk "$wheel_dir" | cut -f1)
