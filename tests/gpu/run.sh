@@ -163,6 +163,10 @@ EOF
     echo "nvidia-smi: not found"
   fi
   git -C "$repo" log -1 --format='jaxcomm commit %h %s' 2>/dev/null || true
+  # A copied tree may carry changes its commit does not have.
+  local changed
+  changed=$(git -C "$repo" status --porcelain --untracked-files=no 2>/dev/null | wc -l)
+  ((changed == 0)) || echo "jaxcomm tree: $changed tracked files differ from that commit"
 }
 
 cuda_info() {
