@@ -131,6 +131,23 @@ def set_ordered_token(ctx, token):
     ctx.set_tokens_out(_mlir.TokenSet({mpi_effect: token}))
 
 
+def register_uncached_lowering(prim, rule, platform):
+    """Register ``rule`` as ``prim``'s lowering on ``platform``, lowered at every call.
+
+    JAX versions with the ``cacheable`` switch (0.8 has it, 0.6 not) cache
+    lowerings: they would lower equal calls from different lines once, and all
+    would then report the first one's call site. Versions without it lower
+    every call.
+    """
+    if _REGISTER_LOWERING_CACHEABLE:
+        _mlir.register_lowering(prim, rule, platform=platform, cacheable=False)
+    else:
+        _mlir.register_lowering(prim, rule, platform=platform)
+
+
+_REGISTER_LOWERING_CACHEABLE = "cacheable" in inspect.signature(_mlir.register_lowering).parameters
+
+
 def backends_initialized():
     """Whether JAX has created its backends (after which its GPU set is fixed)."""
     return _xla_bridge.backends_are_initialized()
