@@ -7,8 +7,8 @@ from conftest import run_job, spawns_own_mpi
 from jaxcomm import _compat
 
 # Pretends to be a newer jax (and, optionally, removes internals) before the
-# import, then checks the warning and that a jitted call is ordered by
-# JAX's runtime tokens, on 2 ranks.
+# import, then checks the warning, and that a jitted call is ordered by
+# JAX's runtime tokens and right, on every rank.
 NEWER_JAX = """
 import sys, warnings
 import jax
@@ -27,7 +27,10 @@ from mpi4py import MPI
 jc = jaxcomm.JaxComm(MPI.COMM_WORLD)
 step = jax.jit(lambda x: jc.allreduce(x, op=MPI.SUM))
 assert _compat.runtime_token_effects(step.lower(jnp.ones(3)).compile())
-print(_compat.fast_dispatch_enabled, float(step(jnp.ones(3))[0]), "|", mine[0])
+assert not _compat.fast_dispatch_enabled
+assert float(step(jnp.ones(3))[0]) == MPI.COMM_WORLD.size
+if MPI.COMM_WORLD.rank == 0:  # one line: the ranks' output would interleave
+    print(mine[0])
 """
 
 
@@ -40,11 +43,9 @@ def test_the_tested_jax_skips_nothing():
 def test_a_newer_jax_imports_with_one_warning_and_runtime_tokens(tmp_path):
     done, _ = run_job(tmp_path, NEWER_JAX, ranks=2, limit=180)
     assert done.returncode == 0, done.stderr
-    for line in done.stdout.splitlines():
-        result, warning = line.split(" | ")
-        assert result == "False 2.0"
-        assert "jaxcomm on jax 0.99.0 (tested with 0.6 to " in warning
-        assert "MPI calls stay in program order" in warning and "fast dispatch" in warning
+    warning = done.stdout
+    assert "jaxcomm on jax 0.99.0 (tested with 0.6 to " in warning
+    assert "MPI calls stay in program order" in warning and "fast dispatch" in warning
 
 
 @spawns_own_mpi
