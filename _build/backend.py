@@ -3,25 +3,31 @@
 The kernels compile against the MPI behind ``mpicc``. When neither
 ``JAXCOMM_MPICC`` nor ``mpicc`` on ``PATH`` names one, the build environment
 gets the ``mpich`` wheel, the same MPI that ``pip install 'jaxcomm[mpich]'``
-installs for run time.
+installs for run time. And it compiles against the XLA FFI headers of the
+jaxlib the wheel will run with (``target_jax.py``).
 """
 
 import os
 import shutil
+import sys
 
 from scikit_build_core import build as _backend
 from scikit_build_core.build import *  # noqa: F401,F403  (the PEP 517 hooks)
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from target_jax import jaxlib_requirement  # noqa: E402
 
-def _mpi_requirements():
+
+def _requirements():
+    jaxlib = [jaxlib_requirement()]
     if os.environ.get("JAXCOMM_MPICC") or shutil.which("mpicc"):
-        return []
-    return ["mpich"]
+        return jaxlib
+    return [*jaxlib, "mpich"]
 
 
 def get_requires_for_build_wheel(config_settings=None):
-    return [*_backend.get_requires_for_build_wheel(config_settings), *_mpi_requirements()]
+    return [*_backend.get_requires_for_build_wheel(config_settings), *_requirements()]
 
 
 def get_requires_for_build_editable(config_settings=None):
-    return [*_backend.get_requires_for_build_editable(config_settings), *_mpi_requirements()]
+    return [*_backend.get_requires_for_build_editable(config_settings), *_requirements()]

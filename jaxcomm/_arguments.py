@@ -233,10 +233,30 @@ def _reduction_code(op: Any, dtype: np.dtype) -> int:
             if dtype not in ALLOWED_DTYPES[name]:
                 raise TypeError(f"op MPI.{name} is not defined for dtype {dtype}")
             return code
+    predefined = ", ".join(f"MPI.{name}" for name, _ in REDUCTION_OPS)
+    if op in (MPI.MAXLOC, MPI.MINLOC):
+        # MPI defines them on (value, index) pair datatypes only (MPI.FLOAT_INT...).
+        which = "MAXLOC" if op == MPI.MAXLOC else "MINLOC"
+        extreme = "MAX" if which == "MAXLOC" else "MIN"
+        raise ValueError(
+            f"op MPI.{which} is not supported: MPI defines it only for (value, index) pair "
+            "datatypes such as MPI.FLOAT_INT, which JAX arrays have no dtype for. Compute it "
+            f"with two reductions: m = allreduce(x, op=MPI.{extreme}), then "
+            "allreduce(where(x == m, index, big), op=MPI.MIN) for the smallest index holding "
+            f"m. Supported ops: {predefined}"
+        )
+    if op in (MPI.REPLACE, MPI.NO_OP):
+        raise ValueError(
+            f"op {op!r} is for one-sided accumulation (MPI_Accumulate), not for reductions. "
+            f"Supported ops: {predefined}"
+        )
     raise ValueError(
-        "op must be one of the predefined reductions "
-        + ", ".join(f"MPI.{name}" for name, _ in REDUCTION_OPS)
-        + "; user-defined MPI.Op objects are not supported"
+        f"op {op!r} is not supported: a user-defined MPI.Op (MPI.Op.Create) calls a Python "
+        "function on raw buffers inside the MPI call, which JAX can neither trace, "
+        "differentiate nor batch, and jaxcomm's kernels make MPI calls on XLA's threads, "
+        "where calling back into Python is not safe. Reduce with "
+        f"a predefined op ({predefined}), or gather the values (allgather) and combine "
+        "them with JAX code."
     )
 
 

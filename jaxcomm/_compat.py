@@ -6,32 +6,90 @@ control flow and successive calls. The effect machinery has no public API, so
 it lives here, together with the other internal names jaxcomm needs, and the
 hook that makes every rank run the same differentiation rules
 (:func:`_instantiate_tangents`).
+
+Versions: jaxcomm supports jax 0.6 and newer and is tested up to
+``NEWEST_TESTED_JAX``. On a newer jax, importing jaxcomm still works when the
+internals its ordering rests on (JAX's ordered effects and their tokens) are
+there, and raises an ImportError naming the jax version when they are not:
+MPI calls are never run unordered. Every other internal is probed, and what
+cannot be applied is skipped with one ``JaxVersionWarning`` at import that
+names it; fast dispatch, which relies on the runtime's order between
+computations, is applied only to the tested versions.
 """
 
 import contextvars
 import inspect
 import os
+import warnings
 import weakref
 
 import jax
 import numpy as np
 from jax import lax
-from jax._src import core as _core
-from jax._src import dispatch as _dispatch
-from jax._src import effects as _effects
-from jax._src import source_info_util as _source_info
-from jax._src import xla_bridge as _xla_bridge
-from jax._src.interpreters import ad as _ad
-from jax._src.interpreters import batching as _batching
-from jax._src.interpreters import mlir as _mlir
-from jax._src.interpreters import pxla as _pxla
 
-abstract_token = _core.abstract_token
-apply_primitive = _dispatch.apply_primitive
-fancy_primitive_batchers = _batching.fancy_primitive_batchers
+# The jax versions jaxcomm is tested with (CI: the newest in full, the oldest
+# and 0.11 in lean legs). On a newer jax, what jaxcomm cannot apply
+# safely is skipped with one warning (``_skipped``); what its ordering
+# guarantee rests on is required, and its absence is an ImportError.
+OLDEST_JAX = (0, 6)
+NEWEST_TESTED_JAX = (0, 12)
 
 
-class MPIEffect(_effects.Effect):
+def _jax_version():
+    return tuple(int(part) for part in jax.__version__.split(".")[:2])
+
+
+def _version_text(version):
+    return ".".join(map(str, version))
+
+
+JAX_VERSION = _jax_version()
+
+if JAX_VERSION < OLDEST_JAX:
+    raise ImportError(
+        f"jaxcomm needs jax {_version_text(OLDEST_JAX)} or newer; this is jax {jax.__version__}. "
+        f"Upgrade jax (pip install 'jax>={_version_text(OLDEST_JAX)}')."
+    )
+
+try:
+    from jax._src import core as _core
+    from jax._src import dispatch as _dispatch
+    from jax._src import effects as _effects
+    from jax._src import source_info_util as _source_info
+    from jax._src import xla_bridge as _xla_bridge
+    from jax._src.interpreters import ad as _ad
+    from jax._src.interpreters import batching as _batching
+    from jax._src.interpreters import mlir as _mlir
+    from jax._src.interpreters import pxla as _pxla
+
+    abstract_token = _core.abstract_token
+    apply_primitive = _dispatch.apply_primitive
+    fancy_primitive_batchers = _batching.fancy_primitive_batchers
+    _Effect = _effects.Effect
+    _ordered_effects = _effects.ordered_effects
+    _lowerable_effects = _effects.lowerable_effects
+    _control_flow_allowed_effects = _effects.control_flow_allowed_effects
+    _TokenSet = _mlir.TokenSet
+except (ImportError, AttributeError) as _missing:
+    # Without JAX's ordered effects jaxcomm cannot order its MPI calls, and
+    # running them unordered could pair different collectives across ranks.
+    raise ImportError(
+        f"jaxcomm orders MPI calls with JAX internals that jax {jax.__version__} does not "
+        f"have ({_missing}). jaxcomm is tested with jax {_version_text(OLDEST_JAX)} to "
+        f"{_version_text(NEWEST_TESTED_JAX)}: install a jax in that range, or a newer "
+        "jaxcomm."
+    ) from _missing
+
+# What could not be applied on this jax (only ever on one newer than the
+# newest tested, or with a part missing): named in one warning at import.
+_skipped = []
+
+
+class JaxVersionWarning(UserWarning):
+    """jaxcomm runs on a jax newer than the newest it was tested with, with something skipped."""
+
+
+class MPIEffect(_Effect):
     """The effect of every jaxcomm primitive: one MPI call, in program order."""
 
     def __str__(self):
@@ -40,21 +98,25 @@ class MPIEffect(_effects.Effect):
 
 mpi_effect = MPIEffect()
 
-for _allowed in (
-    _effects.ordered_effects,
-    _effects.lowerable_effects,
-    _effects.control_flow_allowed_effects,
-    _effects.custom_derivatives_allowed_effects,
-    _effects.remat_allowed_effects,
+for _allowed in (_ordered_effects, _lowerable_effects, _control_flow_allowed_effects):
+    _allowed.add_type(MPIEffect)
+
+for _name, _lost in (
+    ("custom_derivatives_allowed_effects", "jaxcomm calls inside custom_jvp/custom_vjp functions"),
+    ("remat_allowed_effects", "jaxcomm calls inside jax.checkpoint"),
     # A send's tangent has no output; linearization must keep it anyway, so
     # that its transpose receives the cotangent its peer sends back.
-    _effects.partial_eval_kept_effects,
+    ("partial_eval_kept_effects", "the derivatives of send (reverse mode)"),
     # JAX refuses ordered effects in programs for several devices with a
     # message that cannot name the way out; letting them through to the
     # lowering lets jaxcomm refuse them itself (see ``device_count``).
-    _effects.shardable_ordered_effects,
+    ("shardable_ordered_effects", "jaxcomm's own error for computations over several devices"),
 ):
-    _allowed.add_type(MPIEffect)
+    _allowed = getattr(_effects, _name, None)
+    if _allowed is None:
+        _skipped.append(f"{_lost} (jax has no effects.{_name})")
+    else:
+        _allowed.add_type(MPIEffect)
 
 
 def tracing() -> bool:
@@ -128,7 +190,24 @@ def ordered_token(ctx):
 
 def set_ordered_token(ctx, token):
     """Hand the token a lowering produced on to the next jaxcomm call."""
-    ctx.set_tokens_out(_mlir.TokenSet({mpi_effect: token}))
+    ctx.set_tokens_out(_TokenSet({mpi_effect: token}))
+
+
+def register_uncached_lowering(prim, rule, platform):
+    """Register ``rule`` as ``prim``'s lowering on ``platform``, lowered at every call.
+
+    JAX versions with the ``cacheable`` switch (0.8 has it, 0.6 not) cache
+    lowerings: they would lower equal calls from different lines once, and all
+    would then report the first one's call site. Versions without it lower
+    every call.
+    """
+    if _REGISTER_LOWERING_CACHEABLE:
+        _mlir.register_lowering(prim, rule, platform=platform, cacheable=False)
+    else:
+        _mlir.register_lowering(prim, rule, platform=platform)
+
+
+_REGISTER_LOWERING_CACHEABLE = "cacheable" in inspect.signature(_mlir.register_lowering).parameters
 
 
 def backends_initialized():
@@ -238,16 +317,37 @@ def _instantiating(process_primitive):
     return wrapper
 
 
-for _trace_type, _tracer_type in _AD_TRACES.items():
-    _tracer_type.__init__ = _remembering(_tracer_type.__init__)
-    _trace_type.process_primitive = _instantiating(_trace_type.process_primitive)
+def _ad_hook_applies():
+    for trace_type, tracer_type in _AD_TRACES.items():
+        if (
+            not hasattr(trace_type, "process_primitive")
+            or "tangent" not in inspect.signature(tracer_type.__init__).parameters
+        ):
+            return False
+    return all(hasattr(_ad, name) for name in ("Zero", "zeros_like_aval")) and hasattr(
+        _core, "set_current_trace"
+    )
+
+
+if _ad_hook_applies():
+    for _trace_type, _tracer_type in _AD_TRACES.items():
+        _tracer_type.__init__ = _remembering(_tracer_type.__init__)
+        _trace_type.process_primitive = _instantiating(_trace_type.process_primitive)
+else:
+    _skipped.append(
+        "derivatives on every rank alike: a rank whose operand does not depend on the "
+        "differentiated input may skip the derivative messages its peers send (and hang)"
+    )
 
 
 def _structured_residuals():
     # jax 0.12 passes structured residuals between a linearize rule and its
     # linear function; earlier versions do not.
     # (process_primitive is wrapped above; __init__ is not.)
-    return "structured_residuals" in inspect.getsource(_ad.LinearizeTrace.__init__)
+    try:
+        return "structured_residuals" in inspect.getsource(_ad.LinearizeTrace.__init__)
+    except (OSError, TypeError):  # no source: read the signature instead
+        return "structured_residuals" in str(inspect.signature(_ad.LinearizeTrace.__init__))
 
 
 _STRUCTURED_RESIDUALS = _structured_residuals()
@@ -301,20 +401,27 @@ def def_linearization(primitive, rule):
 # devices keeps runtime tokens throughout: jaxcomm's lowering cannot tell
 # which of them a computation will run on.
 
-_FAST_DISPATCH_JAX = ((0, 10), (0, 12))  # the jax versions whose internals this patches
+_FAST_DISPATCH_JAX = ((0, 10), NEWEST_TESTED_JAX)  # the jax versions whose internals this patches
 
-
-def _jax_version():
-    return tuple(int(part) for part in jax.__version__.split(".")[:2])
-
-
+_fast_dispatch_internals = (
+    hasattr(_pxla, "_cached_lowering_to_hlo")
+    and hasattr(_mlir, "jaxpr_subcomp")
+    and hasattr(_mlir, "create_token")
+    and hasattr(getattr(_dispatch, "RuntimeTokenSet", None), "get_token_input")
+    and hasattr(getattr(_dispatch, "RuntimeTokenSet", None), "set_token_result")
+)
+# On a jax it was not tested with, jaxcomm keeps JAX's runtime tokens: the
+# order between computations then does not rest on the runtime's behaviour.
 fast_dispatch_enabled = (
     os.environ.get("JAXCOMM_FAST_DISPATCH", "1") != "0"
-    and _FAST_DISPATCH_JAX[0] <= _jax_version() <= _FAST_DISPATCH_JAX[1]
-    and hasattr(_pxla, "_cached_lowering_to_hlo")
-    and hasattr(_mlir, "jaxpr_subcomp")
-    and hasattr(_dispatch, "RuntimeTokenSet")
+    and _FAST_DISPATCH_JAX[0] <= JAX_VERSION <= _FAST_DISPATCH_JAX[1]
+    and _fast_dispatch_internals
 )
+if JAX_VERSION > NEWEST_TESTED_JAX or not _fast_dispatch_internals:
+    _skipped.append(
+        "fast dispatch: jitted calls keep JAX's runtime tokens (ordered, about 30x the "
+        "dispatch cost)"
+    )
 
 # The device whose jaxcomm computations are dispatched without tokens; set by
 # the first one lowered.
@@ -363,7 +470,7 @@ def runtime_token_effects(compiled):
     return bool(call.ordered_effects) or call.has_unordered_effects
 
 
-_lowering_to_hlo = _pxla._cached_lowering_to_hlo
+_lowering_to_hlo = getattr(_pxla, "_cached_lowering_to_hlo", None)
 
 
 def _cached_lowering_to_hlo(jaxpr, module_name, backend, *args, **kwargs):
@@ -378,7 +485,7 @@ def _cached_lowering_to_hlo(jaxpr, module_name, backend, *args, **kwargs):
         _token_inside.reset(reset)
 
 
-_jaxpr_subcomp = _mlir.jaxpr_subcomp
+_jaxpr_subcomp = getattr(_mlir, "jaxpr_subcomp", None)
 
 
 def _jaxpr_subcomp_with_token(ctx, jaxpr, name_stack, tokens, *args, **kwargs):
@@ -390,8 +497,9 @@ def _jaxpr_subcomp_with_token(ctx, jaxpr, name_stack, tokens, *args, **kwargs):
 # Set by _runtime: blocks until the fast device has run everything dispatched to it.
 wait_for_fast_device = None
 
-_get_token_input = _dispatch.RuntimeTokenSet.get_token_input
-_set_token_result = _dispatch.RuntimeTokenSet.set_token_result
+_RuntimeTokenSet = getattr(_dispatch, "RuntimeTokenSet", None)
+_get_token_input = getattr(_RuntimeTokenSet, "get_token_input", None)
+_set_token_result = getattr(_RuntimeTokenSet, "set_token_result", None)
 
 
 def _get_token_input_after_fast_device(self, effect, devices):
@@ -412,8 +520,8 @@ def _set_token_result_when_done(self, effect, token):
 if fast_dispatch_enabled:
     _pxla._cached_lowering_to_hlo = _cached_lowering_to_hlo
     _mlir.jaxpr_subcomp = _jaxpr_subcomp_with_token
-    _dispatch.RuntimeTokenSet.get_token_input = _get_token_input_after_fast_device
-    _dispatch.RuntimeTokenSet.set_token_result = _set_token_result_when_done
+    _RuntimeTokenSet.get_token_input = _get_token_input_after_fast_device
+    _RuntimeTokenSet.set_token_result = _set_token_result_when_done
 
 
 # Checks on every jaxpr jaxcomm lowers ------------------------------------------
@@ -438,3 +546,14 @@ def _checked_jaxpr_subcomp(ctx, jaxpr, *args, **kwargs):
 # sees the mistake (ops/nonblocking.py).
 if _lower_jaxpr is not None:
     _mlir.jaxpr_subcomp = _checked_jaxpr_subcomp
+else:
+    _skipped.append("the compile-time check that every nonblocking request is waited")
+
+if _skipped:
+    warnings.warn(
+        f"jaxcomm on jax {jax.__version__} (tested with {_version_text(OLDEST_JAX)} to "
+        f"{_version_text(NEWEST_TESTED_JAX)}): MPI calls stay in program order, but these "
+        f"parts are skipped: {'; '.join(_skipped)}.",
+        JaxVersionWarning,
+        stacklevel=2,
+    )

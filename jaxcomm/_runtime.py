@@ -1,7 +1,8 @@
 """Loads the compiled kernels into JAX and owns process-wide state.
 
 Importing this module checks that the kernels were built against the MPI that
-mpi4py runs, registers every FFI target once, applies ``JAXCOMM_DEBUG`` and
+mpi4py runs and against XLA FFI headers the running jaxlib accepts, registers
+every FFI target once, applies ``JAXCOMM_DEBUG`` and
 installs the exit hook that drains pending MPI work before MPI is finalised.
 """
 
@@ -69,6 +70,61 @@ def _check_mpi_matches():
 _check_mpi_matches()
 
 
+def _running_ffi_api():
+    """The XLA FFI API version of the running jaxlib, from its headers (None if absent)."""
+    import jaxlib
+
+    header = os.path.join(
+        os.path.dirname(jaxlib.__file__), "include", "xla", "ffi", "api", "c_api.h"
+    )
+    try:
+        with open(header) as file:
+            text = file.read()
+    except OSError:
+        return None
+    parts = [
+        re.search(rf"^#define XLA_FFI_API_{part} (\d+)", text, re.M) for part in ("MAJOR", "MINOR")
+    ]
+    return tuple(int(m.group(1)) for m in parts) if all(parts) else None
+
+
+def ffi_api_mismatch(built, built_jaxlib, running, running_jaxlib):
+    """Why a jaxlib would refuse the kernels' FFI handlers, or None when it accepts them.
+
+    XLA accepts handlers built against its own FFI API version and, for a time,
+    older minor versions; it refuses newer ones at the first use of a backend,
+    with a message that does not say how to get kernels that load.
+
+    Args:
+        built: ``(major, minor)`` of the headers the kernels were compiled against.
+        built_jaxlib: the jaxlib those headers came from.
+        running: ``(major, minor)`` of the running jaxlib, or None if unknown.
+        running_jaxlib: the running jaxlib's version.
+    """
+    if running is None or (built[0] == running[0] and built[1] <= running[1]):
+        return None
+    return (
+        f"jaxcomm's kernels were built against the XLA FFI headers of jaxlib {built_jaxlib} "
+        f"(FFI API {built[0]}.{built[1]}), but this process runs jaxlib {running_jaxlib} "
+        f"(FFI API {running[0]}.{running[1]}), which refuses them. Reinstall jaxcomm into "
+        "this environment, so that the build uses its jaxlib: 'pip install --force-reinstall "
+        "--no-deps --no-cache-dir .' from the jaxcomm source tree."
+    )
+
+
+def _check_ffi_api_matches():
+    import jaxlib
+
+    reason = ffi_api_mismatch(
+        _build_info.FFI_API, _build_info.JAXLIB_VERSION, _running_ffi_api(), jaxlib.__version__
+    )
+    if reason:
+        raise ImportError(reason)
+
+
+_check_ffi_api_matches()
+
+
 def build_info() -> dict:
     """Say which MPI jaxcomm's kernels were built against and which one runs.
 
@@ -82,7 +138,9 @@ def build_info() -> dict:
         ``mpi_compiler`` (the compiler wrapper the build used),
         ``mpi_runtime`` (vendor and version of the MPI library mpi4py has
         loaded), ``mpi_library`` (the first line of that library's own
-        version string) and ``cuda`` (whether the CUDA kernels were built).
+        version string), ``cuda`` (whether the CUDA kernels were built) and
+        ``jaxlib_built`` (the jaxlib whose XLA FFI headers the kernels were
+        compiled against, with their FFI API version).
 
     Example:
         >>> import jaxcomm
@@ -97,6 +155,8 @@ def build_info() -> dict:
         "mpi_runtime": f"{vendor} {version}",
         "mpi_library": " ".join(text.splitlines()[0].split()) if text else "",
         "cuda": bool(_build_info.CUDA),
+        "jaxlib_built": f"{_build_info.JAXLIB_VERSION} (XLA FFI API "
+        f"{'.'.join(map(str, _build_info.FFI_API))})",
     }
 
 

@@ -234,4 +234,13 @@ def backend_compiles():
     try:
         yield compiles
     finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
+        _unregister_duration_listener(listener)
+
+
+def _unregister_duration_listener(listener):
+    unregister = getattr(jax.monitoring, "unregister_event_duration_listener", None)
+    if unregister is None:  # jax before 0.7 has only the private name
+        from jax._src import monitoring
+
+        unregister = monitoring._unregister_event_duration_listener_by_callback
+    unregister(listener)

@@ -135,7 +135,13 @@ def op_cases(call) -> list[tuple]:
             "op-user-defined",
             lambda c: call(c, ones(2), c.user_op),
             ValueError,
-            r"^op must be one of the predefined reductions .*user-defined",
+            r"^op .* is not supported: a user-defined MPI.Op \(MPI.Op.Create\) calls a Python function",
+        ),
+        (
+            "op-MAXLOC",
+            lambda c: call(c, ones(2), MPI.MAXLOC),
+            ValueError,
+            r"^op MPI.MAXLOC is not supported: MPI defines it only for \(value, index\) pair",
         ),
         (
             "op-MAXLOC",

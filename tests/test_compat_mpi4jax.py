@@ -1,6 +1,7 @@
 """jaxcomm.compat.mpi4jax: mpi4jax 0.9's functions, eager and jitted, and where they differ from JaxComm."""
 
 import inspect
+import re
 
 import jax
 import jax.numpy as jnp
@@ -70,8 +71,81 @@ def test_the_public_names_and_signatures_are_mpi4jax_s():
 
 
 def test_support_queries_are_bools():
-    assert mpi4jax.has_cuda_support() is jaxcomm.cuda_info()["built"]
+    # The suite's backends have started: the GPUs JAX has decide.
+    info = jaxcomm.cuda_info()
+    assert mpi4jax.has_cuda_support() is (info["built"] and info["gpus"] > 0)
     assert mpi4jax.has_sycl_support() is False
+
+
+def test_version_is_the_mpi4jax_version_implemented():
+    assert mpi4jax.__version__ == "0.9.1"
+
+
+HAS_CUDA_SUPPORT = """
+import importlib.metadata
+import jaxcomm.compat.mpi4jax as mpi4jax
+from jaxcomm import _compat, _runtime
+assert not _compat.backends_initialized(), "importing the compat module started JAX"
+answer = mpi4jax.has_cuda_support()
+plugin = any(e.name.startswith("xla_cuda") for e in importlib.metadata.entry_points(group="jax_plugins"))
+print(answer, _compat.backends_initialized(), _runtime.cuda_kernels is not None and plugin)
+"""
+
+
+@spawns_own_mpi
+def test_has_cuda_support_starts_no_backend_and_needs_a_cuda_jax(tmp_path):
+    # Started backends would make a later jax.distributed.initialize() fail.
+    done, _ = run_job(tmp_path, HAS_CUDA_SUPPORT, ranks=1)
+    assert done.returncode == 0, done.stderr
+    answer, started, expected = done.stdout.split()
+    assert started == "False"
+    assert answer == expected
+
+
+def _import_compat(tmp_path, **env):
+    script = "import warnings; warnings.simplefilter('always')\n"
+    script += "import jaxcomm.compat.mpi4jax\nfrom jaxcomm import _gpu\nprint(_gpu._override)\n"
+    return run_job(tmp_path, script, ranks=1, **env)[0]
+
+
+@spawns_own_mpi
+@pytest.mark.parametrize(
+    "value, override",
+    [("1", "(True, 'MPI4JAX_USE_CUDA_MPI')"), ("off", "(False, 'MPI4JAX_USE_CUDA_MPI')")],
+)
+def test_mpi4jax_use_cuda_mpi_chooses_the_gpu_data_path(tmp_path, value, override):
+    done = _import_compat(tmp_path, MPI4JAX_USE_CUDA_MPI=value)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == override
+
+
+@spawns_own_mpi
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        (
+            {"MPI4JAX_USE_CUDA_MPI": "maybe"},
+            "MPI4JAX_USE_CUDA_MPI='maybe': .* accepts 1, true or on",
+        ),
+        (
+            {"MPI4JAX_USE_CUDA_MPI": "1", "JAXCOMM_CUDA_AWARE": "0"},
+            "MPI4JAX_USE_CUDA_MPI=1 contradicts JAXCOMM_CUDA_AWARE=0",
+        ),
+        ({"MPI4JAX_USE_SYCL_MPI": "1"}, "MPI4JAX_USE_SYCL_MPI is set, but jaxcomm has .*no SYCL"),
+        ({"MPI4JAX_DEBUG": "yes"}, "MPI4JAX_DEBUG='yes'"),
+    ],
+)
+def test_mpi4jax_settings_that_cannot_be_honoured_are_refused(tmp_path, env, message):
+    done = _import_compat(tmp_path, **env)
+    assert done.returncode != 0
+    assert re.search(message, done.stderr), done.stderr
+
+
+@spawns_own_mpi
+def test_mpi4jax_skip_abi_check_is_not_silently_ignored(tmp_path):
+    done = _import_compat(tmp_path, MPI4JAX_SKIP_ABI_CHECK="1")
+    assert done.returncode == 0, done.stderr
+    assert "MPI4JAX_SKIP_ABI_CHECK has no effect on jaxcomm" in done.stderr
 
 
 # Every function, eager and jitted -------------------------------------------------
@@ -181,6 +255,22 @@ def test_scatter_takes_the_result_shape_off_root(mode):
         np.testing.assert_array_equal(got, data[RANK])
         if RANK != root:
             np.testing.assert_array_equal(x, np.full((3, 2), -1.0))
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("mode", MODES)
+def test_scatter_under_vmap_works_on_every_rank(mode):
+    batch = 3
+    for root in range(SIZE):
+        data = np.stack(
+            [
+                np.stack([rank_data(10 * b + r, (2,), np.float32) for r in range(SIZE)])
+                for b in range(batch)
+            ]
+        )
+        x = jnp.asarray(data) if RANK == root else jnp.full((batch, 2), -1.0, jnp.float32)
+        got = _run(mode, jax.vmap(lambda v: mpi4jax.scatter(v, root)), x)
+        np.testing.assert_array_equal(got, data[:, RANK])
 
 
 @pytest.mark.mpi
@@ -347,11 +437,27 @@ def watchdog():
 
 
 @pytest.mark.mpi
-def test_comm_world_and_none_share_the_jaxcomm_made_at_import():
-    jc = mpi4jax._jaxcomm(None)
-    assert mpi4jax._jaxcomm(WORLD) is jc
-    assert mpi4jax._jaxcomm(MPI.Intracomm(WORLD)) is jc
-    assert jc.comm != WORLD and MPI.Comm.Compare(jc.comm, WORLD) == MPI.CONGRUENT
+def test_comm_world_and_none_each_have_a_jaxcomm_made_at_import():
+    none, world = mpi4jax._jaxcomm(None), mpi4jax._jaxcomm(WORLD)
+    assert none is not world and mpi4jax._jaxcomm(None) is none
+    assert mpi4jax._jaxcomm(MPI.Intracomm(WORLD)) is world
+    for jc in (none, world):
+        assert jc.comm != WORLD and MPI.Comm.Compare(jc.comm, WORLD) == MPI.CONGRUENT
+    assert MPI.Comm.Compare(none.comm, world.comm) == MPI.CONGRUENT
+
+
+@pytest.mark.mpi(min_size=2)
+def test_comm_none_is_a_communicator_of_its_own(watchdog):
+    # As in mpi4jax (a private clone of COMM_WORLD): the first message, sent
+    # with comm=None, must not match the first receive on COMM_WORLD.
+    if RANK == 0:
+        mpi4jax.send(jnp.full(2, 1.0), 1, tag=5, comm=None)
+        mpi4jax.send(jnp.full(2, 2.0), 1, tag=5, comm=WORLD)
+    elif RANK == 1:
+        on_world = mpi4jax.recv(jnp.zeros(2), 0, tag=5, comm=WORLD)
+        on_none = mpi4jax.recv(jnp.zeros(2), 0, tag=5, comm=None)
+        np.testing.assert_array_equal(on_world, [2.0, 2.0])
+        np.testing.assert_array_equal(on_none, [1.0, 1.0])
 
 
 @pytest.mark.mpi

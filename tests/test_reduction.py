@@ -171,10 +171,23 @@ def test_allreduce_rejects_bad_op(jc):
         jc.allreduce(jnp.zeros(3), op="sum")
     user_op = MPI.Op.Create(lambda a, b, t: None, commute=True)
     try:
-        with pytest.raises(ValueError, match="user-defined"):
+        with pytest.raises(ValueError, match="user-defined MPI.Op .* JAX can neither trace"):
             jc.allreduce(jnp.zeros(3), op=user_op)
     finally:
         user_op.Free()
+
+
+@pytest.mark.parametrize("name", ["MAXLOC", "MINLOC"])
+def test_maxloc_and_minloc_are_refused_with_the_reason_and_a_way_out(jc, name):
+    # MPI defines them on (value, index) pairs only; passed to MPI with a
+    # float buffer they would be an MPI error on some ranks, or garbage.
+    with pytest.raises(ValueError, match=rf"MPI.{name} is not supported: .*pair.*two reductions"):
+        jc.allreduce(jnp.zeros(3), op=getattr(MPI, name))
+
+
+def test_one_sided_ops_are_refused_as_such(jc):
+    with pytest.raises(ValueError, match="one-sided accumulation"):
+        jc.allreduce(jnp.zeros(3), op=MPI.REPLACE)
 
 
 def test_allreduce_rejects_non_arrays(jc):

@@ -8,26 +8,43 @@ keywords, and returns what mpi4jax returns where that differs from the
 arguments and result: the communication is the ``JaxComm`` method's, with
 its ordering, transformations and errors.
 
-Communicators: ``comm=None`` and ``MPI.COMM_WORLD`` share one ``JaxComm``,
-created when this module is imported (collective: every rank imports it).
-Another communicator gets its ``JaxComm`` at the first call that passes it,
-which is collective over that communicator (see
+Communicators: ``comm=None`` is a communicator of its own, as in mpi4jax (a
+private clone of ``COMM_WORLD``), so a message sent with ``comm=None`` never
+matches a receive on ``MPI.COMM_WORLD``, nor the other way round. Both get
+their ``JaxComm`` when this module is imported (collective: every rank
+imports it). Another communicator gets its ``JaxComm`` at the first call
+that passes it, which is collective over that communicator (see
 ``docs/migration-mpi4jax.md``). Each ``JaxComm`` communicates on private
 clones, so these functions never exchange messages with mpi4py code, also
 on the same communicator.
+
+Environment variables of mpi4jax, read at import: ``MPI4JAX_USE_CUDA_MPI``
+chooses the data path of GPU arrays (as ``JAXCOMM_CUDA_AWARE`` does),
+``MPI4JAX_DEBUG`` logs every MPI call (as ``JAXCOMM_DEBUG``); a value other
+than mpi4jax's ``1``/``true``/``on`` or ``0``/``false``/``off``, or one that
+contradicts ``JAXCOMM_CUDA_AWARE``, is an error. ``MPI4JAX_USE_SYCL_MPI``
+set to a true value is refused (jaxcomm has no SYCL kernels), and
+``MPI4JAX_SKIP_ABI_CHECK`` gets a warning: jaxcomm's check of the MPI
+library always runs, and only refuses a mismatch.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
+import os
 import threading
+import warnings
 from typing import Any
 
 import jax.numpy as jnp
 from mpi4py import MPI
 
+from .. import _compat, _gpu, _runtime
 from .._arguments import shape_dtype
-from .._gpu import cuda_info
 from ..comm import JaxComm
+
+__version__ = "0.9.1"
+"""The mpi4jax version whose API this module implements (real code reads it)."""
 
 __all__ = [
     "allgather",
@@ -74,6 +91,8 @@ def _refuse_token(token: Any) -> None:
 # with the handle of a freed one does not.
 
 _world = JaxComm(MPI.COMM_WORLD)
+# mpi4jax's default communicator is a clone of COMM_WORLD of its own.
+_default = JaxComm(MPI.COMM_WORLD)
 _keyval = MPI.Comm.Create_keyval()
 _lock = threading.Lock()
 
@@ -81,7 +100,7 @@ _lock = threading.Lock()
 def _jaxcomm(comm: Any) -> JaxComm:
     """The ``JaxComm`` standing for mpi4jax's ``comm`` argument."""
     if comm is None:
-        return _world
+        return _default
     if not isinstance(comm, MPI.Intracomm):
         raise TypeError(f"comm must be an mpi4py Intracomm or None, got {type(comm).__name__}")
     if comm == MPI.COMM_WORLD:
@@ -188,7 +207,10 @@ def scatter(x: Any, root: int, *, comm: MPI.Intracomm | None = None, token: Any 
         _check_rows("Scatter", x, jc.size)
         full = x
     else:
-        full = jnp.zeros((jc.size, *x.shape), x.dtype)
+        # Made from x (whose values MPI does not read off root), so that under
+        # vmap it is batched exactly when root's x is, and every rank's
+        # scatter has the same batched shape.
+        full = jnp.broadcast_to(x, (jc.size, *x.shape))
     return jc.scatter(full, root=root)
 
 
@@ -276,10 +298,70 @@ def sendrecv(
 
 
 def has_cuda_support() -> bool:
-    """Whether jaxcomm's CUDA kernels are built, so GPU arrays can be communicated."""
-    return bool(cuda_info()["built"])
+    """Whether GPU arrays can be communicated: CUDA kernels built and a CUDA jax.
+
+    ``True`` when jaxcomm's CUDA kernels are installed and JAX has a CUDA
+    backend: its GPUs when JAX has started its backends, else an installed
+    CUDA plugin (``jax[cuda12]``, ``jax[cuda13]``). It starts no backend, so
+    a later ``jax.distributed.initialize()`` still works.
+    """
+    if _runtime.cuda_kernels is None:
+        return False
+    if _compat.backends_initialized():
+        return bool(_gpu.cuda_info()["gpus"])
+    return any(
+        entry.name.startswith("xla_cuda")
+        for entry in importlib.metadata.entry_points(group="jax_plugins")
+    )
 
 
 def has_sycl_support() -> bool:
     """Always False: jaxcomm has CPU and CUDA kernels only."""
     return False
+
+
+# mpi4jax's environment variables ---------------------------------------------------
+
+
+def _env_flag(name: str) -> bool | None:
+    """mpi4jax's reading of a switch: None when unset, else its truth (or an error)."""
+    value = os.environ.get(name, "").strip().lower()
+    if not value:
+        return None
+    if value in ("1", "true", "on"):
+        return True
+    if value in ("0", "false", "off"):
+        return False
+    raise ValueError(
+        f"{name}={os.environ[name]!r}: jaxcomm.compat.mpi4jax reads it as mpi4jax does, "
+        "and accepts 1, true or on, or 0, false or off"
+    )
+
+
+def _apply_environment() -> None:
+    cuda_mpi = _env_flag("MPI4JAX_USE_CUDA_MPI")
+    if cuda_mpi is not None:
+        own = os.environ.get("JAXCOMM_CUDA_AWARE", "").strip()
+        if own and (own == "1") != cuda_mpi:
+            raise ValueError(
+                f"MPI4JAX_USE_CUDA_MPI={os.environ['MPI4JAX_USE_CUDA_MPI']} contradicts "
+                f"JAXCOMM_CUDA_AWARE={own}: set one of them"
+            )
+        _gpu._apply(cuda_mpi, "MPI4JAX_USE_CUDA_MPI")
+    if _env_flag("MPI4JAX_DEBUG"):
+        _runtime.set_debug(True)
+    if _env_flag("MPI4JAX_USE_SYCL_MPI"):
+        raise ValueError(
+            "MPI4JAX_USE_SYCL_MPI is set, but jaxcomm has CPU and CUDA kernels only (no SYCL); "
+            "unset it"
+        )
+    if _env_flag("MPI4JAX_SKIP_ABI_CHECK"):
+        warnings.warn(
+            "MPI4JAX_SKIP_ABI_CHECK has no effect on jaxcomm: its check that the kernels were "
+            "built against the MPI library mpi4py runs always applies, and only refuses a "
+            "mismatch",
+            stacklevel=2,
+        )
+
+
+_apply_environment()

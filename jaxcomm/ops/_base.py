@@ -13,7 +13,7 @@ from functools import partial
 import jax
 import numpy as np
 from jax.extend.core import Primitive
-from jax.interpreters import ad, mlir
+from jax.interpreters import ad
 from mpi4py import MPI
 
 from .. import _compat, _gpu, _runtime
@@ -100,12 +100,8 @@ def comm_primitive(name, abstract_eval, target, attrs, *, in_place=False, aliase
         # The token comes first on both sides of the FFI call.
         aliases = {operand + 1: result + 1 for operand, result in aliases.items()}
     lowering = partial(_ordered_ffi_lowering, target, attrs, in_place, aliases)
-    # Not cacheable: JAX would lower equal calls from different lines once,
-    # and all would then report the first one's call site.
-    mlir.register_lowering(prim, lowering, platform="cpu", cacheable=False)
-    mlir.register_lowering(
-        prim, partial(_cuda_lowering, lowering), platform="cuda", cacheable=False
-    )
+    _compat.register_uncached_lowering(prim, lowering, "cpu")
+    _compat.register_uncached_lowering(prim, partial(_cuda_lowering, lowering), "cuda")
     _compat.communicating_primitives.add(prim)
     return prim
 

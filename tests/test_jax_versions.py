@@ -1,0 +1,63 @@
+"""What jaxcomm does on a jax it was not tested with: it still imports, keeps every
+MPI call in program order, and names what it skipped in one warning."""
+
+import pytest
+from conftest import run_job, spawns_own_mpi
+
+from jaxcomm import _compat
+
+# Pretends to be a newer jax (and, optionally, removes internals) before the
+# import, then checks the warning, and that a jitted call is ordered by
+# JAX's runtime tokens and right, on every rank.
+NEWER_JAX = """
+import sys, warnings
+import jax
+from jax._src import effects
+jax.__version__ = "0.99.0"
+for name in sys.argv[1:]:
+    delattr(effects, name)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    import jaxcomm
+    from jaxcomm import _compat
+mine = [str(w.message) for w in caught if issubclass(w.category, _compat.JaxVersionWarning)]
+assert len(mine) == 1, mine
+import jax.numpy as jnp
+from mpi4py import MPI
+jc = jaxcomm.JaxComm(MPI.COMM_WORLD)
+step = jax.jit(lambda x: jc.allreduce(x, op=MPI.SUM))
+assert _compat.runtime_token_effects(step.lower(jnp.ones(3)).compile())
+assert not _compat.fast_dispatch_enabled
+assert float(step(jnp.ones(3))[0]) == MPI.COMM_WORLD.size
+if MPI.COMM_WORLD.rank == 0:  # one line: the ranks' output would interleave
+    print(mine[0])
+"""
+
+
+def test_the_tested_jax_skips_nothing():
+    assert _compat.NEWEST_TESTED_JAX >= _compat.JAX_VERSION >= _compat.OLDEST_JAX
+    assert _compat._skipped == []
+
+
+@spawns_own_mpi
+def test_a_newer_jax_imports_with_one_warning_and_runtime_tokens(tmp_path):
+    done, _ = run_job(tmp_path, NEWER_JAX, ranks=2, limit=180)
+    assert done.returncode == 0, done.stderr
+    warning = done.stdout
+    assert "jaxcomm on jax 0.99.0 (tested with 0.6 to " in warning
+    assert "MPI calls stay in program order" in warning and "fast dispatch" in warning
+
+
+@spawns_own_mpi
+def test_a_newer_jax_without_an_optional_internal_names_what_is_lost(tmp_path):
+    done, _ = run_job(tmp_path, NEWER_JAX, "partial_eval_kept_effects", ranks=1, limit=180)
+    assert done.returncode == 0, done.stderr
+    assert "the derivatives of send (reverse mode)" in done.stdout
+
+
+@spawns_own_mpi
+@pytest.mark.parametrize("internal", ["ordered_effects", "control_flow_allowed_effects"])
+def test_a_jax_without_what_ordering_rests_on_is_refused_at_import(tmp_path, internal):
+    done, _ = run_job(tmp_path, NEWER_JAX, internal, ranks=1, limit=180)
+    assert done.returncode != 0
+    assert "ImportError: jaxcomm orders MPI calls with JAX internals that jax 0.99.0" in done.stderr
