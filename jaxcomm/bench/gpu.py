@@ -515,6 +515,14 @@ def loop_latency(jc, comm, device, steps, label, lib, mpi4jax_ops, hlo=None):
         times[LOOP_CPP] = reference_seconds(lib, "allreduce", comm, x, target, steps * 5)
     empty = jax.jit(lambda v: jax.lax.fori_loop(0, steps, lambda _, w: w + 1, v))
     times["empty fori_loop (w + 1 on the device)"] = per_call(lambda: empty(x).block_until_ready())
+    # What one jitted call costs without MPI: JAX's dispatch and one kernel.
+    jitted_call = jax.jit(lambda v: v + 1)
+    jaxcomm_call = jax.jit(lambda v: jc.allreduce(v))
+    for name, fn in (
+        ("plain jitted call (w + 1)", jitted_call),
+        ("jaxcomm jitted call", jaxcomm_call),
+    ):
+        times[name] = median_seconds(lambda fn=fn: fn(x).block_until_ready(), steps, comm, warmup=3)
     times["mpi4py Allreduce on NumPy"] = per_call(by_hand)
     return times
 
