@@ -27,7 +27,8 @@ from . import _compat, _runtime
 _override: tuple[bool, str] | None = None  # (enabled, who set it)
 
 
-def _apply(enabled: bool | None, source: str) -> None:
+def apply_data_path(enabled: bool | None, source: str) -> None:
+    """Set the data path as set_cuda_aware() does; ``source`` names who set it in cuda_info()."""
     global _override
     _override = None if enabled is None else (bool(enabled), source)
     if _runtime.cuda_kernels is not None:
@@ -48,7 +49,7 @@ def set_cuda_aware(enabled: bool | None) -> None:
     """
     if enabled is not None and not isinstance(enabled, bool):
         raise TypeError(f"enabled must be True, False or None, got {enabled!r}")
-    _apply(enabled, "set_cuda_aware()")
+    apply_data_path(enabled, "set_cuda_aware()")
 
 
 def cuda_info() -> dict:
@@ -204,4 +205,4 @@ _env = os.environ.get("JAXCOMM_CUDA_AWARE", "").strip()
 if _env:
     if _env not in ("0", "1"):
         raise ValueError(f"JAXCOMM_CUDA_AWARE must be 0 or 1, got {_env!r}")
-    _apply(_env == "1", "JAXCOMM_CUDA_AWARE")
+    apply_data_path(_env == "1", "JAXCOMM_CUDA_AWARE")

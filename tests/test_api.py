@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import jax.numpy as jnp
+import jaxlib
 import numpy as np
 import pytest
 from conftest import (
@@ -60,7 +61,19 @@ def test_every_public_name_is_checked_for_a_docstring():
 
 def test_build_info_names_the_mpi_it_was_built_against_and_the_one_running():
     info = jaxcomm.build_info()
-    assert set(info) == {"mpi_built", "mpi_compiler", "mpi_runtime", "mpi_library", "cuda"}
+    assert set(info) == {
+        "mpi_built",
+        "mpi_compiler",
+        "mpi_runtime",
+        "mpi_library",
+        "cuda",
+        "jaxlib_built",
+    }
+    # Kernels built for the running jaxlib or an older one (a newer one is refused at import).
+    built = re.fullmatch(r"(\d+)\.(\d+)\.(\d+)\S* \(XLA FFI API \d+\.\d+\)", info["jaxlib_built"])
+    assert built, info["jaxlib_built"]
+    running = tuple(int(part) for part in jaxlib.__version__.split(".")[:3])
+    assert tuple(int(part) for part in built.groups()) <= running
     library = MPI.Get_library_version()
     assert info["mpi_library"] and info["mpi_library"].split()[0] in library
     vendor = "MPICH" if "MPICH" in library else "Open MPI" if "Open MPI" in library else None

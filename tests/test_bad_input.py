@@ -143,12 +143,6 @@ def op_cases(call) -> list[tuple]:
             ValueError,
             r"^op MPI.MAXLOC is not supported: MPI defines it only for \(value, index\) pair",
         ),
-        (
-            "op-MAXLOC",
-            lambda c: call(c, ones(2), MPI.MAXLOC),
-            ValueError,
-            r"^op must be one of the predefined reductions",
-        ),
     ]
 
 

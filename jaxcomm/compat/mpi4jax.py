@@ -347,7 +347,7 @@ def _apply_environment() -> None:
                 f"MPI4JAX_USE_CUDA_MPI={os.environ['MPI4JAX_USE_CUDA_MPI']} contradicts "
                 f"JAXCOMM_CUDA_AWARE={own}: set one of them"
             )
-        _gpu._apply(cuda_mpi, "MPI4JAX_USE_CUDA_MPI")
+        _gpu.apply_data_path(cuda_mpi, "MPI4JAX_USE_CUDA_MPI")
     if _env_flag("MPI4JAX_DEBUG"):
         _runtime.set_debug(True)
     if _env_flag("MPI4JAX_USE_SYCL_MPI"):
