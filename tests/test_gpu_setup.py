@@ -84,7 +84,7 @@ def test_set_cuda_aware_switches_the_path_and_back():
         jaxcomm.set_cuda_aware(None)
         assert jaxcomm.cuda_info() == automatic
     finally:
-        _gpu._apply(*(saved or (None, "")))
+        _gpu.apply_data_path(*(saved or (None, "")))
 
 
 @pytest.mark.mpi
@@ -205,7 +205,7 @@ def test_staging_memory_is_allocated_once_and_reused(jc):
         np.testing.assert_array_equal(jc.allreduce(big), np.full(8 << 20, jc.size, np.float32))
         assert kernels.staging_bytes() == held
     finally:
-        _gpu._apply(*(saved or (None, "")))
+        _gpu.apply_data_path(*(saved or (None, "")))
 
 
 def _check_staging_reuse(jc, loop):

@@ -826,7 +826,7 @@ def test_gpu_staging_is_held_from_the_start_to_the_wait(jc):
         assert kernels.staging_held() == held
         np.testing.assert_array_equal(jc.waitall(requests)[0], expected)
     finally:
-        jaxcomm._gpu._apply(*(saved or (None, "")))
+        jaxcomm._gpu.apply_data_path(*(saved or (None, "")))
 
 
 # The checker and the watchdog --------------------------------------------------------
