@@ -1641,7 +1641,7 @@ class JaxComm:
 
 def _concrete(counts: Any) -> np.ndarray | None:
     """``counts`` as a NumPy array where they are known before the call runs, else None."""
-    if isinstance(counts, jax.core.Tracer):
+    if any(isinstance(c, jax.core.Tracer) for c in jax.tree_util.tree_leaves(counts)):
         return None
     return np.asarray(counts)
 
