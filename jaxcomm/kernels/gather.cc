@@ -477,13 +477,12 @@ enum Header : int { kOffset, kRows, kExpect, kFlags, kHeaderWords };
 constexpr int64_t kFlagInvalid = 1;
 constexpr int64_t kFlagLarge = 2;
 constexpr int64_t kUnknown = -1;
-const char* const kIndexNames[4] = {"input_offsets", "send_sizes", "output_offsets", "recv_sizes"};
 
 // The buffers and the mode of one exchange.
 struct Exchange {
   const ffi::AnyBuffer& operand;
   const ffi::AnyBuffer& output;
-  const ffi::AnyBuffer* indices[4];
+  const ffi::AnyBuffer& indices;  // [4, size]
   bool reverse;
   bool packed;
   bool check_sizes;
@@ -507,19 +506,13 @@ std::string ShapeError(const Call& call, const Exchange& e, const ffi::AnyBuffer
     return "operand and output rows differ in shape";
   }
   if (y.size_bytes() != e.output.size_bytes()) return "the result is not shaped like the output";
-  const ffi::DataType index_type = e.indices[0]->element_type();
+  const ffi::DataType index_type = e.indices.element_type();
   if (index_type != ffi::DataType::S32 && index_type != ffi::DataType::S64) {
     return std::string("index arrays are ") + DtypeName(index_type) + ", expected int32 or int64";
   }
-  for (int i = 0; i < 4; ++i) {
-    if (e.indices[i]->element_type() != index_type) {
-      return std::string(kIndexNames[i]) + " is " + DtypeName(e.indices[i]->element_type()) +
-             ", expected " + DtypeName(index_type) + " like input_offsets";
-    }
-    if (e.indices[i]->element_count() != static_cast<size_t>(call.size())) {
-      return std::string(kIndexNames[i]) + " has " + std::to_string(e.indices[i]->element_count()) +
-             " entries, expected one per rank (" + std::to_string(call.size()) + ")";
-    }
+  if (e.indices.element_count() != 4 * static_cast<size_t>(call.size())) {
+    return "the index arrays have " + std::to_string(e.indices.element_count()) +
+           " entries, expected four per rank (" + std::to_string(call.size()) + ")";
   }
   if (info.element_type() != index_type ||
       info.element_count() != 2 * static_cast<size_t>(call.size())) {
@@ -644,7 +637,7 @@ ffi::Error RunExchange(const Call& call, Memory& memory, const Exchange& e, ffi:
   const size_t learned_rows = shaped ? learned.dimensions()[0] : 0;
 
   void *in = nullptr, *out = nullptr, *info_data = nullptr;
-  const void* index_data[4] = {nullptr, nullptr, nullptr, nullptr};
+  const void* index_data = nullptr;
   if (shaped) {
     JAXCOMM_RETURN_IF_ERROR(memory.Read(e.operand, &in));
     if (SameBuffer(e.output, y)) {
@@ -653,9 +646,7 @@ ffi::Error RunExchange(const Call& call, Memory& memory, const Exchange& e, ffi:
       JAXCOMM_RETURN_IF_ERROR(memory.Output(y, &out));
       JAXCOMM_RETURN_IF_ERROR(memory.Preload(y, 0, e.output));
     }
-    for (int i = 0; i < 4; ++i) {
-      JAXCOMM_RETURN_IF_ERROR(memory.HostInput(*e.indices[i], &index_data[i]));
-    }
+    JAXCOMM_RETURN_IF_ERROR(memory.HostInput(e.indices, &index_data));
     JAXCOMM_RETURN_IF_ERROR(memory.HostOutput(info, &info_data));
   }
   JAXCOMM_RETURN_IF_ERROR(memory.Ready());
@@ -665,7 +656,7 @@ ffi::Error RunExchange(const Call& call, Memory& memory, const Exchange& e, ffi:
     index[i].assign(size, 0);
     if (!shaped) continue;
     for (int p = 0; p < size; ++p) {
-      index[i][p] = IndexAt(index_data[i], e.indices[i]->element_type(), p);
+      index[i][p] = IndexAt(index_data, e.indices.element_type(), i * size + p);
     }
   }
   if (local_error.empty()) local_error = LocalError(e, index, local_rows, learned_rows);
@@ -792,26 +783,21 @@ ffi::Error RunExchange(const Call& call, Memory& memory, const Exchange& e, ffi:
 }  // namespace
 
 ffi::Error RaggedAllToAllImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffer operand,
-                              ffi::AnyBuffer output, ffi::AnyBuffer input_offsets,
-                              ffi::AnyBuffer send_sizes, ffi::AnyBuffer output_offsets,
-                              ffi::AnyBuffer recv_sizes, ffi::Result<ffi::Token>,
-                              ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> info,
-                              int64_t reverse) {
-  const Exchange e{
-      operand,      output, {&input_offsets, &send_sizes, &output_offsets, &recv_sizes},
-      reverse != 0, false,  true};
+                              ffi::AnyBuffer output, ffi::AnyBuffer indices,
+                              ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> y,
+                              ffi::Result<ffi::AnyBuffer> info, int64_t reverse) {
+  const Exchange e{operand, output, indices, reverse != 0, false, true};
   return RunExchange(call, memory, e, *y, *info);
 }
 
+// The indices of alltoallv: each block's start and rows, unused offsets and
+// the rows expected from each rank.
 ffi::Error AlltoallvCountsImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffer x,
-                               ffi::AnyBuffer output, ffi::AnyBuffer input_offsets,
-                               ffi::AnyBuffer sendcounts, ffi::AnyBuffer unused,
-                               ffi::AnyBuffer recvcounts, ffi::Result<ffi::Token>,
-                               ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> info,
-                               int64_t reverse, int64_t check_sizes) {
-  const Exchange e{
-      x,    output,          {&input_offsets, &sendcounts, &unused, &recvcounts}, reverse != 0,
-      true, check_sizes != 0};
+                               ffi::AnyBuffer output, ffi::AnyBuffer indices,
+                               ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> y,
+                               ffi::Result<ffi::AnyBuffer> info, int64_t reverse,
+                               int64_t check_sizes) {
+  const Exchange e{x, output, indices, reverse != 0, true, check_sizes != 0};
   return RunExchange(call, memory, e, *y, *info);
 }
 

@@ -1,9 +1,10 @@
 """Exchanges whose counts are data: ``ragged_all_to_all`` and ``alltoallv`` with this rank's counts.
 
 Both primitives take the operand, the output (whose buffer the result takes:
-rows no peer writes keep their values) and four index arrays of one entry per
-rank, traced or not: ``input_offsets``, ``send_sizes``, ``output_offsets``,
-``recv_sizes``. The kernel (``gather.cc``) first exchanges one header per
+rows no peer writes keep their values) and the index arrays, traced or not:
+``input_offsets``, ``send_sizes``, ``output_offsets``, ``recv_sizes``
+stacked as one ``(4, size)`` array (the GPU platform layer stages at most
+four buffers of a call on the host). The kernel (``gather.cc``) first exchanges one header per
 peer with ``MPI_Alltoall`` (where each block lands or is read, its rows and
 the checks' flags), then moves the rows with one ``MPI_Alltoallv``. Besides
 the output, each returns what it learned from its peers: a ``(2, size)``
@@ -27,10 +28,10 @@ from ._base import comm_primitive, derivative_comm
 from ._batching import batched_alike, placed
 
 
-def _abstract(operand, output, input_offsets, *_, **__):
+def _abstract(operand, output, indices, **_):
     return [
         jax.core.ShapedArray(output.shape, output.dtype),
-        jax.core.ShapedArray((2, input_offsets.shape[0]), input_offsets.dtype),
+        jax.core.ShapedArray((2, indices.shape[1]), indices.dtype),
     ]
 
 
@@ -54,7 +55,7 @@ alltoallv_counts_p = comm_primitive(
 
 def ragged_all_to_all(operand, output, indices, *, handle):
     """Bind ``ragged_all_to_all_p`` forwards; ``indices`` are the four index arrays."""
-    y, _ = ragged_all_to_all_p.bind(operand, output, *indices, handle=handle, reverse=0)
+    y, _ = ragged_all_to_all_p.bind(operand, output, jnp.stack(indices), handle=handle, reverse=0)
     return y
 
 
@@ -70,13 +71,11 @@ def alltoallv_counts(x, output, sendcounts, recvcounts, *, handle):
     check = recvcounts is not None
     if not check:
         recvcounts = jnp.zeros_like(sendcounts)
+    indices = jnp.stack([starts, sendcounts, jnp.zeros_like(sendcounts), recvcounts])
     y, info = alltoallv_counts_p.bind(
         x,
         output,
-        starts,
-        sendcounts,
-        jnp.zeros_like(sendcounts),
-        recvcounts,
+        indices,
         handle=handle,
         reverse=0,
         check_sizes=int(check),
@@ -95,11 +94,11 @@ def _batch(prim, axis_data, args, dims, **params):
     if all(d is None for d in dims):
         return prim.bind(*args, **params), [None, None]
     size = axis_data.size
-    operand, output, *indices = args
-    if all(d is None for d in dims[2:]):
+    operand, output, indices = args
+    if dims[2] is None:
         operand = placed(operand, dims[0], 1, size)
         output = placed(output, dims[1], 1, size)
-        y, info = prim.bind(operand, output, *indices, **params)
+        y, info = prim.bind(operand, output, indices, **params)
         return [y, info], [1, None]
     args = [placed(a, d, 0, size) for a, d in zip(args, dims)]
     members = [prim.bind(*(a[b] for a in args), **params) for b in range(size)]
@@ -118,10 +117,10 @@ def _batch(prim, axis_data, args, dims, **params):
 
 
 def _jvp(prim, primals, tangents, *, handle, **params):
-    operand, output, *indices = primals
+    operand, output, indices = primals
     y, info = prim.bind(*primals, handle=handle, **params)
     d_operand, d_output = (ad.instantiate_zeros(t) for t in tangents[:2])
-    dy, _ = prim.bind(d_operand, d_output, *indices, handle=derivative_comm(handle), **params)
+    dy, _ = prim.bind(d_operand, d_output, indices, handle=derivative_comm(handle), **params)
     return [y, info], [dy, ad.Zero(jax.typeof(info).to_tangent_aval())]
 
 
@@ -133,12 +132,12 @@ def _zero_rows(ct, offsets, rows):
     return jnp.where(covered.reshape((n,) + (1,) * (ct.ndim - 1)), jnp.zeros_like(ct), ct)
 
 
-def _transpose(prim, cts, operand, output, *indices, handle, reverse, **params):
+def _transpose(prim, cts, operand, output, indices, *, handle, reverse, **params):
     ct = batched_alike(ad.instantiate_zeros(cts[0]))
     aval = operand.aval if ad.is_undefined_primal(operand) else jax.core.get_aval(operand)
     zeros = batched_alike(jnp.zeros(aval.shape, aval.dtype))
     operand_t, info = prim.bind(
-        ct, zeros, *indices, handle=derivative_comm(handle), reverse=1 - reverse, **params
+        ct, zeros, indices, handle=derivative_comm(handle), reverse=1 - reverse, **params
     )
     output_t = None
     if ad.is_undefined_primal(output):
@@ -150,7 +149,7 @@ def _transpose(prim, cts, operand, output, *indices, handle, reverse, **params):
             output_t = _zero_rows(ct, info[0], info[1])
     if not ad.is_undefined_primal(operand):
         operand_t = None
-    return [operand_t, output_t, None, None, None, None]
+    return [operand_t, output_t, None]
 
 
 for _prim in (ragged_all_to_all_p, alltoallv_counts_p):
