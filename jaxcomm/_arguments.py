@@ -242,7 +242,10 @@ def index_arrays(values: dict[str, Any], size: int) -> tuple[jax.Array, ...]:
     """Arrays of one integer per rank, static or traced, in one dtype: int64 if any is, else int32."""
     arrays = []
     for name, value in values.items():
-        array = value if isinstance(value, jax.Array) else jnp.asarray(value)
+        try:
+            array = value if isinstance(value, jax.Array) else jnp.asarray(value)
+        except TypeError:
+            raise TypeError(f"{name} must be an integer array, got {value!r}") from None
         if not jnp.issubdtype(array.dtype, jnp.integer):
             raise TypeError(f"{name} must be an integer array, got {array.dtype}")
         if array.shape != (size,):
