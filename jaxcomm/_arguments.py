@@ -222,6 +222,53 @@ def static_counts(value: Any, name: str, size: int) -> tuple[int, ...]:
     return counts
 
 
+def rows_arrays(operand: ArrayLike, output: ArrayLike) -> tuple[jax.Array, jax.Array]:
+    """Two arrays of rows that can exchange them: leading axes, same row shape and dtype."""
+    operand, output = as_array(operand, "operand"), as_array(output, "output")
+    for name, x in (("operand", operand), ("output", output)):
+        if x.ndim == 0:
+            raise ValueError(f"{name} must have a leading axis of rows, got a 0-d array")
+    if operand.shape[1:] != output.shape[1:]:
+        raise ValueError(
+            f"operand rows have shape {operand.shape[1:]}, output rows {output.shape[1:]}; "
+            "they must match"
+        )
+    if operand.dtype != output.dtype:
+        raise TypeError(f"operand is {operand.dtype}, output {output.dtype}; they must match")
+    return operand, output
+
+
+def index_arrays(values: dict[str, Any], size: int) -> tuple[jax.Array, ...]:
+    """Arrays of one integer per rank, static or traced, in one dtype: int64 if any is, else int32."""
+    arrays = []
+    for name, value in values.items():
+        try:
+            array = value if isinstance(value, jax.Array) else jnp.asarray(value)
+        except TypeError:
+            raise TypeError(f"{name} must be an integer array, got {value!r}") from None
+        if not jnp.issubdtype(array.dtype, jnp.integer):
+            raise TypeError(f"{name} must be an integer array, got {array.dtype}")
+        if array.shape != (size,):
+            raise ValueError(
+                f"{name} has shape {array.shape}; it needs one entry per rank, shape ({size},)"
+            )
+        arrays.append(array)
+    wide = any(a.dtype == np.int64 for a in arrays)
+    dtype = np.int64 if wide else np.int32
+    return tuple(a.astype(dtype) for a in arrays)
+
+
+def is_matrix(value: Any) -> bool:
+    """Whether ``value`` is a static nested sequence (a counts matrix), not one count per rank."""
+    if isinstance(value, (jax.Array, np.ndarray)):
+        return np.ndim(value) == 2
+    try:
+        first = next(iter(value))
+    except (TypeError, StopIteration):
+        return False
+    return isinstance(first, (list, tuple, np.ndarray))
+
+
 # Reductions ----------------------------------------------------------------------
 
 

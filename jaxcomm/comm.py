@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from mpi4py import MPI
 
@@ -23,13 +24,16 @@ from ._arguments import (
     check_split_rows,
     check_status,
     held,
+    index_arrays,
     intracomm,
+    is_matrix,
     leading_axis,
     per_rank,
     pytree_leaves,
     received,
     reduction_leaves,
     reduction_operand,
+    rows_arrays,
     sequence,
     shape_dtype,
     stackable_leaves,
@@ -818,40 +822,109 @@ class JaxComm:
         )
 
     @eager_cached(arrays=("x",))
-    def alltoallv(self, x: ArrayLike, counts: Any) -> jax.Array:
+    def alltoallv(
+        self,
+        x: ArrayLike,
+        sendcounts: Any,
+        recvcounts: Any = None,
+        *,
+        capacity: int | None = None,
+    ) -> Any:
         """Exchange blocks of rows of different sizes between every pair of ranks.
 
-        Wraps ``MPI_Alltoallv``. ``counts[i][j]`` is the number of rows rank
-        ``i`` sends to rank ``j``: rank ``i``'s ``x`` holds its blocks for
-        ranks 0, 1, ... one after another, and its result holds the blocks it
-        receives from ranks 0, 1, ... one after another. The trailing
-        dimensions and dtype must match on every rank. Works eagerly and
-        under ``jit``.
+        Wraps ``MPI_Alltoallv``. Rank ``i``'s ``x`` holds its blocks for ranks
+        0, 1, ... one after another, ``sendcounts[j]`` rows for rank ``j``,
+        from its first row on (rows past ``sum(sendcounts)`` are not sent);
+        the result holds the blocks received from ranks 0, 1, ... one after
+        another. The trailing dimensions and dtype must match on every rank.
+
+        Three forms:
+
+        - ``alltoallv(x, sendcounts)``: this rank's counts, a static sequence
+          or an integer array, which may be traced (computed inside ``jit``).
+          The receive counts are learned with one ``MPI_Alltoall`` of the
+          counts before the ``MPI_Alltoallv``. Returns ``(y, recvcounts)``:
+          ``y`` has ``capacity`` rows (default: ``x``'s), the received blocks
+          first and zeros after them, and ``recvcounts`` (int32, or int64
+          where the counts are) the rows received from each rank.
+        - ``alltoallv(x, sendcounts, recvcounts)``: also the rows this rank
+          receives from each rank, static or traced, checked against what
+          arrives. Returns ``y`` alone, of ``capacity`` rows: by default
+          ``sum(recvcounts)`` for static ``recvcounts``, ``x``'s rows for
+          traced ones.
+        - ``alltoallv(x, counts)`` with the static ``size`` x ``size`` matrix
+          identical on every rank (``counts[i][j]``: rows rank ``i`` sends
+          rank ``j``): returns ``y`` of exactly the rows received. Kept for
+          convenience; the matrix costs O(size**2) on every rank, which the
+          other forms avoid.
+
+        Works eagerly and under ``jit``, in ``scan``/``fori_loop``/``cond``,
+        under ``vmap`` and differentiable (``jvp``, ``grad``, ``vjp``,
+        ``linear_transpose``): the transpose is the reverse exchange, one MPI
+        operation again.
 
         Args:
-            x: array with ``sum(counts[rank])`` rows.
-            counts: static ``size`` x ``size`` nested sequence of non-negative
-                ints, identical on every rank.
+            x: array of rows; at least ``sum(sendcounts)`` of them (exactly
+                that many in the matrix form).
+            sendcounts: this rank's row counts per destination (see above),
+                or the counts matrix.
+            recvcounts: this rank's row counts per source, or None.
+            capacity: static number of rows of the result (not in the matrix
+                form).
 
         Returns:
-            A new array of shape ``(sum(counts[i][rank] for i), *x.shape[1:])``.
+            ``(y, recvcounts)`` without ``recvcounts``, else ``y`` (see above).
 
         Raises:
-            TypeError: for a non-array ``x`` or ``counts`` that is traced or
-                not a nested sequence of ints.
-            ValueError: for ``counts`` that is not ``size`` x ``size``, has
-                negative entries, or does not give ``x``'s rows.
+            TypeError: for a non-array ``x``, non-integer counts, or a
+                traced counts matrix.
+            ValueError: for counts without one entry per rank, negative
+                static counts, or static counts that do not fit ``x`` or
+                ``capacity``.
+            RuntimeError: raised by the kernel (``XlaRuntimeError``) for
+                traced counts that are negative or do not fit ``x`` (on
+                every rank, nothing exchanged), and for received rows that
+                overflow ``capacity`` or differ from ``recvcounts`` (on the
+                receiving rank, after the exchange, so no rank waits; see
+                ``docs/irregular.md``).
 
         Example:
             With 2 ranks, where rank 0 sends 1 row to itself and 2 to rank 1,
             and rank 1 sends 3 rows to rank 0 and none to itself:
 
-            >>> counts = [[1, 2], [3, 0]]
-            >>> jc.alltoallv(jnp.full(sum(counts[jc.rank]), jc.rank), counts)
-            Array([0, 1, 1, 1], dtype=int32)   # on rank 0; [0, 0] on rank 1
+            >>> sendcounts = [[1, 2], [3, 0]][jc.rank]
+            >>> y, got = jc.alltoallv(jnp.full(4, jc.rank), sendcounts)
+            >>> y, got
+            (Array([0, 1, 1, 1], dtype=int32), Array([1, 3], dtype=int32))  # on rank 0
+            # on rank 1: (Array([0, 0, 0, 0], dtype=int32), Array([2, 0], dtype=int32))
         """
         handle = self._live()
         x = as_array(x, "x")
+        if is_matrix(sendcounts) and recvcounts is None and capacity is None:
+            return self._alltoallv_matrix(x, sendcounts, handle)
+        rows = leading_axis(x, "of rows")
+        learn = recvcounts is None
+        if learn:
+            (send,), recv = index_arrays({"sendcounts": sendcounts}, self._size), None
+        else:
+            send, recv = index_arrays(
+                {"sendcounts": sendcounts, "recvcounts": recvcounts}, self._size
+            )
+        static = _concrete(sendcounts), None if learn else _concrete(recvcounts)
+        if static[0] is not None:
+            _check_static_counts("sendcounts", static[0], rows, "x's rows")
+        if capacity is None:
+            capacity = rows if learn or static[1] is None else int(sum(static[1]))
+        capacity = static_int(capacity, "capacity")
+        if capacity < 0:
+            raise ValueError(f"capacity={capacity} is negative")
+        if static[1] is not None:
+            _check_static_counts("recvcounts", static[1], capacity, "the capacity")
+        output = jnp.zeros((capacity, *x.shape[1:]), x.dtype)
+        y, received = ops.alltoallv_counts(x, output, send, recv, handle=handle)
+        return (y, received) if learn else y
+
+    def _alltoallv_matrix(self, x: jax.Array, counts: Any, handle: int) -> jax.Array:
         rows = per_rank(counts, "counts", self._size)
         matrix = [static_counts(row, f"counts[{i}]", self._size) for i, row in enumerate(rows)]
         send = matrix[self._rank]
@@ -866,6 +939,102 @@ class JaxComm:
         columns = [[row[j] for row in matrix] for j in range(self._size)]
         max_rows = max(max(max(block), sum(block) - block[-1]) for block in (*matrix, *columns))
         return ops.alltoallv(x, sendcounts=send, recvcounts=recv, max_rows=max_rows, handle=handle)
+
+    @eager_cached(
+        arrays=(
+            "operand",
+            "output",
+            "input_offsets",
+            "send_sizes",
+            "output_offsets",
+            "recv_sizes",
+        )
+    )
+    def ragged_all_to_all(
+        self,
+        operand: ArrayLike,
+        output: ArrayLike,
+        input_offsets: ArrayLike,
+        send_sizes: ArrayLike,
+        output_offsets: ArrayLike,
+        recv_sizes: ArrayLike,
+    ) -> jax.Array:
+        """Send slices of rows to every rank, each written where its sender says.
+
+        ``jax.lax.ragged_all_to_all`` over the ranks of the communicator,
+        made of one ``MPI_Alltoall`` (where each slice goes, and the checks
+        below) and one ``MPI_Alltoallv``. This rank sends
+        ``operand[input_offsets[j]:input_offsets[j] + send_sizes[j]]`` to rank
+        ``j``, which writes it at rows ``output_offsets[j]`` on of its
+        result; rank ``j``'s slice arrives here in ``recv_sizes[j]`` rows,
+        which must equal rank ``j``'s ``send_sizes[rank]``. The result is
+        ``output`` with the received slices written in; other rows keep
+        ``output``'s values. A program written for
+        ``jax.lax.ragged_all_to_all(..., axis_name=...)`` inside
+        ``shard_map`` ports by calling this method instead.
+
+        The index arrays may be computed inside ``jit``. Works eagerly and
+        under ``jit``, in ``scan``/``fori_loop``/``cond``, under ``vmap`` and
+        differentiable in ``operand`` and ``output`` (``jvp``, ``grad``,
+        ``vjp``, ``linear_transpose``): the transpose is the reverse
+        exchange, one MPI operation again (not for slices that overlap in
+        ``operand``, whose cotangents would have to add).
+
+        Args:
+            operand: array of rows to send from; same row shape and dtype
+                on every rank.
+            output: array of rows (same row shape and dtype as ``operand``)
+                that received slices are written into; same shape on every
+                rank.
+            input_offsets: integer array of shape ``(size,)``: where in
+                ``operand`` each rank's slice starts.
+            send_sizes: integer array of shape ``(size,)``: rows of each
+                rank's slice.
+            output_offsets: integer array of shape ``(size,)``: where in rank
+                ``j``'s result this rank's slice for it starts.
+            recv_sizes: integer array of shape ``(size,)``: rows received
+                from each rank.
+
+        Returns:
+            A new array shaped like ``output``.
+
+        Raises:
+            TypeError: for non-arrays, operand and output of different
+                dtypes, or non-integer index arrays.
+            ValueError: for operand and output rows of different shapes, or
+                index arrays not of shape ``(size,)``.
+            RuntimeError: raised by the kernel (``XlaRuntimeError``) before
+                anything moves, on every rank, for a negative offset or size
+                or a slice that overruns ``operand`` or its destination's
+                output on any rank (that rank's error gives the reason, the
+                others name it); after the exchange, on the receiving rank
+                only, for ``recv_sizes`` that disagree with the senders'
+                ``send_sizes`` (also on the sender) or received slices that
+                overlap. Nothing is written outside the buffers, and no rank
+                waits for another (``docs/irregular.md``).
+
+        Example:
+            ``jax.lax.ragged_all_to_all``'s own example, on 2 ranks:
+
+            >>> args = [  # operand, output, input_offsets, send_sizes, output_offsets, recv_sizes
+            ...     ([1, 2, 2], [0, 0, 0, 0], [0, 1], [1, 2], [0, 0], [1, 1]),
+            ...     ([3, 4, 0], [0, 0, 0, 0], [0, 1], [1, 1], [1, 2], [2, 1]),
+            ... ][jc.rank]
+            >>> jc.ragged_all_to_all(*map(jnp.asarray, args))
+            Array([1, 3, 0, 0], dtype=int32)   # on rank 0; [2, 2, 4, 0] on rank 1
+        """
+        handle = self._live()
+        operand, output = rows_arrays(operand, output)
+        indices = index_arrays(
+            {
+                "input_offsets": input_offsets,
+                "send_sizes": send_sizes,
+                "output_offsets": output_offsets,
+                "recv_sizes": recv_sizes,
+            },
+            self._size,
+        )
+        return ops.ragged_all_to_all(operand, output, indices, handle=handle)
 
     # Point to point ----------------------------------------------------------
 
@@ -1468,3 +1637,18 @@ class JaxComm:
     def sync() -> None:
         """Wait until every dispatched jaxcomm operation has finished (see ``jaxcomm.sync``)."""
         sync()
+
+
+def _concrete(counts: Any) -> np.ndarray | None:
+    """``counts`` as a NumPy array where they are known before the call runs, else None."""
+    if any(isinstance(c, jax.core.Tracer) for c in jax.tree_util.tree_leaves(counts)):
+        return None
+    return np.asarray(counts)
+
+
+def _check_static_counts(name: str, counts: np.ndarray, rows: int, what: str) -> None:
+    for i, count in enumerate(counts.tolist()):
+        if count < 0:
+            raise ValueError(f"{name}[{i}]={count} is negative")
+    if counts.sum() > rows:
+        raise ValueError(f"{name} add up to {counts.sum()} rows, more than {what} ({rows})")

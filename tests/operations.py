@@ -129,6 +129,45 @@ def matrix(size):
     return [[(2 * i + j) % 3 for j in range(size)] for i in range(size)]
 
 
+def ragged(size, seed=0):
+    """A ``ragged_all_to_all`` pattern: ``(rows, out_rows, args)``, ``args[r]`` rank r's index arrays.
+
+    Random, the same on every rank for one ``seed``: blocks of 0 to 3 rows
+    (empty ones, self-sends, and for 2 ranks or more a rank that sends
+    nothing), taken from ``rows`` rows with gaps between them and written into
+    ``out_rows`` rows in a random order of the senders, with gaps.
+    ``args[r]`` is ``(input_offsets, send_sizes, output_offsets, recv_sizes)``.
+    """
+    rng = np.random.default_rng([28, seed, size])
+    sizes = rng.integers(0, 4, (size, size))
+    sizes[rng.integers(size)] = 0 if size > 1 else sizes[0]
+    gaps = rng.integers(0, 2, (size, size))
+    input_offsets = np.cumsum(sizes + gaps, axis=1) - sizes
+    output_offsets = np.zeros((size, size), np.int64)
+    for receiver in range(size):
+        at = 0
+        for sender in rng.permutation(size):
+            at += rng.integers(0, 2)
+            output_offsets[sender, receiver] = at
+            at += sizes[sender, receiver]
+    rows = int((sizes + gaps).sum(axis=1).max())
+    out_rows = int(output_offsets.max() + sizes.max() + 1)
+    args = [
+        (input_offsets[r], sizes[r], output_offsets[r], sizes[:, r].copy()) for r in range(size)
+    ]
+    return rows, out_rows, args
+
+
+def ragged_model(operands, outputs, args):
+    """Every rank's ``ragged_all_to_all`` result, as NumPy."""
+    results = [np.array(o, copy=True) for o in outputs]
+    for sender, (input_offsets, send_sizes, output_offsets, _) in enumerate(args):
+        for receiver, rows in enumerate(send_sizes):
+            start, at = input_offsets[receiver], output_offsets[receiver]
+            results[receiver][at : at + rows] = operands[sender][start : start + rows]
+    return results
+
+
 def ring(rank, size):
     """``(source, dest)`` around a periodic ring."""
     return (rank - 1) % size, (rank + 1) % size
@@ -267,6 +306,53 @@ def _alltoallv(data, rank, size):
         start = sum(m[r][:rank])
         parts.append(data(r)[start : start + m[r][rank]])
     return np.concatenate(parts)
+
+
+def _ragged_call(jc, x):
+    _, out_rows, args = ragged(jc.size)
+    output = jax.numpy.zeros((out_rows, *x.shape[1:]), x.dtype)
+    return jc.ragged_all_to_all(x, output, *(a.astype(np.int32) for a in args[jc.rank]))
+
+
+def _ragged_shape(size, rank):
+    return (ragged(size)[0], ROWS)
+
+
+def _ragged(data, rank, size):
+    _, out_rows, args = ragged(size)
+    operands = [data(r) for r in range(size)]
+    outputs = [np.zeros((out_rows, *o.shape[1:]), o.dtype) for o in operands]
+    return ragged_model(operands, outputs, args)[rank]
+
+
+def _capacity(size):
+    """Rows enough for any rank's receives in ``alltoallv`` of :func:`matrix`."""
+    m = matrix(size)
+    return max(sum(row[r] for row in m) for r in range(size))
+
+
+def _alltoallv_learned(jc, x):
+    y, received = jc.alltoallv(x, matrix(jc.size)[jc.rank], capacity=_capacity(jc.size))
+    return y
+
+
+def _alltoallv_traced(jc, x):
+    # Counts computed inside the function, so traced under jit (and, not
+    # depending on x, the same for every member of a vmap batch).
+    counts = jax.numpy.asarray(matrix(jc.size))[jax.numpy.int32(jc.rank)]
+    return jc.alltoallv(x, counts, capacity=_capacity(jc.size))[0]
+
+
+def _alltoallv_recvcounts(jc, x):
+    m = matrix(jc.size)
+    return jc.alltoallv(x, m[jc.rank], [row[jc.rank] for row in m])
+
+
+def _alltoallv_padded(data, rank, size):
+    got = _alltoallv(data, rank, size)
+    capacity = _capacity(size)
+    padding = np.zeros((capacity - got.shape[0], *got.shape[1:]), got.dtype)
+    return np.concatenate([got, padding])
 
 
 def _from_left(data, rank, size):
@@ -620,6 +706,46 @@ OPERATIONS = (
         expected=_alltoallv,
         mpi=("MPI_Alltoallv",),
         targets=("alltoallv",),
+    ),
+    Operation(
+        "alltoallv-learned",
+        family="ragged",
+        kind="v",
+        call=_alltoallv_learned,
+        shape=_row_of_matrix,
+        expected=_alltoallv_padded,
+        mpi=("MPI_Alltoall", "MPI_Alltoallv"),
+        targets=("alltoallv_counts",),
+    ),
+    Operation(
+        "alltoallv-traced",
+        family="ragged",
+        kind="v",
+        call=_alltoallv_traced,
+        shape=_row_of_matrix,
+        expected=_alltoallv_padded,
+        mpi=("MPI_Alltoall", "MPI_Alltoallv"),
+        targets=("alltoallv_counts",),
+    ),
+    Operation(
+        "alltoallv-recvcounts",
+        family="ragged",
+        kind="v",
+        call=_alltoallv_recvcounts,
+        shape=_row_of_matrix,
+        expected=_alltoallv,
+        mpi=("MPI_Alltoall", "MPI_Alltoallv"),
+        targets=("alltoallv_counts",),
+    ),
+    Operation(
+        "ragged_all_to_all",
+        family="ragged",
+        kind="v",
+        call=_ragged_call,
+        shape=_ragged_shape,
+        expected=_ragged,
+        mpi=("MPI_Alltoall", "MPI_Alltoallv"),
+        targets=("ragged_all_to_all",),
     ),
     Operation(
         "sendrecv",

@@ -775,26 +775,63 @@ CASES = [
         ],
     ),
     *cases(
+        "ragged_all_to_all",
+        [
+            (
+                "operand-str",
+                lambda c: c.jc.ragged_all_to_all("abc", ones(2), *[[0] * c.size] * 4),
+                TypeError,
+                r"^operand must be an array or a scalar, got str",
+            ),
+            (
+                "rows-differ",
+                lambda c: c.jc.ragged_all_to_all(ones(2, 3), ones(2), *[[0] * c.size] * 4),
+                ValueError,
+                r"^operand rows have shape \(3,\), output rows \(\)",
+            ),
+            (
+                "index-length",
+                lambda c: c.jc.ragged_all_to_all(ones(2), ones(2), *[[0] * (c.size + 1)] * 4),
+                ValueError,
+                r"^input_offsets has shape \(\d+,\); it needs one entry per rank",
+            ),
+            (
+                "index-float",
+                lambda c: c.jc.ragged_all_to_all(
+                    ones(2), ones(2), [0] * c.size, [0.5] * c.size, [0] * c.size, [0] * c.size
+                ),
+                TypeError,
+                r"^send_sizes must be an integer array",
+            ),
+            (
+                "freed",
+                lambda c: c.freed.ragged_all_to_all(ones(2), ones(2), *[[0] * c.size] * 4),
+                RuntimeError,
+                FREED,
+            ),
+        ],
+    ),
+    *cases(
         "alltoallv",
         [
             *x_cases(lambda c, x: c.jc.alltoallv(x, [[1] * c.size] * c.size)),
             (
                 "counts-int",
                 lambda c: c.jc.alltoallv(ones(c.size), 1),
-                TypeError,
-                r"^counts must be a sequence, got int",
+                ValueError,
+                r"^sendcounts has shape \(\); it needs one entry per rank",
             ),
             (
-                "counts-flat",
-                lambda c: c.jc.alltoallv(ones(c.size), [1] * c.size),
-                TypeError,
-                r"^counts\[0\] must be a sequence, got int",
+                "counts-flat-overrun",
+                lambda c: c.jc.alltoallv(ones(c.size), [2] * c.size),
+                ValueError,
+                r"^sendcounts add up to \d+ rows, more than x's rows",
             ),
             (
                 "counts-row-str",
                 lambda c: c.jc.alltoallv(ones(c.size), ["1" * c.size] * c.size),
                 TypeError,
-                r"^counts\[0\] must be a sequence, got str",
+                r"^sendcounts must be an integer array",
             ),
             (
                 "counts-float",

@@ -68,6 +68,28 @@ auto AddressedBuffers(Binding&& binding) {
   ffi::Token, ffi::AnyBuffer, ffi::AnyBuffer, ffi::Result<ffi::Token>, \
       ffi::Result<ffi::AnyBuffer>, ffi::Result<ffi::AnyBuffer>
 
+// Exchanges whose counts are operands (gather.cc: ragged_all_to_all and
+// alltoallv with this rank's counts): the token, the operand, the output and
+// the index arrays (input_offsets, send_sizes, output_offsets, recv_sizes
+// stacked, [4, size]) in; the token, the output, aliased to the one in, and
+// what the exchange learned from its peers (offsets and rows, [2, size], of
+// the index arrays' type) out. Four buffers at most reach the host, which is
+// what the GPU platform layer stages in one call.
+template <typename Binding>
+auto RaggedBuffers(Binding&& binding) {
+  return std::forward<Binding>(binding)
+      .template Arg<ffi::Token>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Ret<ffi::Token>()
+      .template Ret<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>();
+}
+#define JAXCOMM_Ragged_PARAMS                                                          \
+  ffi::Token, ffi::AnyBuffer, ffi::AnyBuffer, ffi::AnyBuffer, ffi::Result<ffi::Token>, \
+      ffi::Result<ffi::AnyBuffer>, ffi::Result<ffi::AnyBuffer>
+
 // Nonblocking starts (nonblocking.cc): the token and one array in, the
 // token and the request handle (two int32: slot and serial) out.
 template <typename Binding>
@@ -137,6 +159,7 @@ auto FenceBuffers(Binding&& binding) {
 #define JAXCOMM_Array_ON_COMM true
 #define JAXCOMM_Receive_ON_COMM true
 #define JAXCOMM_Addressed_ON_COMM true
+#define JAXCOMM_Ragged_ON_COMM true
 #define JAXCOMM_Start_ON_COMM true
 #define JAXCOMM_StartReceive_ON_COMM true
 #define JAXCOMM_WaitSend_ON_COMM false

@@ -1,5 +1,8 @@
-// Gather family: MPI_Allgather, MPI_Gather, MPI_Scatter, MPI_Alltoall and the
-// variable-size MPI_Allgatherv, MPI_Gatherv, MPI_Scatterv, MPI_Alltoallv.
+// Gather family: MPI_Allgather, MPI_Gather, MPI_Scatter, MPI_Alltoall, the
+// variable-size MPI_Allgatherv, MPI_Gatherv, MPI_Scatterv, MPI_Alltoallv, and
+// the exchanges whose counts are operands (ragged_all_to_all, alltoallv with
+// this rank's counts): an MPI_Alltoall of per-peer headers, then one
+// MPI_Alltoallv.
 //
 // The fixed-size ops move one rank's block as one LargeType element when it
 // exceeds MaxCount(): the derived type's extent is the whole block, so MPI
@@ -7,6 +10,9 @@
 // displacements, which no datatype widens; past MaxCount() they fall back to
 // other calls (see each handler).
 #include <algorithm>
+#include <cstring>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "common.h"
@@ -440,6 +446,359 @@ ffi::Error AlltoallvImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyB
   }
   JAXCOMM_RETURN_IF_ERROR(Alltoallw(call, x, in, send, out, recv));
   return memory.Finish();
+}
+
+// Exchanges whose counts are operands ------------------------------------------
+//
+// Each rank knows one side of every block it exchanges: the "local" side, rows
+// [input_offsets[p], + send_sizes[p]) of one of its buffers, and learns the
+// other, "learned", side from peer p: where in its other buffer p's block
+// lies (p's output_offsets[rank], or packed in rank order) and its rows (p's
+// send_sizes[rank]). Forward, the local side is sent from the operand and the
+// learned side received into the output (ragged_all_to_all, alltoallv);
+// reversed, as their transposes, the learned side is sent from the operand
+// and the local side received into the output.
+//
+// One MPI_Alltoall of a header per peer comes first: the offset and rows the
+// peer learns, the rows this rank expects from it (recv_sizes) and flags. No
+// rank can leave the others waiting:
+// - Arguments a rank can check alone (negative or overrunning offsets and
+//   sizes, overlapping blocks it writes) set the invalid flag in every header
+//   it sends, with zero rows; every rank then sees the flag and returns an
+//   error before any data moves.
+// - What only a receiver sees (a learned block that overruns its buffer or
+//   the capacity, a peer's rows that differ from recv_sizes) fails that rank
+//   after the exchange, which it makes with exactly the rows its peers
+//   announced, through scratch memory instead of its buffers.
+// - The large-count flag makes every rank use MPI_Alltoallw when one needs it.
+namespace {
+
+enum Header : int { kOffset, kRows, kExpect, kFlags, kHeaderWords };
+constexpr int64_t kFlagInvalid = 1;
+constexpr int64_t kFlagLarge = 2;
+constexpr int64_t kUnknown = -1;
+
+// The buffers and the mode of one exchange.
+struct Exchange {
+  const ffi::AnyBuffer& operand;
+  const ffi::AnyBuffer& output;
+  const ffi::AnyBuffer& indices;  // [4, size]
+  bool reverse;
+  bool packed;
+  bool check_sizes;
+};
+
+// Why the buffers cannot make this exchange, or "" (the same on every rank
+// that passes the shapes the Python layer checks).
+std::string ShapeError(const Call& call, const Exchange& e, const ffi::AnyBuffer& y,
+                       const ffi::AnyBuffer& info) {
+  const auto dims = [](const ffi::AnyBuffer& b) {
+    std::vector<int64_t> d(b.dimensions().begin(), b.dimensions().end());
+    return d;
+  };
+  std::vector<int64_t> op = dims(e.operand), out = dims(e.output);
+  if (op.empty() || out.empty()) return "operand and output need a leading axis";
+  if (e.operand.element_type() != e.output.element_type()) {
+    return std::string("output is ") + DtypeName(e.output.element_type()) +
+           ", expected the operand's " + DtypeName(e.operand.element_type());
+  }
+  if (!std::equal(op.begin() + 1, op.end(), out.begin() + 1, out.end())) {
+    return "operand and output rows differ in shape";
+  }
+  if (y.size_bytes() != e.output.size_bytes()) return "the result is not shaped like the output";
+  const ffi::DataType index_type = e.indices.element_type();
+  if (index_type != ffi::DataType::S32 && index_type != ffi::DataType::S64) {
+    return std::string("index arrays are ") + DtypeName(index_type) + ", expected int32 or int64";
+  }
+  if (e.indices.element_count() != 4 * static_cast<size_t>(call.size())) {
+    return "the index arrays have " + std::to_string(e.indices.element_count()) +
+           " entries, expected four per rank (" + std::to_string(call.size()) + ")";
+  }
+  if (info.element_type() != index_type ||
+      info.element_count() != 2 * static_cast<size_t>(call.size())) {
+    return "the learned counts are not [2, size] of the index type";
+  }
+  return "";
+}
+
+int64_t IndexAt(const void* data, ffi::DataType type, size_t i) {
+  if (type == ffi::DataType::S32) return static_cast<const int32_t*>(data)[i];
+  return static_cast<const int64_t*>(data)[i];
+}
+
+void SetIndex(void* data, ffi::DataType type, size_t i, int64_t value) {
+  if (type == ffi::DataType::S32) {
+    static_cast<int32_t*>(data)[i] = static_cast<int32_t>(value);
+  } else {
+    static_cast<int64_t*>(data)[i] = value;
+  }
+}
+
+std::string Entry(const char* name, size_t p, int64_t value) {
+  return std::string(name) + "[" + std::to_string(p) + "] = " + std::to_string(value);
+}
+
+// Why the ranges [offsets[p], + rows[p]) overlap, or "" (empty ones never do).
+std::string Overlap(const std::vector<int64_t>& offsets, const std::vector<int64_t>& rows,
+                    const char* what) {
+  thread_local std::vector<std::pair<int64_t, size_t>> starts;
+  starts.clear();
+  for (size_t p = 0; p < offsets.size(); ++p) {
+    if (rows[p] > 0) starts.emplace_back(offsets[p], p);
+  }
+  std::sort(starts.begin(), starts.end());
+  for (size_t i = 1; i < starts.size(); ++i) {
+    const size_t before = starts[i - 1].second, p = starts[i].second;
+    if (offsets[before] + rows[before] > offsets[p]) {
+      return std::string(what) + " of peers " + std::to_string(before) + " and " +
+             std::to_string(p) + " overlap (rows " + std::to_string(offsets[before]) + "+" +
+             std::to_string(rows[before]) + " and " + std::to_string(offsets[p]) + "+" +
+             std::to_string(rows[p]) + ")";
+    }
+  }
+  return "";
+}
+
+// The checks of this rank's own index arrays, which need no peer.
+std::string LocalError(const Exchange& e, const std::vector<int64_t>* index, size_t local_rows,
+                       size_t learned_rows) {
+  const std::vector<int64_t>& input_offsets = index[0];
+  const std::vector<int64_t>& send_sizes = index[1];
+  const std::vector<int64_t>& output_offsets = index[2];
+  const std::vector<int64_t>& recv_sizes = index[3];
+  const char* local = e.reverse ? "output" : "operand";
+  const char* learned = e.reverse ? "operand" : "output";
+  int64_t expected = 0;
+  for (size_t p = 0; p < input_offsets.size(); ++p) {
+    if (input_offsets[p] < 0) return Entry("input_offsets", p, input_offsets[p]) + " is negative";
+    if (send_sizes[p] < 0) return Entry("send_sizes", p, send_sizes[p]) + " is negative";
+    if (input_offsets[p] > static_cast<int64_t>(local_rows) - send_sizes[p]) {
+      return Entry("input_offsets", p, input_offsets[p]) + " + " +
+             Entry("send_sizes", p, send_sizes[p]) + " overruns the " + local + "'s " +
+             std::to_string(local_rows) + " rows";
+    }
+    if (!e.packed) {
+      if (output_offsets[p] < 0) {
+        return Entry("output_offsets", p, output_offsets[p]) + " is negative";
+      }
+      // Every rank's buffers have the same shape, so the block's place on
+      // its peer can be checked here, before anything moves.
+      if (output_offsets[p] > static_cast<int64_t>(learned_rows) - send_sizes[p]) {
+        return Entry("output_offsets", p, output_offsets[p]) + " + " +
+               Entry("send_sizes", p, send_sizes[p]) + " overruns the peer's " + learned + " of " +
+               std::to_string(learned_rows) + " rows";
+      }
+    }
+    if (e.check_sizes) {
+      if (recv_sizes[p] < 0) return Entry("recv_sizes", p, recv_sizes[p]) + " is negative";
+      expected += recv_sizes[p];
+    }
+  }
+  if (e.packed && e.check_sizes && expected > static_cast<int64_t>(learned_rows)) {
+    return "recvcounts add up to " + std::to_string(expected) + " rows, more than the " +
+           std::to_string(learned_rows) + " of the capacity";
+  }
+  if (e.reverse) {
+    // Received blocks must not overlap (MPI writes each place once); the
+    // transpose of a forward exchange that sends one row to several peers
+    // would have to add their cotangents.
+    std::string overlap = Overlap(input_offsets, send_sizes, "the output blocks");
+    if (!overlap.empty()) {
+      return overlap +
+             ": the transpose of an exchange that sends a row more than once "
+             "is not supported";
+    }
+  }
+  return "";
+}
+
+// MPI arguments of one side of the exchange, in elements.
+struct Side {
+  std::vector<size_t> counts, displs;
+  void Clear() {
+    counts.clear();
+    displs.clear();
+  }
+};
+
+ffi::Error RunExchange(const Call& call, Memory& memory, const Exchange& e, ffi::AnyBuffer& y,
+                       ffi::AnyBuffer& info) {
+  const int64_t modes[3] = {e.reverse, e.packed, e.check_sizes};
+  JAXCOMM_RETURN_IF_ERROR(call.Announce(
+      Collective::OfType(e.operand.element_type()).Agreed(ffi::Span<const int64_t>(modes, 3))));
+  const int size = call.size();
+  const int rank = call.rank();
+  std::string local_error = ShapeError(call, e, y, info);
+  const bool shaped = local_error.empty();
+  const size_t row = RowElements(e.operand.dimensions());
+  const ffi::AnyBuffer& local = e.reverse ? e.output : e.operand;
+  const ffi::AnyBuffer& learned = e.reverse ? e.operand : e.output;
+  const size_t local_rows = shaped ? local.dimensions()[0] : 0;
+  const size_t learned_rows = shaped ? learned.dimensions()[0] : 0;
+
+  void *in = nullptr, *out = nullptr, *info_data = nullptr;
+  const void* index_data = nullptr;
+  if (shaped) {
+    JAXCOMM_RETURN_IF_ERROR(memory.Read(e.operand, &in));
+    if (SameBuffer(e.output, y)) {
+      JAXCOMM_RETURN_IF_ERROR(memory.InPlace(y, &out));
+    } else {
+      JAXCOMM_RETURN_IF_ERROR(memory.Output(y, &out));
+      JAXCOMM_RETURN_IF_ERROR(memory.Preload(y, 0, e.output));
+    }
+    JAXCOMM_RETURN_IF_ERROR(memory.HostInput(e.indices, &index_data));
+    JAXCOMM_RETURN_IF_ERROR(memory.HostOutput(info, &info_data));
+  }
+  JAXCOMM_RETURN_IF_ERROR(memory.Ready());
+
+  thread_local std::vector<int64_t> index[4];
+  for (int i = 0; i < 4; ++i) {
+    index[i].assign(size, 0);
+    if (!shaped) continue;
+    for (int p = 0; p < size; ++p) {
+      index[i][p] = IndexAt(index_data, e.indices.element_type(), i * size + p);
+    }
+  }
+  if (local_error.empty()) local_error = LocalError(e, index, local_rows, learned_rows);
+  const bool valid = local_error.empty();
+  const bool large = local_rows * row > MaxCount() || learned_rows * row > MaxCount();
+
+  thread_local std::vector<int64_t> mine, theirs;
+  mine.assign(static_cast<size_t>(size) * kHeaderWords, 0);
+  theirs.assign(static_cast<size_t>(size) * kHeaderWords, 0);
+  for (int p = 0; p < size; ++p) {
+    int64_t* h = &mine[static_cast<size_t>(p) * kHeaderWords];
+    h[kOffset] = valid && !e.packed ? index[2][p] : 0;
+    h[kRows] = valid ? index[1][p] : 0;
+    h[kExpect] = valid && e.check_sizes ? index[3][p] : kUnknown;
+    h[kFlags] = (valid ? 0 : kFlagInvalid) | (large ? kFlagLarge : 0);
+  }
+  call.Log([&] { return "MPI_Alltoall " + Elements(mine.size(), ffi::DataType::S64); });
+  JAXCOMM_MPI_CHECK(call, MPI_Alltoall, mine.data(), kHeaderWords, MPI_INT64_T, theirs.data(),
+                    kHeaderWords, MPI_INT64_T, call.comm());
+  int64_t flags = 0;
+  int invalid_peer = -1;
+  for (int p = 0; p < size; ++p) {
+    const int64_t f = theirs[static_cast<size_t>(p) * kHeaderWords + kFlags];
+    flags |= f;
+    if ((f & kFlagInvalid) && invalid_peer < 0) invalid_peer = p;
+  }
+  if (!valid) return call.Invalid(local_error + "; nothing was exchanged");
+  if (flags & kFlagInvalid) {
+    return call.Invalid("rank " + std::to_string(invalid_peer) +
+                        "'s arguments are invalid (its error says why); nothing was exchanged");
+  }
+
+  // The learned side, from the peers' headers.
+  thread_local std::vector<int64_t> offsets, rows;
+  offsets.assign(size, 0);
+  rows.assign(size, 0);
+  std::string learned_error;
+  int64_t packed_offset = 0;
+  for (int p = 0; p < size; ++p) {
+    const int64_t* h = &theirs[static_cast<size_t>(p) * kHeaderWords];
+    rows[p] = h[kRows];
+    offsets[p] = e.packed ? packed_offset : h[kOffset];
+    packed_offset += rows[p];
+    if (!learned_error.empty()) continue;
+    if (e.check_sizes && rows[p] != index[3][p]) {
+      learned_error = Entry("recv_sizes", p, index[3][p]) + ", but rank " + std::to_string(p) +
+                      " sends " + std::to_string(rows[p]) + " rows";
+    } else if (h[kExpect] != kUnknown && h[kExpect] != index[1][p]) {
+      learned_error = Entry("send_sizes", p, index[1][p]) + ", but rank " + std::to_string(p) +
+                      " expects " + std::to_string(h[kExpect]) + " rows (its recv_sizes[" +
+                      std::to_string(rank) + "])";
+    } else if (offsets[p] < 0 || offsets[p] > static_cast<int64_t>(learned_rows) - rows[p]) {
+      learned_error =
+          e.packed ? "ranks 0 to " + std::to_string(p) + " send " + std::to_string(packed_offset) +
+                         " rows here, more than the capacity of " + std::to_string(learned_rows)
+                   : "rank " + std::to_string(p) + "'s block, " + std::to_string(rows[p]) +
+                         " rows at " + std::to_string(offsets[p]) + ", overruns the " +
+                         std::to_string(learned_rows) + " rows here";
+    }
+  }
+  if (learned_error.empty() && !e.reverse) {
+    learned_error = Overlap(offsets, rows, "the received blocks");
+  }
+  for (int p = 0; p < size; ++p) {
+    SetIndex(info_data, info.element_type(), p, offsets[p]);
+    SetIndex(info_data, info.element_type(), size + p, rows[p]);
+  }
+
+  // A failed learned side moves through zeroed scratch memory, packed, so
+  // that the peers still get and send exactly what they announced.
+  thread_local std::vector<char> scratch;
+  void* learned_data = e.reverse ? in : out;
+  const size_t width = ffi::ByteWidth(e.operand.element_type());
+  if (!learned_error.empty()) {
+    scratch.assign(static_cast<size_t>(packed_offset) * row * width + 1, 0);
+    learned_data = scratch.data();
+    for (int p = 0, at = 0; p < size; at += rows[p], ++p) offsets[p] = at;
+  }
+  thread_local Side local_side, learned_side;
+  local_side.Clear();
+  learned_side.Clear();
+  for (int p = 0; p < size; ++p) {
+    local_side.counts.push_back(static_cast<size_t>(index[1][p]) * row);
+    local_side.displs.push_back(static_cast<size_t>(index[0][p]) * row);
+    learned_side.counts.push_back(static_cast<size_t>(rows[p]) * row);
+    learned_side.displs.push_back(static_cast<size_t>(offsets[p]) * row);
+  }
+  const Side& send = e.reverse ? learned_side : local_side;
+  const Side& recv = e.reverse ? local_side : learned_side;
+  void* send_data = e.reverse ? learned_data : in;
+  void* recv_data = e.reverse ? out : learned_data;
+  MPI_Datatype dtype;
+  JAXCOMM_RETURN_IF_ERROR(MpiDatatype(e.operand.element_type(), &dtype));
+  if (flags & kFlagLarge) {
+    PeerBlocks send_blocks, recv_blocks;
+    for (int p = 0; p < size; ++p) {
+      JAXCOMM_RETURN_IF_ERROR(send_blocks.Add(dtype, send.displs[p], send.counts[p], call.comm()));
+      JAXCOMM_RETURN_IF_ERROR(recv_blocks.Add(dtype, recv.displs[p], recv.counts[p], call.comm()));
+    }
+    JAXCOMM_RETURN_IF_ERROR(
+        Alltoallw(call, e.operand, send_data, send_blocks, recv_data, recv_blocks));
+  } else {
+    thread_local std::vector<int> ints;
+    ints.resize(4 * static_cast<size_t>(size));
+    for (int p = 0; p < size; ++p) {
+      ints[p] = static_cast<int>(send.counts[p]);
+      ints[size + p] = static_cast<int>(send.displs[p]);
+      ints[2 * size + p] = static_cast<int>(recv.counts[p]);
+      ints[3 * size + p] = static_cast<int>(recv.displs[p]);
+    }
+    call.Log([&] {
+      size_t sent = 0;
+      for (size_t c : send.counts) sent += c;
+      return "MPI_Alltoallv " + Elements(sent, e.operand.element_type());
+    });
+    JAXCOMM_MPI_CHECK(call, MPI_Alltoallv, send_data, ints.data(), ints.data() + size, dtype,
+                      recv_data, ints.data() + 2 * size, ints.data() + 3 * size, dtype,
+                      call.comm());
+  }
+  if (!learned_error.empty()) return call.Invalid(learned_error);
+  return memory.Finish();
+}
+
+}  // namespace
+
+ffi::Error RaggedAllToAllImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffer operand,
+                              ffi::AnyBuffer output, ffi::AnyBuffer indices,
+                              ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> y,
+                              ffi::Result<ffi::AnyBuffer> info, int64_t reverse) {
+  const Exchange e{operand, output, indices, reverse != 0, false, true};
+  return RunExchange(call, memory, e, *y, *info);
+}
+
+// The indices of alltoallv: each block's start and rows, unused offsets and
+// the rows expected from each rank.
+ffi::Error AlltoallvCountsImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffer x,
+                               ffi::AnyBuffer output, ffi::AnyBuffer indices,
+                               ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> y,
+                               ffi::Result<ffi::AnyBuffer> info, int64_t reverse,
+                               int64_t check_sizes) {
+  const Exchange e{x, output, indices, reverse != 0, true, check_sizes != 0};
+  return RunExchange(call, memory, e, *y, *info);
 }
 
 }  // namespace jaxcomm

@@ -36,6 +36,12 @@ from .p2p import (
     write_status,
     write_status_p,
 )
+from .ragged import (
+    alltoallv_counts,
+    alltoallv_counts_p,
+    ragged_all_to_all,
+    ragged_all_to_all_p,
+)
 from .reduction import (
     allreduce,
     allreduce_p,
@@ -60,6 +66,8 @@ __all__ = [
     "alltoall_p",
     "alltoallv",
     "alltoallv_p",
+    "alltoallv_counts",
+    "alltoallv_counts_p",
     "barrier",
     "barrier_p",
     "bcast",
@@ -70,6 +78,8 @@ __all__ = [
     "gather_p",
     "gatherv",
     "gatherv_p",
+    "ragged_all_to_all",
+    "ragged_all_to_all_p",
     "recv",
     "recv_p",
     "reduce",

@@ -1,0 +1,469 @@
+"""Exchanges whose counts are data: ragged_all_to_all and alltoallv with this rank's counts.
+
+Every result is compared with a NumPy model of the exchange over random
+patterns (``operations.ragged``: empty blocks, self-sends, a rank that sends
+nothing), eagerly and jitted, with index arrays static or computed inside
+``jit``; derivatives against the model (the op is linear) and finite
+differences; transformations against loops; and bad input on one rank
+against the errors ``docs/irregular.md`` promises, followed by a collective
+that still matches on every rank.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import RUNTIME_ERRORS, not_reported_again, rank_data, unchanged
+from operations import ragged, ragged_model
+
+from jaxcomm._runtime import _kernels_cpu
+
+SEEDS = range(4)
+TRAILING = [(), (3,)]
+
+
+def _pattern(jc, seed, trailing=(), dtype=np.float32):
+    """This rank's arguments of a random pattern, and every rank's, for the model."""
+    rows, out_rows, args = ragged(jc.size, seed)
+    operands = [rank_data(r, (rows, *trailing), dtype) for r in range(jc.size)]
+    outputs = [rank_data(r + 10, (out_rows, *trailing), dtype) for r in range(jc.size)]
+    return operands, outputs, args
+
+
+def _int(args, dtype=np.int32):
+    return [np.asarray(a, dtype) for a in args]
+
+
+def _total(jc, value):
+    """The sum of a scalar over the ranks (mpi4py, outside jaxcomm's ordering)."""
+    return jc.comm.allreduce(float(value))
+
+
+# Results ------------------------------------------------------------------------------
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("trailing", TRAILING)
+@pytest.mark.parametrize("dtype", [np.float32, np.int32, np.complex64, np.bool_])
+@pytest.mark.parametrize("mode", ["eager", "jit"])
+def test_ragged_all_to_all_matches_the_model(jc, seed, trailing, dtype, mode):
+    operands, outputs, args = _pattern(jc, seed, trailing, dtype)
+    want = ragged_model(operands, outputs, args)[jc.rank]
+    operand, output = jnp.asarray(operands[jc.rank]), jnp.asarray(outputs[jc.rank])
+    call = jc.ragged_all_to_all if mode == "eager" else jax.jit(jc.ragged_all_to_all)
+    got = call(operand, output, *_int(args[jc.rank]))
+    assert got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_array_equal(np.asarray(got), want)
+    unchanged(operand, operands[jc.rank])
+    unchanged(output, outputs[jc.rank])
+
+
+@pytest.mark.x64
+@pytest.mark.mpi
+@pytest.mark.parametrize("seed", SEEDS)
+def test_index_arrays_computed_inside_jit(jc, seed):
+    # The index arrays are int64 data read and transformed in the jitted
+    # function, so the kernel sees values XLA computed.
+    operands, outputs, args = _pattern(jc, seed, (2,), np.float64)
+    want = ragged_model(operands, outputs, args)[jc.rank]
+
+    @jax.jit
+    def step(operand, output, packed):
+        input_offsets, send_sizes, output_offsets, recv_sizes = (packed - 1)[:, ::-1]
+        return jc.ragged_all_to_all(
+            operand, output, input_offsets, send_sizes, output_offsets, recv_sizes
+        )
+
+    packed = np.stack(_int(args[jc.rank], np.int64))[:, ::-1] + 1
+    got = step(operands[jc.rank], outputs[jc.rank], packed)
+    np.testing.assert_array_equal(np.asarray(got), want)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_the_example_of_jax_lax_ragged_all_to_all(jc):
+    if jc.size != 2:
+        pytest.skip("the example is written for 2 ranks")
+    args = [
+        ([1, 2, 2], [0, 0, 0, 0], [0, 1], [1, 2], [0, 0], [1, 1]),
+        ([3, 4, 0], [0, 0, 0, 0], [0, 1], [1, 1], [1, 2], [2, 1]),
+    ][jc.rank]
+    got = jc.ragged_all_to_all(*map(jnp.asarray, args))
+    np.testing.assert_array_equal(got, [[1, 3, 0, 0], [2, 2, 4, 0]][jc.rank])
+
+
+def _counts(size, seed):
+    """Random alltoallv counts: ``matrix[i][j]`` rows from i to j, one rank sending nothing."""
+    rng = np.random.default_rng([29, seed, size])
+    matrix = rng.integers(0, 4, (size, size))
+    matrix[rng.integers(size)] = 0
+    return matrix
+
+
+def _alltoallv_model(size, rank, matrix, data):
+    return np.concatenate(
+        [data(i)[matrix[i, :rank].sum() :][: matrix[i, rank]] for i in range(size)]
+    )
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("mode", ["eager", "jit"])
+def test_alltoallv_learns_the_counts(jc, seed, mode):
+    size, rank = jc.size, jc.rank
+    matrix = _counts(size, seed)
+    rows = int(matrix.sum(axis=1).max()) + 1  # a padded input: the last rows are not sent
+    capacity = int(matrix.sum(axis=0).max()) + 2
+    data = lambda r: rank_data(r, (rows, 3), np.float32)  # noqa: E731
+    want = _alltoallv_model(size, rank, matrix, data)
+    x = jnp.asarray(data(rank))
+
+    def call(x, counts):
+        return jc.alltoallv(x, counts, capacity=capacity)
+
+    for counts in (list(matrix[rank]), jnp.asarray(matrix[rank], jnp.int32)):
+        y, received = (call if mode == "eager" else jax.jit(call))(x, counts)
+        assert y.shape == (capacity, 3)
+        np.testing.assert_array_equal(np.asarray(y[: len(want)]), want)
+        np.testing.assert_array_equal(np.asarray(y[len(want) :]), 0)
+        np.testing.assert_array_equal(np.asarray(received), matrix[:, rank])
+        assert received.dtype == jnp.asarray(counts).dtype
+    unchanged(x, data(rank))
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("seed", SEEDS)
+def test_alltoallv_with_recvcounts(jc, seed):
+    size, rank = jc.size, jc.rank
+    matrix = _counts(size, seed)
+    rows = int(matrix.sum(axis=1).max())
+    data = lambda r: rank_data(r, (rows,), np.float32)  # noqa: E731
+    want = _alltoallv_model(size, rank, matrix, data)
+    x = jnp.asarray(data(rank))
+    # Static counts: exactly the rows received.
+    y = jc.alltoallv(x, list(matrix[rank]), list(matrix[:, rank]))
+    np.testing.assert_array_equal(np.asarray(y), want)
+    # Traced counts: a static capacity, zeros after the rows received.
+    capacity = int(matrix.sum(axis=0).max())
+    traced = jax.jit(lambda x, s, r: jc.alltoallv(x, s, r, capacity=capacity))
+    y = traced(x, matrix[rank].astype(np.int32), matrix[:, rank].astype(np.int32))
+    assert y.shape == (capacity,)
+    np.testing.assert_array_equal(np.asarray(y[: len(want)]), want)
+    np.testing.assert_array_equal(np.asarray(y[len(want) :]), 0)
+
+
+@pytest.mark.mpi
+def test_alltoallv_rows_past_the_counts_stay_home(jc):
+    x = jnp.arange(5.0) + 10 * jc.rank
+    y, received = jc.alltoallv(x, [1] * jc.size, capacity=jc.size)
+    np.testing.assert_array_equal(y, 10.0 * np.arange(jc.size) + jc.rank)
+    np.testing.assert_array_equal(received, np.ones(jc.size))
+
+
+# Transformations ------------------------------------------------------------------
+
+
+def _ragged_fn(jc, args):
+    indices = [jnp.asarray(a, jnp.int32) for a in args[jc.rank]]
+    return lambda operand, output: jc.ragged_all_to_all(operand, output, *indices)
+
+
+@pytest.mark.x64
+@pytest.mark.mpi
+@pytest.mark.parametrize("seed", SEEDS)
+def test_ragged_jvp_and_transpose_against_the_model(jc, seed):
+    operands, outputs, args = _pattern(jc, seed, (2,), np.float64)
+    t_operands = [rank_data(r + 20, o.shape, np.float64) for r, o in enumerate(operands)]
+    t_outputs = [rank_data(r + 30, o.shape, np.float64) for r, o in enumerate(outputs)]
+    f = _ragged_fn(jc, args)
+    primals = (operands[jc.rank], outputs[jc.rank])
+    tangents = (t_operands[jc.rank] * 0.5, t_outputs[jc.rank] * 0.25)
+    y, dy = jax.jit(lambda p, t: jax.jvp(f, p, t))(primals, tangents)
+    np.testing.assert_allclose(y, ragged_model(operands, outputs, args)[jc.rank])
+    model = ragged_model([o * 0.5 for o in t_operands], [o * 0.25 for o in t_outputs], args)
+    np.testing.assert_allclose(dy, model[jc.rank])
+    # <ct, F(t)> = <F^T(ct), t>, summed over the ranks.
+    ct = rank_data(jc.rank + 3, y.shape, np.float64) - 2.0
+    for transpose in (
+        jax.linear_transpose(f, *primals),
+        jax.jit(jax.linear_transpose(f, *primals)),
+    ):
+        ct_operand, ct_output = transpose(jnp.asarray(ct))
+        left = _total(jc, np.sum(ct * model[jc.rank]))
+        right = _total(jc, np.sum(ct_operand * tangents[0]) + np.sum(ct_output * tangents[1]))
+        np.testing.assert_allclose(left, right, rtol=1e-12)
+
+
+@pytest.mark.x64
+@pytest.mark.mpi
+@pytest.mark.parametrize("seed", SEEDS)
+def test_grad_against_finite_differences(jc, seed):
+    operands, outputs, args = _pattern(jc, seed, (), np.float64)
+    f = _ragged_fn(jc, args)
+    weights = rank_data(jc.rank + 5, outputs[jc.rank].shape, np.float64)
+
+    def loss(operand, output):
+        return jnp.sum(jnp.sin(f(operand * operand, output)) * weights)
+
+    primals = (jnp.asarray(operands[jc.rank]) * 0.3, jnp.asarray(outputs[jc.rank]) * 0.2)
+    grads = jax.jit(jax.grad(loss, argnums=(0, 1)))(*primals)
+    directions = (rank_data(jc.rank, primals[0].shape, np.float64) - 2, np.ones(primals[1].shape))
+    eps = 1e-6
+    plus = loss(*(p + eps * d for p, d in zip(primals, directions)))
+    minus = loss(*(p - eps * d for p, d in zip(primals, directions)))
+    numeric = _total(jc, (plus - minus) / (2 * eps))
+    analytic = _total(jc, sum(np.sum(g * d) for g, d in zip(grads, directions)))
+    np.testing.assert_allclose(analytic, numeric, rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.x64
+@pytest.mark.mpi
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("learn", [True, False])
+def test_alltoallv_grad_is_the_reverse_exchange(jc, seed, learn):
+    size, rank = jc.size, jc.rank
+    matrix = _counts(size, seed)
+    rows = int(matrix.sum(axis=1).max()) + 1
+    capacity = int(matrix.sum(axis=0).max()) + 1
+    x = jnp.asarray(rank_data(rank, (rows, 2), np.float64))
+    w = rank_data(rank + 7, (capacity, 2), np.float64)
+    send = jnp.asarray(matrix[rank], jnp.int32)
+    recv = None if learn else jnp.asarray(matrix[:, rank], jnp.int32)
+
+    def loss(x):
+        y = jc.alltoallv(x, send, recv, capacity=capacity)
+        return jnp.sum((y[0] if learn else y) * w)
+
+    grad = jax.jit(jax.grad(loss))(x)
+    # Row i of x's block for rank j lands at row (rows from ranks before i) + i' on j.
+    want = np.zeros((rows, 2))
+    for j in range(size):
+        start = matrix[:rank, j].sum()
+        ws = rank_data(j + 7, (capacity, 2), np.float64)
+        own = matrix[rank, :j].sum()
+        want[own : own + matrix[rank, j]] = ws[start : start + matrix[rank, j]]
+    np.testing.assert_allclose(grad, want)
+
+
+@pytest.mark.mpi
+def test_vmap_shared_and_batched_index_arrays(jc):
+    operands, outputs, args = _pattern(jc, 1, (2,))
+    f = _ragged_fn(jc, args)
+    xs = jnp.stack([jnp.asarray(operands[jc.rank]) * (b + 1) for b in range(3)])
+    os = jnp.stack([jnp.asarray(outputs[jc.rank]) - b for b in range(3)])
+    looped = jnp.stack([f(x, o) for x, o in zip(xs, os)])
+    np.testing.assert_array_equal(jax.vmap(f)(xs, os), looped)
+    np.testing.assert_array_equal(
+        jax.jit(jax.vmap(f, in_axes=(1, 0)))(xs.swapaxes(0, 1), os), looped
+    )
+    # Each member its own pattern: one exchange per member.
+    patterns = [ragged(jc.size, seed)[2][jc.rank] for seed in (5, 6)]
+    rows = max(ragged(jc.size, seed)[0] for seed in (5, 6))
+    out_rows = max(ragged(jc.size, seed)[1] for seed in (5, 6))
+    indices = [jnp.stack([jnp.asarray(p[i], jnp.int32) for p in patterns]) for i in range(4)]
+    x = jnp.asarray(rank_data(jc.rank, (2, rows), np.float32))
+    o = jnp.zeros((2, out_rows), jnp.float32)
+    got = jax.jit(jax.vmap(jc.ragged_all_to_all))(x, o, *indices)
+    for b in range(2):
+        one = jc.ragged_all_to_all(x[b], o[b], *(i[b] for i in indices))
+        np.testing.assert_array_equal(got[b], one)
+
+
+@pytest.mark.mpi
+def test_migration_in_fori_loop_and_cond(jc):
+    """A new exchange pattern each step, counts computed in the loop; totals are conserved."""
+    size, rank = jc.size, jc.rank
+    capacity = 4 * size + 4
+
+    def step(i, carry):
+        x, n = carry  # the first n rows of x are this rank's particles
+        live = jnp.arange(capacity) < n
+        dest = jnp.where(live, (x.astype(jnp.int32) + i) % size, size)
+        order = jnp.argsort(dest, stable=True)
+        counts = jnp.sum(dest[None, :] == jnp.arange(size)[:, None], axis=1).astype(jnp.int32)
+        y, received = jc.alltoallv(x[order], counts, capacity=capacity)
+        kept = jax.lax.cond(i % 2 == 0, lambda y: y, lambda y: y * 1, y)
+        return kept, jnp.sum(received).astype(jnp.int32)
+
+    x = jnp.zeros(capacity).at[:3].set(jnp.arange(3.0) + rank)
+    loop = jax.jit(lambda x: jax.lax.fori_loop(0, 5, step, (x, jnp.int32(3))))
+    y, n = loop(x)
+    assert _total(jc, n) == 3 * size
+    assert _total(jc, jnp.sum(y)) == _total(jc, jnp.sum(x))
+
+    @jax.jit
+    def scanned(x):
+        return jax.lax.scan(lambda c, i: (step(i, c), None), (x, jnp.int32(3)), jnp.arange(5))[0]
+
+    y2, n2 = scanned(x)
+    np.testing.assert_array_equal(y2, y)
+    assert int(n2) == int(n)
+
+
+@pytest.mark.mpi
+def test_large_count_path(jc):
+    # Buffers past the (lowered) cap take MPI_Alltoallw on every rank.
+    operands, outputs, args = _pattern(jc, 2, (3,))
+    want = ragged_model(operands, outputs, args)[jc.rank]
+    previous = _kernels_cpu.max_count()
+    _kernels_cpu.set_max_count(5)
+    try:
+        got = jc.ragged_all_to_all(operands[jc.rank], outputs[jc.rank], *_int(args[jc.rank]))
+    finally:
+        _kernels_cpu.set_max_count(previous)
+    np.testing.assert_array_equal(np.asarray(got), want)
+
+
+# Bad input -------------------------------------------------------------------------
+
+
+def _still_matched(jc):
+    np.testing.assert_array_equal(jc.allreduce(jnp.ones(2)), np.full(2, jc.size))
+
+
+def _spoiled(jc, index, value):
+    """The pattern of seed 0, with entry ``index`` = (array, peer) set to ``value`` on the last rank."""
+    operands, outputs, args = _pattern(jc, 0)
+    mine = [np.array(a, np.int32) for a in args[jc.rank]]
+    if jc.rank == jc.size - 1:
+        array, peer = index
+        mine[array][peer] = value(mine, peer, operands[0].shape[0], outputs[0].shape[0])
+    return operands[jc.rank], outputs[jc.rank], mine
+
+
+LOCAL_ERRORS = {
+    "negative offset": ((0, 0), lambda m, p, n, o: -1, r"input_offsets\[0\] = -1 is negative"),
+    "negative size": ((1, 0), lambda m, p, n, o: -2, r"send_sizes\[0\] = -2 is negative"),
+    "overruns operand": ((1, 0), lambda m, p, n, o: n + 1, "overruns the operand's"),
+    "overruns output": ((2, 0), lambda m, p, n, o: o + 1, "overruns the peer's output"),
+    "negative recv": ((3, 0), lambda m, p, n, o: -1, r"recv_sizes\[0\] = -1 is negative"),
+}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("case", sorted(LOCAL_ERRORS))
+def test_one_ranks_bad_arguments_fail_every_rank_before_anything_moves(jc, case, jit):
+    index, value, reason = LOCAL_ERRORS[case]
+    operand, output, mine = _spoiled(jc, index, value)
+    last = jc.size - 1
+    call = jax.jit(jc.ragged_all_to_all) if jit else jc.ragged_all_to_all
+    if jc.rank == last:
+        match = rf"ragged_all_to_all on rank {last}: .*{reason}.*nothing was exchanged"
+    else:
+        match = rf"ragged_all_to_all on rank {jc.rank}: rank {last}'s arguments are invalid"
+    with pytest.raises(RUNTIME_ERRORS, match=match):
+        jax.block_until_ready(call(operand, output, *mine))
+    not_reported_again()
+    _still_matched(jc)
+
+
+@pytest.mark.mpi
+def test_recv_sizes_that_disagree_fail_both_ends_only(jc):
+    operands, outputs, args = _pattern(jc, 0)
+    mine = [np.array(a, np.int32) for a in args[jc.rank]]
+    last = jc.size - 1
+    if jc.rank == 0:
+        mine[3][last] += 1
+    if jc.rank in (0, last):
+        match = "recv_sizes" if jc.rank == 0 else "expects"
+        with pytest.raises(
+            RUNTIME_ERRORS, match=rf"ragged_all_to_all on rank {jc.rank}: .*{match}"
+        ):
+            jax.block_until_ready(jc.ragged_all_to_all(operands[jc.rank], outputs[jc.rank], *mine))
+        not_reported_again()
+    else:
+        got = jc.ragged_all_to_all(operands[jc.rank], outputs[jc.rank], *mine)
+        np.testing.assert_array_equal(got, ragged_model(operands, outputs, args)[jc.rank])
+    _still_matched(jc)
+
+
+@pytest.mark.mpi
+def test_overlapping_received_slices_fail_the_receiver(jc):
+    # Every rank writes its slice for rank 0 at row 0 of rank 0's result.
+    x = jnp.ones((1, 2)) * jc.rank
+    sizes = np.zeros(jc.size, np.int32)
+    sizes[0] = 1
+    recv = np.full(jc.size, 1 if jc.rank == 0 else 0, np.int32)
+    zeros = np.zeros(jc.size, np.int32)
+    call = lambda: jc.ragged_all_to_all(x, jnp.zeros((1, 2)), zeros, sizes, zeros, recv)  # noqa: E731
+    if jc.rank == 0 and jc.size > 1:
+        with pytest.raises(RUNTIME_ERRORS, match="rank 0: the received blocks of peers 0 and 1"):
+            jax.block_until_ready(call())
+        not_reported_again()
+    else:
+        np.testing.assert_array_equal(call(), np.zeros((1, 2)) if jc.rank else x)
+    _still_matched(jc)
+
+
+@pytest.mark.mpi
+def test_capacity_overflow_fails_the_receiver_only(jc):
+    # Every rank sends one row to rank 0, whose capacity holds size - 1.
+    counts = jnp.asarray([1] + [0] * (jc.size - 1), jnp.int32)
+    step = jax.jit(lambda x, c: jc.alltoallv(x, c, capacity=jc.size - 1))
+    if jc.rank == 0:
+        with pytest.raises(RUNTIME_ERRORS, match="alltoallv on rank 0: ranks 0 to .* capacity of"):
+            jax.block_until_ready(step(jnp.ones(2), counts))
+        not_reported_again()
+    else:
+        y, received = step(jnp.ones(2), counts)
+        np.testing.assert_array_equal(received, 0)
+    _still_matched(jc)
+
+
+@pytest.mark.mpi
+def test_traced_counts_that_overrun_x_fail_every_rank(jc):
+    counts = np.zeros(jc.size, np.int32)
+    if jc.rank == 0:
+        counts[-1] = 3
+    step = jax.jit(lambda x, c: jc.alltoallv(x, c))
+    with pytest.raises(RUNTIME_ERRORS, match=rf"alltoallv on rank {jc.rank}: "):
+        jax.block_until_ready(step(jnp.ones(2), counts))
+    not_reported_again()
+    _still_matched(jc)
+
+
+@pytest.mark.mpi
+def test_transpose_of_overlapping_sends_is_refused(jc):
+    # Rank r sends its one row to every rank: the transpose would have to add.
+    x = jnp.ones((1, 2))
+    ones = np.ones(jc.size, np.int32)
+    zeros = np.zeros(jc.size, np.int32)
+    f = lambda x: jc.ragged_all_to_all(  # noqa: E731
+        x, jnp.zeros((jc.size, 2)), zeros, ones, np.full(jc.size, jc.rank, np.int32), ones
+    )
+    np.testing.assert_array_equal(f(x), np.ones((jc.size, 2)))
+    if jc.size == 1:
+        return
+    with pytest.raises(RUNTIME_ERRORS, match="sends a row more than once is not supported"):
+        jax.block_until_ready(jax.grad(lambda x: jnp.sum(f(x)))(x))
+    not_reported_again()
+    _still_matched(jc)
+
+
+def test_python_checks():
+    from mpi4py import MPI
+
+    from jaxcomm import JaxComm
+
+    jc = JaxComm(MPI.COMM_SELF)
+    try:
+        one = np.zeros(1, np.int32)
+        with pytest.raises(ValueError, match=r"input_offsets has shape \(2,\)"):
+            jc.ragged_all_to_all(jnp.ones(2), jnp.ones(2), np.zeros(2, np.int32), one, one, one)
+        with pytest.raises(TypeError, match="send_sizes must be an integer array"):
+            jc.ragged_all_to_all(jnp.ones(2), jnp.ones(2), one, np.zeros(1), one, one)
+        with pytest.raises(ValueError, match="operand rows have shape"):
+            jc.ragged_all_to_all(jnp.ones((2, 2)), jnp.ones(2), one, one, one, one)
+        with pytest.raises(TypeError, match="operand is float32, output int32"):
+            jc.ragged_all_to_all(
+                jnp.ones(2, jnp.float32), jnp.ones(2, jnp.int32), one, one, one, one
+            )
+        with pytest.raises(ValueError, match="sendcounts add up to 3 rows, more than x's rows"):
+            jc.alltoallv(jnp.ones(2), [3])
+        with pytest.raises(ValueError, match=r"sendcounts\[0\]=-1 is negative"):
+            jc.alltoallv(jnp.ones(2), [-1])
+        with pytest.raises(ValueError, match="recvcounts add up to 2 rows, more than the capacity"):
+            jc.alltoallv(jnp.ones(2), [1], [2], capacity=1)
+    finally:
+        jc.free()
