@@ -68,28 +68,6 @@ auto AddressedBuffers(Binding&& binding) {
   ffi::Token, ffi::AnyBuffer, ffi::AnyBuffer, ffi::Result<ffi::Token>, \
       ffi::Result<ffi::AnyBuffer>, ffi::Result<ffi::AnyBuffer>
 
-// Exchanges whose counts are operands (gather.cc: ragged_all_to_all and
-// alltoallv with this rank's counts): the token, the operand, the output and
-// the index arrays (input_offsets, send_sizes, output_offsets, recv_sizes
-// stacked, [4, size]) in; the token, the output, aliased to the one in, and
-// what the exchange learned from its peers (offsets and rows, [2, size], of
-// the index arrays' type) out. Four buffers at most reach the host, which is
-// what the GPU platform layer stages in one call.
-template <typename Binding>
-auto RaggedBuffers(Binding&& binding) {
-  return std::forward<Binding>(binding)
-      .template Arg<ffi::Token>()
-      .template Arg<ffi::AnyBuffer>()
-      .template Arg<ffi::AnyBuffer>()
-      .template Arg<ffi::AnyBuffer>()
-      .template Ret<ffi::Token>()
-      .template Ret<ffi::AnyBuffer>()
-      .template Ret<ffi::AnyBuffer>();
-}
-#define JAXCOMM_Ragged_PARAMS                                                          \
-  ffi::Token, ffi::AnyBuffer, ffi::AnyBuffer, ffi::AnyBuffer, ffi::Result<ffi::Token>, \
-      ffi::Result<ffi::AnyBuffer>, ffi::Result<ffi::AnyBuffer>
-
 // Nonblocking starts (nonblocking.cc): the token and one array in, the
 // token and the request handle (two int32: slot and serial) out.
 template <typename Binding>
@@ -137,6 +115,20 @@ auto WaitExchangeBuffers(Binding&& binding) {
 #define JAXCOMM_WaitExchange_PARAMS                                                    \
   ffi::Token, ffi::AnyBuffer, ffi::AnyBuffer, ffi::AnyBuffer, ffi::Result<ffi::Token>, \
       ffi::Result<ffi::AnyBuffer>
+
+// Exchanges whose counts are operands (gather.cc: ragged_all_to_all and
+// alltoallv with this rank's counts): the token, the operand, the output and
+// the index arrays (input_offsets, send_sizes, output_offsets, recv_sizes
+// stacked, [4, size]) in; the token, the output, aliased to the one in, and
+// what the exchange learned from its peers (offsets and rows, [2, size], of
+// the index arrays' type) out. Four buffers at most reach the host, which is
+// what the GPU platform layer stages in one call. The layout is a three-array
+// wait's with one more result.
+template <typename Binding>
+auto RaggedBuffers(Binding&& binding) {
+  return WaitExchangeBuffers(std::forward<Binding>(binding)).template Ret<ffi::AnyBuffer>();
+}
+#define JAXCOMM_Ragged_PARAMS JAXCOMM_WaitExchange_PARAMS, ffi::Result<ffi::AnyBuffer>
 
 // A fence: the token and any arrays in (only waited for), the token and an
 // int32 scalar out.
