@@ -367,3 +367,50 @@ def test_v_ops_reject_bad_counts(jc):
         jc.alltoallv(jnp.ones(size + 1), matrix)
     with pytest.raises(TypeError, match="counts must be a static sequence"):
         jax.jit(lambda c: jc.alltoallv(jnp.ones(size), c))(jnp.asarray(matrix))
+
+
+def _planned_mib(fn, *args):
+    """Temporaries plus outputs XLA plans for one call of ``jit(fn)``, in MiB."""
+    analysis = jax.jit(fn).lower(*args).compile().memory_analysis()
+    if analysis is None:
+        pytest.skip("this jaxlib's CPU client reports no memory analysis")
+    return (analysis.temp_size_in_bytes + analysis.output_size_in_bytes) / 2**20
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("root", [0, -1], ids=["root0", "last"])
+def test_rooted_ops_cost_off_root_ranks_no_memory_of_the_size(jc, root):
+    # Off root, MPI ignores a gather's output and a scatter's input: the call
+    # must not spend (size, ...) arrays there. Here root uses the gathered
+    # result, and the scattered array is made inside the jitted function.
+    size, rank = jc.size, jc.rank
+    root %= size
+    # The results stay the documented ones, with the zeros off root.
+    got = jax.jit(
+        lambda x: (jc.gather(x, root=root), jc.scatter(jnp.stack([x] * size) + rank, root=root))
+    )
+    gathered, scattered = got(jnp.full(3, float(rank)))
+    np.testing.assert_array_equal(
+        gathered, np.repeat(np.arange(size, dtype=np.float32)[:, None], 3, 1) * (rank == root)
+    )
+    np.testing.assert_array_equal(scattered, np.full(3, float(root + root)))
+
+    x = jnp.zeros((1 << 16,), jnp.float32)  # 256 KiB
+    mib = x.nbytes / 2**20
+    counts = [x.shape[0]] * size
+    plans = {
+        "gather": _planned_mib(lambda x: jc.gather(x, root=root).sum(), x),
+        "gatherv": _planned_mib(lambda x: jc.gatherv(x, counts, root=root).sum(), x),
+        "scatter": _planned_mib(
+            lambda x: jc.scatter(jnp.broadcast_to(x, (size, *x.shape)) + 1, root=root), x
+        ),
+        "scatterv": _planned_mib(
+            lambda x: jc.scatterv(jnp.tile(x, size) + 1, counts, root=root), x
+        ),
+    }
+    if rank == root:
+        # The whole gathered or scattered array: the measure sees it.
+        assert all(planned >= size * mib for planned in plans.values()), plans
+    else:
+        # The piece this rank receives, and a few bytes of XLA's bookkeeping.
+        assert all(planned <= mib + 4 / 1024 for planned in plans.values()), plans

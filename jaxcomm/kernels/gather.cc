@@ -70,31 +70,68 @@ std::string PerRank(int size, const char* what, size_t n) {
   return "communicator size " + std::to_string(size) + " x " + what + " " + std::to_string(n);
 }
 
+// Off the root, a rooted op's lowering (ops/_base.py, root_only) passes, in
+// place of the buffer that MPI reads or writes on the root only (a gather's
+// output, a scatter's input), a placeholder: that buffer's shape with an axis
+// of length 0 appended. It holds nothing, so the call costs the rank no
+// memory of the communicator's size, and its dimensions still let every rank
+// check the buffer as the root does, and fail alike.
+class WholeBuffer {
+ public:
+  // `buffer` itself, or the placeholder of root's buffer off the root.
+  WholeBuffer(const ffi::AnyBuffer& buffer, bool placeholder) : dims_(buffer.dimensions()) {
+    if (placeholder && dims_.size() > 0) dims_ = dims_.first(dims_.size() - 1);
+  }
+  static WholeBuffer OfRoot(const Call& call, int64_t root, const ffi::AnyBuffer& buffer) {
+    return WholeBuffer(buffer, call.rank() != root);
+  }
+
+  // The elements of the buffer (root's), and of one leading-axis row of it.
+  size_t elements() const {
+    size_t n = 1;
+    for (int64_t d : dims_) n *= static_cast<size_t>(d);
+    return n;
+  }
+  size_t row() const { return RowElements(dims_); }
+
+ private:
+  ffi::Span<const int64_t> dims_;
+};
+
+// Fails unless `y` has `x`'s element type.
+ffi::Error CheckType(const Call& call, const ffi::AnyBuffer& x, const ffi::AnyBuffer& y) {
+  if (x.element_type() != y.element_type()) return WrongOutputType(call, x, y);
+  return ffi::Error::Success();
+}
+
 // Allgather and Gather stack one input per rank into y. Checked on every rank,
 // though Gather only writes y on the root, so that all ranks fail alike.
-ffi::Error CheckStacked(const Call& call, const ffi::AnyBuffer& x, const ffi::AnyBuffer& y) {
+ffi::Error CheckStacked(const Call& call, const ffi::AnyBuffer& x, const ffi::AnyBuffer& y,
+                        const WholeBuffer& whole) {
   const int size = call.size();
-  return CheckOutput(call, x, y, size * x.element_count(),
-                     [&] { return PerRank(size, "input", x.element_count()); });
+  JAXCOMM_RETURN_IF_ERROR(CheckType(call, x, y));
+  return CheckElements(call, "output", whole.elements(), size * x.element_count(),
+                       [&] { return PerRank(size, "input", x.element_count()); });
 }
 
 // The checks every *v op with one counts attribute makes: `counts` is valid,
 // `whole` holds sum(counts) rows and `own` this rank's count of them.
 // `whole_is_output` says which of x and y `whole` is.
+// `whole` describes that buffer as root has it.
 ffi::Error CheckRows(const Call& call, ffi::Span<const int64_t> counts, const ffi::AnyBuffer& x,
-                     const ffi::AnyBuffer& y, bool whole_is_output) {
+                     const ffi::AnyBuffer& y, bool whole_is_output, const WholeBuffer& whole) {
   JAXCOMM_RETURN_IF_ERROR(CheckCounts(call, "counts", counts, call.size()));
-  const ffi::AnyBuffer& whole = whole_is_output ? y : x;
-  const size_t row = RowElements(whole.dimensions());
+  const size_t row = whole.row();
   const size_t own = static_cast<size_t>(counts[call.rank()]);
   const size_t all = Sum(counts);
   const auto all_rows = [&] { return RowsOf("sum(counts)", all, row); };
   const auto own_rows = [&] { return RowsOf("counts[rank]", own, row); };
   if (whole_is_output) {
-    JAXCOMM_RETURN_IF_ERROR(CheckOutput(call, x, y, all * row, all_rows));
+    JAXCOMM_RETURN_IF_ERROR(CheckType(call, x, y));
+    JAXCOMM_RETURN_IF_ERROR(CheckElements(call, "output", whole.elements(), all * row, all_rows));
     return CheckElements(call, "input", x.element_count(), own * row, own_rows);
   }
-  JAXCOMM_RETURN_IF_ERROR(CheckElements(call, "input", x.element_count(), all * row, all_rows));
+  JAXCOMM_RETURN_IF_ERROR(CheckElements(call, "input", whole.elements(), all * row, all_rows));
   return CheckOutput(call, x, y, own * row, own_rows);
 }
 
@@ -212,7 +249,7 @@ ffi::Error AllgatherPieces(const Call& call, Memory& memory, ffi::DataType dtype
 ffi::Error AllgatherImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffer x,
                          ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> y) {
   JAXCOMM_RETURN_IF_ERROR(call.Announce(Collective::Of(x)));
-  JAXCOMM_RETURN_IF_ERROR(CheckStacked(call, x, *y));
+  JAXCOMM_RETURN_IF_ERROR(CheckStacked(call, x, *y, WholeBuffer(*y, false)));
   LargeType block;
   JAXCOMM_RETURN_IF_ERROR(
       LargeType::Make(x.element_type(), x.element_count(), call.comm(), &block));
@@ -235,7 +272,7 @@ ffi::Error AllgatherImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyB
 ffi::Error GatherImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffer x,
                       ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> y, int64_t root) {
   JAXCOMM_RETURN_IF_ERROR(call.Announce(Collective::Of(x).Root(root)));
-  JAXCOMM_RETURN_IF_ERROR(CheckStacked(call, x, *y));
+  JAXCOMM_RETURN_IF_ERROR(CheckStacked(call, x, *y, WholeBuffer::OfRoot(call, root, *y)));
   LargeType block;
   JAXCOMM_RETURN_IF_ERROR(
       LargeType::Make(x.element_type(), x.element_count(), call.comm(), &block));
@@ -247,19 +284,20 @@ ffi::Error GatherImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuff
   });
   JAXCOMM_MPI_CHECK(call, MPI_Gather, in, block.count(), block.type(), out, block.count(),
                     block.type(), static_cast<int>(root), call.comm());
-  if (call.rank() != root) JAXCOMM_RETURN_IF_ERROR(memory.Zero(*y));
   return memory.Finish();
 }
 
 ffi::Error ScatterImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffer x,
                        ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> y, int64_t root) {
-  JAXCOMM_RETURN_IF_ERROR(call.Announce(Collective::Of(x).Root(root)));
+  const WholeBuffer whole = WholeBuffer::OfRoot(call, root, x);
+  const int64_t elements = static_cast<int64_t>(whole.elements());
+  JAXCOMM_RETURN_IF_ERROR(call.Announce(Collective{x.element_type(), elements}.Root(root)));
   const int size = call.size();
   // The output's element type; its count is the block size.
   JAXCOMM_RETURN_IF_ERROR(
       CheckOutput(call, x, *y, y->element_count(), [] { return std::string(); }));
   JAXCOMM_RETURN_IF_ERROR(
-      CheckElements(call, "input", x.element_count(), size * y->element_count(),
+      CheckElements(call, "input", whole.elements(), size * y->element_count(),
                     [&] { return PerRank(size, "output", y->element_count()); }));
   LargeType block;
   JAXCOMM_RETURN_IF_ERROR(
@@ -268,7 +306,7 @@ ffi::Error ScatterImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuf
   JAXCOMM_RETURN_IF_ERROR(Buffers(memory, x, *y, &in, &out));
   call.Log([&] {
     return "MPI_Scatter root " + std::to_string(root) + " " +
-           Elements(x.element_count(), x.element_type());
+           Elements(whole.elements(), x.element_type());
   });
   JAXCOMM_MPI_CHECK(call, MPI_Scatter, in, block.count(), block.type(), out, block.count(),
                     block.type(), static_cast<int>(root), call.comm());
@@ -297,10 +335,11 @@ ffi::Error AllgathervImpl(const Call& call, Memory& memory, ffi::Token, ffi::Any
                           ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> y,
                           ffi::Span<const int64_t> counts) {
   JAXCOMM_RETURN_IF_ERROR(call.Announce(Collective::OfType(x.element_type()).Agreed(counts)));
-  JAXCOMM_RETURN_IF_ERROR(CheckRows(call, counts, x, *y, true));
+  const WholeBuffer whole(*y, false);
+  JAXCOMM_RETURN_IF_ERROR(CheckRows(call, counts, x, *y, true, whole));
   MPI_Datatype dtype;
   JAXCOMM_RETURN_IF_ERROR(MpiDatatype(x.element_type(), &dtype));
-  const Blocks& blocks = Blocks::Of(0, counts, RowElements(y->dimensions()));
+  const Blocks& blocks = Blocks::Of(0, counts, whole.row());
   void *in, *out;
   if (blocks.FitInt()) {
     JAXCOMM_RETURN_IF_ERROR(Buffers(memory, x, *y, &in, &out));
@@ -338,10 +377,11 @@ ffi::Error GathervImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuf
                        ffi::Span<const int64_t> counts, int64_t root) {
   JAXCOMM_RETURN_IF_ERROR(
       call.Announce(Collective::OfType(x.element_type()).Root(root).Agreed(counts)));
-  JAXCOMM_RETURN_IF_ERROR(CheckRows(call, counts, x, *y, true));
+  const WholeBuffer whole = WholeBuffer::OfRoot(call, root, *y);
+  JAXCOMM_RETURN_IF_ERROR(CheckRows(call, counts, x, *y, true, whole));
   MPI_Datatype dtype;
   JAXCOMM_RETURN_IF_ERROR(MpiDatatype(x.element_type(), &dtype));
-  const Blocks& blocks = Blocks::Of(0, counts, RowElements(y->dimensions()));
+  const Blocks& blocks = Blocks::Of(0, counts, whole.row());
   const int rank = call.rank();
   void *in, *out;
   JAXCOMM_RETURN_IF_ERROR(Buffers(memory, x, *y, &in, &out));
@@ -363,7 +403,6 @@ ffi::Error GathervImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuf
     }
     JAXCOMM_RETURN_IF_ERROR(Alltoallw(call, x, in, send, out, recv));
   }
-  if (rank != root) JAXCOMM_RETURN_IF_ERROR(memory.Zero(*y));
   return memory.Finish();
 }
 
@@ -372,16 +411,17 @@ ffi::Error ScattervImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBu
                         ffi::Span<const int64_t> counts, int64_t root) {
   JAXCOMM_RETURN_IF_ERROR(
       call.Announce(Collective::OfType(x.element_type()).Root(root).Agreed(counts)));
-  JAXCOMM_RETURN_IF_ERROR(CheckRows(call, counts, x, *y, false));
+  const WholeBuffer whole = WholeBuffer::OfRoot(call, root, x);
+  JAXCOMM_RETURN_IF_ERROR(CheckRows(call, counts, x, *y, false, whole));
   MPI_Datatype dtype;
   JAXCOMM_RETURN_IF_ERROR(MpiDatatype(x.element_type(), &dtype));
-  const Blocks& blocks = Blocks::Of(0, counts, RowElements(x.dimensions()));
+  const Blocks& blocks = Blocks::Of(0, counts, whole.row());
   void *in, *out;
   JAXCOMM_RETURN_IF_ERROR(Buffers(memory, x, *y, &in, &out));
   if (blocks.FitInt()) {
     call.Log([&] {
       return "MPI_Scatterv root " + std::to_string(root) + " " +
-             Elements(x.element_count(), x.element_type());
+             Elements(whole.elements(), x.element_type());
     });
     JAXCOMM_MPI_CHECK(call, MPI_Scatterv, in, blocks.IntCounts(), blocks.IntDispls(), dtype, out,
                       static_cast<int>(y->element_count()), dtype, static_cast<int>(root),

@@ -11,9 +11,10 @@ hashable in the params) that become int64 array attributes.
 from functools import partial
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import Primitive
-from jax.interpreters import ad
+from jax.interpreters import ad, mlir
 from mpi4py import MPI
 
 from .. import _compat, _gpu, _runtime
@@ -72,7 +73,9 @@ ALLOWED_DTYPES = {
 PRIMITIVES = {}
 
 
-def comm_primitive(name, abstract_eval, target, attrs, *, in_place=False, aliases=None):
+def comm_primitive(
+    name, abstract_eval, target, attrs, *, in_place=False, aliases=None, root_only=None
+):
     """Create the primitive ``<name>_p`` lowered to the FFI target ``target``.
 
     Args:
@@ -90,6 +93,15 @@ def comm_primitive(name, abstract_eval, target, attrs, *, in_place=False, aliase
         aliases: ``{operand: result}``, the operands (counted without the
             token) whose buffers results (likewise) take, where ``in_place``
             does not describe them.
+        root_only: ``"output"`` or ``"input"`` for rooted ops whose single
+            output (gather) or single operand (scatter) MPI reads or writes on
+            the root only. Off root the kernel then gets an empty placeholder
+            in its place (``_placeholder``), so that the call costs that rank memory of the size of
+            what it sends or receives, not of the communicator's size. Off
+            root, the op's documented zeros (``"output"``) are a constant that
+            XLA materialises only where the program uses them, and the
+            operand (``"input"``) is not consumed, so XLA can drop the
+            computation that made it.
     """
     PRIMITIVES[name] = (target, tuple(attrs))
     prim = Primitive(name)
@@ -100,6 +112,8 @@ def comm_primitive(name, abstract_eval, target, attrs, *, in_place=False, aliase
         # The token comes first on both sides of the FFI call.
         aliases = {operand + 1: result + 1 for operand, result in aliases.items()}
     lowering = partial(_ordered_ffi_lowering, target, attrs, in_place, aliases)
+    if root_only is not None:
+        lowering = partial(_ROOT_ONLY[root_only], lowering)
     _compat.register_uncached_lowering(prim, lowering, "cpu")
     _compat.register_uncached_lowering(prim, partial(_cuda_lowering, lowering), "cuda")
     _compat.communicating_primitives.add(prim)
@@ -139,6 +153,49 @@ def _ordered_ffi_lowering(target, attrs, in_place, aliases, ctx, *args, **params
     )
     _compat.set_ordered_token(ctx, token_out)
     return results
+
+
+def _placeholder(aval):
+    """What stands in for a buffer MPI ignores: ``aval`` with an axis of length 0 appended.
+
+    It holds nothing, and its dimensions still tell the kernel the shape of
+    the buffer it stands for, so that every rank checks that shape alike.
+    """
+    return jax.core.ShapedArray((*aval.shape, 0), aval.dtype)
+
+
+def _off_root(params):
+    return rank_of(params["handle"]) != params["root"]
+
+
+def _output_on_root_only(lowering, ctx, x, **params):
+    if not _off_root(params):
+        return lowering(ctx, x, **params)
+    (aval,) = ctx.avals_out
+    # Made before the call sets ctx's token, which a replaced ctx would copy.
+    zeros = mlir.lower_fun(lambda: [jnp.zeros(aval.shape, aval.dtype)], multiple_results=True)
+    result = zeros(ctx.replace(avals_in=[], avals_out=[aval]))
+    _lower_replaced(lowering, ctx, [x], params, avals_out=[_placeholder(aval)])
+    return result
+
+
+def _input_on_root_only(lowering, ctx, x, **params):
+    if not _off_root(params):
+        return lowering(ctx, x, **params)
+    placeholder = _placeholder(ctx.avals_in[0])
+    args = [mlir.ir_constant(np.zeros(placeholder.shape, placeholder.dtype))]
+    return _lower_replaced(lowering, ctx, args, params, avals_in=[placeholder])
+
+
+def _lower_replaced(lowering, ctx, args, params, **avals):
+    """``lowering`` with ``ctx``'s avals replaced; the token it makes is ``ctx``'s."""
+    replaced = ctx.replace(**avals)
+    results = lowering(replaced, *args, **params)
+    ctx.set_tokens_out(replaced.tokens_out)
+    return results
+
+
+_ROOT_ONLY = {"output": _output_on_root_only, "input": _input_on_root_only}
 
 
 def _cuda_lowering(lowering, ctx, *args, **params):

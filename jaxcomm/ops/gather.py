@@ -44,16 +44,25 @@ def _received_rows(aval, *, recvcounts, **_):
 
 
 allgather_p = comm_primitive("allgather", _stacked, "jaxcomm_allgather", ("handle",))
-gather_p = comm_primitive("gather", _stacked, "jaxcomm_gather", ("handle", "root"))
-scatter_p = comm_primitive("scatter", _split, "jaxcomm_scatter", ("handle", "root"))
+# MPI reads a gather's output and a scatter's input on the root only.
+gather_p = comm_primitive(
+    "gather", _stacked, "jaxcomm_gather", ("handle", "root"), root_only="output"
+)
+scatter_p = comm_primitive(
+    "scatter", _split, "jaxcomm_scatter", ("handle", "root"), root_only="input"
+)
 # alltoall's output could take its input's buffer, but MPI_Alltoall's in-place
 # form exchanges through a temporary copy (MPICH: MPI_Sendrecv_replace per
 # peer), so it keeps a buffer of its own; so do the ops whose output is not
 # shaped like their input.
 alltoall_p = comm_primitive("alltoall", same_as_input, "jaxcomm_alltoall", ("handle",))
 allgatherv_p = comm_primitive("allgatherv", _all_rows, "jaxcomm_allgatherv", ("handle", "counts"))
-gatherv_p = comm_primitive("gatherv", _all_rows, "jaxcomm_gatherv", ("handle", "counts", "root"))
-scatterv_p = comm_primitive("scatterv", _own_rows, "jaxcomm_scatterv", ("handle", "counts", "root"))
+gatherv_p = comm_primitive(
+    "gatherv", _all_rows, "jaxcomm_gatherv", ("handle", "counts", "root"), root_only="output"
+)
+scatterv_p = comm_primitive(
+    "scatterv", _own_rows, "jaxcomm_scatterv", ("handle", "counts", "root"), root_only="input"
+)
 alltoallv_p = comm_primitive(
     "alltoallv",
     _received_rows,
