@@ -212,6 +212,15 @@ uint64_t Hash(ffi::Span<const int64_t> values) {
   return hash;
 }
 
+uint64_t HashBytes(const void* data, size_t bytes) {
+  uint64_t hash = 1469598103934665603ull;  // FNV-1a
+  for (size_t i = 0; i < bytes; ++i) {
+    hash ^= static_cast<const unsigned char*>(data)[i];
+    hash *= 1099511628211ull;
+  }
+  return hash;
+}
+
 Signature CollectiveSignature(const char* op, const Collective& call) {
   Signature s;
   std::memset(&s, 0, sizeof s);
@@ -360,15 +369,18 @@ ffi::Error AnnounceCollectiveSlow(int64_t handle, MPI_Comm comm, const char* op,
   if (!(flags & kCheckCalls)) return ffi::Error::Success();
   MPI_Comm check;
   JAXCOMM_RETURN_IF_ERROR(FindCheckComm(handle, op, comm, &check));
+  // The ranks agree when the largest hash of what they must agree on and the
+  // largest complement of it are this rank's: one small allreduce, whatever
+  // the communicator's size. Only a mismatch gathers every rank's signature,
+  // to say who called what.
+  const uint64_t hash = HashBytes(&mine, kAgreedBytes);
+  uint64_t largest[2] = {hash, ~hash};
+  JAXCOMM_MPI_CHECK(comm, MPI_Allreduce, MPI_IN_PLACE, largest, 2, MPI_UINT64_T, MPI_MAX, check);
+  if (largest[0] == hash && largest[1] == ~hash) return ffi::Error::Success();
   const int size = CommSize(comm);
   std::vector<Signature> all(size);
   JAXCOMM_MPI_CHECK(comm, MPI_Allgather, &mine, static_cast<int>(sizeof mine), MPI_BYTE, all.data(),
                     static_cast<int>(sizeof mine), MPI_BYTE, check);
-  bool agree = true;
-  for (const Signature& other : all) {
-    agree = agree && std::memcmp(&other, &mine, kAgreedBytes) == 0;
-  }
-  if (agree) return ffi::Error::Success();
   // Every rank gathered the same signatures, so every rank fails here, with
   // the same message: ranks grouped by what they called, where.
   std::map<std::string, std::vector<int>> groups;
