@@ -269,6 +269,15 @@ def _tangent_trace(trace):
     return trace.parent_trace if isinstance(trace, _ad.JVPTrace) else trace.tangent_trace
 
 
+def _zeros_from(seed, aval):
+    """Zeros of ``aval``, computed as an exactly zero linear function of ``seed``."""
+    first = lax.slice(lax.reshape(seed, (seed.size,)), (0,), (min(seed.size, 1),))
+    scalar = lax.reduce_sum(first, (0,))
+    scalar = lax.select(True, lax.full_like(scalar, 0), scalar)
+    scalar = lax.convert_element_type(scalar, aval.dtype)
+    return lax.broadcast(scalar, aval.shape)
+
+
 def _zero_tangent(trace, aval):
     """An exact zero of ``aval``'s tangent type, linear in a tangent ``trace`` has."""
     tangent_aval = aval.to_tangent_aval()
@@ -276,11 +285,7 @@ def _zero_tangent(trace, aval):
         seed = _tangents.get(trace)
         if seed is None:
             return _ad.zeros_like_aval(tangent_aval)
-        first = lax.slice(lax.reshape(seed, (seed.size,)), (0,), (min(seed.size, 1),))
-        scalar = lax.reduce_sum(first, (0,))
-        scalar = lax.select(True, lax.full_like(scalar, 0), scalar)
-        scalar = lax.convert_element_type(scalar, tangent_aval.dtype)
-        return lax.broadcast(scalar, tangent_aval.shape)
+        return _zeros_from(seed, tangent_aval)
 
 
 def _carries_mpi(primitive, params):
@@ -338,6 +343,51 @@ else:
         "derivatives on every rank alike: a rank whose operand does not depend on the "
         "differentiated input may skip the derivative messages its peers send (and hang)"
     )
+
+
+# A transposed message's receive (a send's transpose receives the cotangent
+# its peer sends back) has no cotangent of its own to start from: received
+# into constant zeros, it would depend on nothing linear, and transposing the
+# transposed program again (jax.linear_transpose twice) would evaluate it in
+# the forward sweep, before the peer's matching send. So each backward pass
+# keeps its first cotangent, and such a receive takes its template as an
+# exact zero linear in it (:func:`transpose_zeros`), which keeps it in the
+# linear part of the program, in its place.
+
+_transpose_seed = contextvars.ContextVar("jaxcomm_transpose_seed", default=None)
+
+
+def _seeding(backward_pass):
+    def wrapper(jaxpr, transform_stack, consts, primals_in, cotangents_in, *args, **kwargs):
+        seed = next(
+            (
+                ct
+                for ct in cotangents_in
+                if type(ct) is not _ad.Zero and hasattr(ct, "dtype") and _is_inexact(ct)
+            ),
+            None,
+        )
+        token = _transpose_seed.set(seed)
+        try:
+            return backward_pass(
+                jaxpr, transform_stack, consts, primals_in, cotangents_in, *args, **kwargs
+            )
+        finally:
+            _transpose_seed.reset(token)
+
+    return wrapper
+
+
+def transpose_zeros(aval):
+    """Zeros of ``aval`` for a transpose rule to receive into, linear in the pass's cotangent."""
+    seed = _transpose_seed.get()
+    if seed is None or not np.issubdtype(aval.dtype, np.inexact):
+        return lax.full(aval.shape, 0, aval.dtype)
+    return _zeros_from(seed, aval)
+
+
+_BACKWARD_PASS = "backward_pass3" if hasattr(_ad, "backward_pass3") else "backward_pass"
+setattr(_ad, _BACKWARD_PASS, _seeding(getattr(_ad, _BACKWARD_PASS)))
 
 
 def _structured_residuals():

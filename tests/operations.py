@@ -51,9 +51,6 @@ ALL = frozenset({JIT, VMAP, JVP, GRAD, TRANSPOSE, SCAN, COND})
 NONLINEAR = ALL - {TRANSPOSE}
 NOT_DIFFERENTIABLE = ALL - {JVP, GRAD, TRANSPOSE}
 NONBLOCKING = ALL
-# jax.linear_transpose of a send and a receive apart waits forever: the
-# transposed send on a rank whose output has no cotangent makes no message.
-APART = ALL - {TRANSPOSE}
 
 # Kinds of operation: every rank gets a result of its own making; one rank
 # sends or receives for all; counts per rank (*v); point-to-point; a
@@ -767,7 +764,6 @@ OPERATIONS = (
         mpi=("MPI_Send", "MPI_Recv"),
         targets=("send", "recv"),
         methods=("send", "recv"),
-        transforms=APART,
     ),
     Operation(
         "shift",
@@ -790,7 +786,7 @@ OPERATIONS = (
         mpi=("MPI_Irecv", "MPI_Isend"),
         targets=("irecv", "isend", "wait_recv", "wait_send"),
         methods=("isend", "irecv", "waitall"),
-        transforms=NONBLOCKING & APART,
+        transforms=NONBLOCKING,
     ),
     Operation(
         "iallreduce",

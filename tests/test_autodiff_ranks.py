@@ -51,12 +51,11 @@ def _compare(jc, program, x):
             np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
 
 
-# name: (op on this rank's y, shape of y from (size, rank)). A barrier and
-# the nonblocking operations are not checked here yet: a barrier with the
-# operand constant on other ranks hangs.
-_OPS = {
-    op.id: (op.call, op.shape) for op in select(GRAD) if op.family not in ("barrier", "nonblocking")
-}
+# name: (op on this rank's y, shape of y from (size, rank)). The nonblocking
+# operations are not checked here yet: ireduce with MPI.MAX, whose wait's rule
+# makes the tangent with blocking collectives, hangs with the operand
+# constant on other ranks.
+_OPS = {op.id: (op.call, op.shape) for op in select(GRAD) if op.family != "nonblocking"}
 _OPS["pytree"] = (
     lambda jc, y: jc.allreduce({"a": y, "b": [2 * y[0]]})["b"][0],
     lambda size, rank: (2, 3),

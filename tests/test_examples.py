@@ -242,3 +242,22 @@ def test_fft_pencil_rejects_a_shape_the_grid_cannot_split(monkeypatch, capsys):
         return
     with pytest.raises(SystemExit, match=f"must divide by {size}"):
         run_example(monkeypatch, capsys, *args)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("method", ["alltoallv", "ragged"])
+def test_particles_arrive_once_on_their_owner_and_match_the_serial_motion(
+    monkeypatch, capsys, method
+):
+    # --capacity 1 starts at the fullest rank's count, so a step that brings
+    # it more particles than it sends overflows and grows the capacity.
+    args = ("--particles", 600, "--steps", 40, "--capacity", 1, "--method", method)
+    out = run_example(monkeypatch, capsys, "particles.py", *args)
+    if MPI.COMM_WORLD.rank == 0:
+        size = MPI.COMM_WORLD.size
+        assert out.startswith(f"{size} ranks, 40 steps, 600 particles ({method}, capacity "), out
+        for check in ("particles conserved", "ids unique", "all on owner"):
+            assert f"{check}: True" in out, out
+        assert numbers_after("max position error", out) == [0.0], out
+    else:
+        assert out == ""

@@ -29,7 +29,9 @@ class Op:
 
     Attributes:
         name: the jaxcomm method's name (``send_recv`` is a ping-pong of
-            ``send`` and ``recv``).
+            ``send`` and ``recv``; ``ragged`` is ``alltoallv`` with this
+            rank's traced counts, blocks of :func:`ragged_counts` rows, taken
+            one after another from the input's first row).
         split: whether the input has a leading axis of the communicator size
             (scatter, alltoall, reduce_scatter); otherwise it is flat.
         out_shape: the output shape, from the input shape and the size.
@@ -130,6 +132,39 @@ def _sendrecv_mpi4py(comm, s, r):
     return r
 
 
+def ragged_counts(rank: int, size: int, block: int) -> list[int]:
+    """Rows the ragged exchange's ``rank`` sends each peer: ``block``, or half of it.
+
+    Rank ``i`` sends rank ``j`` a whole block when ``i + j`` is even, half
+    of one (rounded up) when it is odd: every rank's blocks differ in size,
+    and what it receives differs from what it sends.
+    """
+    return [block if (rank + j) % 2 == 0 else (block + 1) // 2 for j in range(size)]
+
+
+def _ragged_jaxcomm(jc, x):
+    # A migration step: the counts are computed inside jit (traced), and
+    # jaxcomm learns the receive counts (MPI_Alltoall) before the
+    # MPI_Alltoallv, into a buffer of x's rows.
+    block = x.shape[1]
+    peer = jnp.arange(jc.size, dtype=jnp.int32)
+    counts = jnp.where((jc.rank + peer) % 2 == 0, block, (block + 1) // 2).astype(jnp.int32)
+    y, _ = jc.alltoallv(x.reshape(-1), counts)
+    return y.reshape(x.shape)
+
+
+def _ragged_mpi4py(comm, s, r):
+    # The same step with mpi4py: MPI_Alltoall of the counts, then MPI_Alltoallv.
+    size = comm.Get_size()
+    sendcounts = np.array(ragged_counts(comm.Get_rank(), size, s.shape[1]), np.int32)
+    recvcounts = np.empty(size, np.int32)
+    comm.Alltoall(sendcounts, recvcounts)
+    senddispls = np.cumsum(sendcounts, dtype=np.int32) - sendcounts
+    recvdispls = np.cumsum(recvcounts, dtype=np.int32) - recvcounts
+    comm.Alltoallv([s, sendcounts, senddispls, MPI.FLOAT], [r, recvcounts, recvdispls, MPI.FLOAT])
+    return r
+
+
 def _bcast_mpi4py(comm, s, r):
     comm.Bcast(s, root=0)  # MPI_Bcast works in place: root's buffer is the message
     return s
@@ -188,6 +223,7 @@ OPS: dict[str, Op] = {
             lambda jc, x: jc.reduce_scatter(x),
             _mpi4py_call("Reduce_scatter_block", op=MPI.SUM),
         ),
+        Op("ragged", True, _same, _ragged_jaxcomm, _ragged_mpi4py),
         Op("scan", False, _same, lambda jc, x: jc.scan(x), _mpi4py_call("Scan", op=MPI.SUM)),
         Op(
             "exscan",

@@ -4,7 +4,8 @@ Run:  python -m jaxcomm.bench.scaling [--ranks 1,2,4,8] [--json FILE] [--plot FI
 
 Not under mpiexec: it starts ``mpiexec -n N python -m jaxcomm.bench`` for
 each rank count N (with the launcher beside this Python, else the one on
-``PATH``), for allreduce, allgather, alltoall and the halo exchange
+``PATH``), for allreduce, allgather, alltoall, the ragged exchange (a
+migration step: counts computed in the step, then alltoallv) and the halo exchange
 ``sendrecv`` (each rank with its ring neighbours), and gathers their records.
 A rank count above the cores this process may run on is oversubscribed: the
 ranks take turns on the cores, and their times say more about the scheduler
@@ -36,7 +37,7 @@ from .routes import PLAIN
 from .sizes import KIB, MIB, QUICK_SIZES, format_size, parse_size
 
 RANKS = (1, 2, 4, 8)
-SCALING_OPS = ("allreduce", "allgather", "alltoall", "sendrecv")
+SCALING_OPS = ("allreduce", "allgather", "alltoall", "ragged", "sendrecv")
 SIZES = (8, 4 * KIB, 256 * KIB, 4 * MIB)
 MODES = ("jit", "loop")
 # The launcher's variables: a run started from a process that mpiexec started

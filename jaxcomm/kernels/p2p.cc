@@ -187,6 +187,14 @@ ffi::Error Exchange(const Call& call, Memory& memory, ffi::AnyBuffer& x, ffi::An
   JAXCOMM_RETURN_IF_ERROR(memory.HostOutput(envelope, &fields));
   JAXCOMM_RETURN_IF_ERROR(memory.Ready());
   JAXCOMM_RETURN_IF_ERROR(checked);
+  // One line per exchange, however the checker splits it into MPI calls.
+  const auto log = [&] {
+    call.Log([&] {
+      return "MPI_Sendrecv -> " + Peer(dest) + " tag " + Tag(sendtag) + " " +
+             Elements(x.element_count(), x.element_type()) + " <- " + Peer(source) + " tag " +
+             Tag(recvtag) + " " + Elements(y.element_count(), y.element_type());
+    });
+  };
   if (message.signature_pending) {
     // Checking: this rank's message goes out before it waits for the
     // signature of the one it receives (see AnnouncePointToPoint).
@@ -194,6 +202,7 @@ ffi::Error Exchange(const Call& call, Memory& memory, ffi::AnyBuffer& x, ffi::An
     JAXCOMM_MPI_CHECK(call, MPI_Isend, in, send.count(), send.type(), static_cast<int>(dest),
                       SendTag(dest, sendtag), call.comm(), &request);
     const ffi::Error fits = call.ReceiveSignature(message, &source, &recvtag);
+    log();
     MPI_Status status;
     if (message.recv_dropped) {
       JAXCOMM_RETURN_IF_ERROR(ReceiveDropped(call, message, source, recvtag));
@@ -206,11 +215,7 @@ ffi::Error Exchange(const Call& call, Memory& memory, ffi::AnyBuffer& x, ffi::An
     return FinishReceive(call, memory, "MPI_Sendrecv", status, recv.type(), y.element_count(), y,
                          envelope, fields);
   }
-  call.Log([&] {
-    return "MPI_Sendrecv -> " + Peer(dest) + " tag " + Tag(sendtag) + " " +
-           Elements(x.element_count(), x.element_type()) + " <- " + Peer(source) + " tag " +
-           Tag(recvtag) + " " + Elements(y.element_count(), y.element_type());
-  });
+  log();
   MPI_Status status;
   JAXCOMM_MPI_CHECK(call, MPI_Sendrecv, in, send.count(), send.type(), static_cast<int>(dest),
                     SendTag(dest, sendtag), out, recv.count(), recv.type(),

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 
+from .. import _compat
 from ._base import def_linear, rank_of
 
 replicated_adjoint_p = Primitive("replicated_adjoint")
@@ -75,3 +76,7 @@ replicated_adjoint_p.def_abstract_eval(_abstract_eval)
 mlir.register_lowering(replicated_adjoint_p, mlir.lower_fun(_local, multiple_results=True))
 batching.primitive_batchers[replicated_adjoint_p] = _batch
 def_linear(replicated_adjoint_p, _collective)
+# It makes no MPI call, but its transpose does: every rank must differentiate
+# it alike, so JAX must not skip it where its tangent is a symbolic zero
+# (a rank whose replicated value does not depend on the input).
+_compat.communicating_primitives.add(replicated_adjoint_p)

@@ -830,8 +830,7 @@ def _wait_transpose(wait, cts, request_id, *buffers, handle, start):
         operand = _sendable(cts[0], buffers[-1].aval)
     else:
         # The cotangent of what was sent comes back into a template.
-        aval = buffers[0].aval
-        operand = batched_alike(jnp.zeros(aval.shape, aval.dtype))
+        operand = batched_alike(_compat.transpose_zeros(buffers[0].aval))
     outs = reverse.start.bind(operand, handle=handle, **transpose.params(params))
     sent = (operand,) if reverse.wait.sends else ()
     received = (outs[1],) if reverse.wait.receives else ()

@@ -244,7 +244,7 @@ def _cotangent(ct):
 
 
 def _send_transpose(cts, x, *, dest, tag, handle):
-    template = batched_alike(jnp.zeros(x.aval.shape, x.aval.dtype))
+    template = batched_alike(_compat.transpose_zeros(x.aval))
     back, _ = recv(template, source=dest, tag=tag, handle=handle)
     return [back]
 

@@ -32,6 +32,26 @@ static int pingpong(MPI_Comm comm, int rank, int size, float* send, float* recv,
   return IN_RECV;
 }
 
+/* The ragged exchange (a migration step): rank i sends rank j a block of
+ * `block` rows when i + j is even, half of one (rounded up) when odd, taken one
+ * after another from the buffer's start (operations.py's ragged_counts). The
+ * receive counts are learned with MPI_Alltoall, then MPI_Alltoallv moves the
+ * rows, packed in rank order. */
+static void ragged(MPI_Comm comm, int rank, int size, const float* send, int block, float* recv) {
+  int sendcounts[size], recvcounts[size], senddispls[size], recvdispls[size];
+  for (int j = 0; j < size; ++j) sendcounts[j] = (rank + j) % 2 == 0 ? block : (block + 1) / 2;
+  MPI_Alltoall(sendcounts, 1, MPI_INT, recvcounts, 1, MPI_INT, comm);
+  int sent = 0, received = 0;
+  for (int j = 0; j < size; ++j) {
+    senddispls[j] = sent;
+    recvdispls[j] = received;
+    sent += sendcounts[j];
+    received += recvcounts[j];
+  }
+  MPI_Alltoallv(send, sendcounts, senddispls, MPI_FLOAT, recv, recvcounts, recvdispls, MPI_FLOAT,
+                comm);
+}
+
 /* One op; the counts are whole buffers (a split input has `size` blocks). */
 static int call(const char* op, MPI_Comm comm, int rank, int size, float* send, int count,
                 float* recv) {
@@ -51,6 +71,8 @@ static int call(const char* op, MPI_Comm comm, int rank, int size, float* send, 
     MPI_Scatter(send, block, MPI_FLOAT, recv, block, MPI_FLOAT, 0, comm);
   } else if (!strcmp(op, "alltoall")) {
     MPI_Alltoall(send, block, MPI_FLOAT, recv, block, MPI_FLOAT, comm);
+  } else if (!strcmp(op, "ragged")) {
+    ragged(comm, rank, size, send, block, recv);
   } else if (!strcmp(op, "reduce_scatter")) {
     MPI_Reduce_scatter_block(send, recv, block, MPI_FLOAT, MPI_SUM, comm);
   } else if (!strcmp(op, "scan")) {
