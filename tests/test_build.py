@@ -79,24 +79,20 @@ def test_a_jaxlib_older_than_the_headers_is_refused_at_import_with_the_fix(built
         assert "pip install --force-reinstall --no-deps --no-cache-dir ." in reason
 
 
-# A handler that answers XLA's metadata query with the FFI API version of the
-# running jaxlib's headers plus AHEAD minor versions: with AHEAD 1 it is what
-# kernels compiled against a newer jaxlib's headers report.
+# A handler built with XLA's own C++ FFI API that reports the FFI API version
+# PROBE_MINOR: the running jaxlib's, or one newer, as kernels compiled against
+# a newer jaxlib's headers do.
 PROBE_HANDLER = """
-#include <stddef.h>
 #include "xla/ffi/api/c_api.h"
-XLA_FFI_Error* probe(XLA_FFI_CallFrame* frame) {
-  XLA_FFI_Extension_Base* extension = frame->extension_start;
-  if (extension != NULL && extension->type == XLA_FFI_Extension_Metadata) {
-    XLA_FFI_Metadata* metadata = ((XLA_FFI_Metadata_Extension*)extension)->metadata;
-    metadata->api_version.struct_size = XLA_FFI_Api_Version_STRUCT_SIZE;
-    metadata->api_version.extension_start = NULL;
-    metadata->api_version.major_version = XLA_FFI_API_MAJOR;
-    metadata->api_version.minor_version = XLA_FFI_API_MINOR + AHEAD;
-    metadata->traits = 0;
-  }
-  return NULL;
+#undef XLA_FFI_API_MINOR
+#define XLA_FFI_API_MINOR PROBE_MINOR
+#include "xla/ffi/api/ffi.h"
+
+static xla::ffi::Error Probe(xla::ffi::Result<xla::ffi::AnyBuffer>) {
+  return xla::ffi::Error::Success();
 }
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(probe, Probe, xla::ffi::Ffi::Bind().Ret<xla::ffi::AnyBuffer>());
 """
 
 # Registers the handler and makes a jitted call to it, in a fresh process
@@ -113,14 +109,14 @@ print("accepted")
 
 
 def _compiler():
-    configured = (sysconfig.get_config_var("CC") or "").split()
-    for candidate in (configured[:1] or []) + ["cc", "gcc", "clang"]:
+    configured = (sysconfig.get_config_var("CXX") or "").split()
+    for candidate in (configured[:1] or []) + ["c++", "g++", "clang++"]:
         if shutil.which(candidate):
             return shutil.which(candidate)
     return None
 
 
-@pytest.mark.skipif(_compiler() is None, reason="needs a C compiler for the probe handler")
+@pytest.mark.skipif(_compiler() is None, reason="needs a C++ compiler for the probe handler")
 @pytest.mark.parametrize("ahead", [0, 1])
 def test_the_running_jaxlib_refuses_handlers_built_for_a_newer_ffi_api_as_jaxcomm_predicts(
     tmp_path, ahead
@@ -131,12 +127,13 @@ def test_the_running_jaxlib_refuses_handlers_built_for_a_newer_ffi_api_as_jaxcom
     # refuses exactly the versions that XLA refuses.
     running = _runtime._running_ffi_api()
     assert running is not None
-    source = tmp_path / "probe.c"
+    reported = (running[0], running[1] + ahead)
+    source = tmp_path / "probe.cc"
     source.write_text(PROBE_HANDLER)
     library = tmp_path / f"probe{ahead}.so"
     subprocess.run(
-        [_compiler(), "-shared", "-fPIC", f"-DAHEAD={ahead}", f"-I{jax.ffi.include_dir()}"]
-        + [str(source), "-o", str(library)],
+        [_compiler(), "-std=c++17", "-shared", "-fPIC", "-w", f"-DPROBE_MINOR={reported[1]}"]
+        + [f"-I{jax.ffi.include_dir()}", str(source), "-o", str(library)],
         check=True,
     )
     done = subprocess.run(
@@ -147,7 +144,6 @@ def test_the_running_jaxlib_refuses_handlers_built_for_a_newer_ffi_api_as_jaxcom
         cwd=tmp_path,
         timeout=300,
     )
-    reported = (running[0], running[1] + ahead)
     predicted = _runtime.ffi_api_mismatch(reported, "newer", running, jaxlib.__version__)
     if ahead:
         assert done.returncode != 0
