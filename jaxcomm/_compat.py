@@ -18,6 +18,7 @@ computations, is applied only to the tested versions.
 """
 
 import contextvars
+import functools
 import inspect
 import os
 import warnings
@@ -133,7 +134,11 @@ def call_site(ctx) -> str:
     The innermost frame of the op's traceback outside JAX, the standard
     library and jaxcomm, as ``"file:line (function)"``.
     """
-    return _site(getattr(ctx, "traceback", None))
+    if hasattr(ctx, "traceback"):
+        return _site(ctx.traceback)
+    # jax 0.6 has no ``ctx.traceback``: it lowers each equation inside a user
+    # context that holds the equation's traceback.
+    return current_site()
 
 
 def current_site() -> str:
@@ -402,6 +407,10 @@ def _structured_residuals():
 
 _STRUCTURED_RESIDUALS = _structured_residuals()
 
+# jax 0.9 and newer tell a linearize rule whether it serves a VJP (its first
+# argument); jax 0.6 to 0.8 call it with the tangents' nonzero flags first.
+_LINEARIZATION_TAKES_IS_VJP = "is_vjp" in inspect.signature(_ad.LinearizeTrace.__init__).parameters
+
 
 def def_linearization(primitive, rule):
     """Register ``rule`` as ``primitive``'s linearize rule (``jax.linearize``, ``vjp``).
@@ -426,7 +435,9 @@ def def_linearization(primitive, rule):
             )
         return outs, out_nonzeros, residuals, linear
 
-    _ad.primitive_linearizations[primitive] = linearization
+    _ad.primitive_linearizations[primitive] = (
+        linearization if _LINEARIZATION_TAKES_IS_VJP else functools.partial(linearization, False)
+    )
 
 
 # Fast dispatch -----------------------------------------------------------------

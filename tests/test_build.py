@@ -3,11 +3,15 @@
 import importlib.metadata
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
+import sysconfig
 
+import jax
 import jaxlib
 import pytest
+from conftest import environment_without_launcher
 
 from jaxcomm import _build_info, _runtime
 
@@ -73,3 +77,110 @@ def test_a_jaxlib_older_than_the_headers_is_refused_at_import_with_the_fix(built
     if refused:
         assert "headers of jaxlib 0.12.0" in reason and "runs jaxlib 0.11.2" in reason
         assert "pip install --force-reinstall --no-deps --no-cache-dir ." in reason
+
+
+# A handler built with XLA's own C++ FFI API that reports the FFI API version
+# PROBE_MINOR: the running jaxlib's, or one newer, as kernels compiled against
+# a newer jaxlib's headers do.
+PROBE_HANDLER = """
+#include "xla/ffi/api/c_api.h"
+#undef XLA_FFI_API_MINOR
+#define XLA_FFI_API_MINOR PROBE_MINOR
+#include "xla/ffi/api/ffi.h"
+
+static xla::ffi::Error Probe(xla::ffi::Result<xla::ffi::AnyBuffer>) {
+  return xla::ffi::Error::Success();
+}
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(probe, Probe, xla::ffi::Ffi::Bind().Ret<xla::ffi::AnyBuffer>());
+"""
+
+# Registers the handler and makes a jitted call to it, in a fresh process
+# (XLA registers handlers when the backend starts).
+PROBE_CALL = """
+import ctypes, sys
+import jax, jax.numpy as jnp
+library = ctypes.cdll.LoadLibrary(sys.argv[1])
+jax.ffi.register_ffi_target("jaxcomm_probe", jax.ffi.pycapsule(library.probe), platform="cpu")
+call = jax.ffi.ffi_call("jaxcomm_probe", jax.ShapeDtypeStruct((2,), jnp.float32))
+jax.jit(lambda: call())().block_until_ready()
+print("accepted")
+"""
+
+
+def _compiler():
+    configured = (sysconfig.get_config_var("CXX") or "").split()
+    for candidate in (configured[:1] or []) + ["c++", "g++", "clang++"]:
+        if shutil.which(candidate):
+            return shutil.which(candidate)
+    return None
+
+
+@pytest.mark.skipif(_compiler() is None, reason="needs a C++ compiler for the probe handler")
+@pytest.mark.parametrize("ahead", [0, 1])
+def test_the_running_jaxlib_refuses_handlers_built_for_a_newer_ffi_api_as_jaxcomm_predicts(
+    tmp_path, ahead
+):
+    # The failure the build fix prevents, reproduced with XLA itself: a
+    # handler compiled for a newer FFI API than the running jaxlib's fails
+    # to register on the first jitted call, and jaxcomm's import check
+    # refuses exactly the versions that XLA refuses.
+    running = _runtime._running_ffi_api()
+    assert running is not None
+    reported = (running[0], running[1] + ahead)
+    source = tmp_path / "probe.cc"
+    source.write_text(PROBE_HANDLER)
+    library = tmp_path / f"probe{ahead}.so"
+    subprocess.run(
+        [_compiler(), "-std=c++17", "-shared", "-fPIC", "-w", f"-DPROBE_MINOR={reported[1]}"]
+        + [f"-I{jax.ffi.include_dir()}", str(source), "-o", str(library)],
+        check=True,
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE_CALL, str(library)],
+        capture_output=True,
+        text=True,
+        env=environment_without_launcher(JAX_PLATFORMS="cpu"),
+        cwd=tmp_path,
+        timeout=300,
+    )
+    predicted = _runtime.ffi_api_mismatch(reported, "newer", running, jaxlib.__version__)
+    if ahead:
+        assert done.returncode != 0
+        assert "FFI handler registration for jaxcomm_probe" in done.stderr
+        assert f"API version ({reported[0]}.{reported[1]}) is incompatible" in done.stderr
+        assert predicted is not None
+    else:
+        assert done.returncode == 0 and done.stdout.split() == ["accepted"], done.stderr
+        assert predicted is None
+
+
+# Imports jaxcomm with a build record that says its kernels were compiled
+# against the FFI headers of a jaxlib newer than the running one.
+NEWER_HEADERS = """
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("jaxcomm._build_info", sys.argv[1])
+record = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(record)
+record.FFI_API = (record.FFI_API[0], record.FFI_API[1] + 1)
+record.JAXLIB_VERSION = "99.0.0"
+sys.modules["jaxcomm._build_info"] = record
+import jaxcomm
+"""
+
+
+def test_kernels_built_for_a_newer_ffi_api_are_refused_at_import_with_the_fix(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-c", NEWER_HEADERS, _build_info.__file__],
+        capture_output=True,
+        text=True,
+        env=environment_without_launcher(),
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert done.returncode != 0
+    assert (
+        "ImportError: jaxcomm's kernels were built against the XLA FFI headers of jaxlib 99.0.0"
+        in done.stderr
+    )
+    assert f"runs jaxlib {jaxlib.__version__}" in done.stderr

@@ -142,6 +142,19 @@ def test_mpi4jax_settings_that_cannot_be_honoured_are_refused(tmp_path, env, mes
 
 
 @spawns_own_mpi
+@pytest.mark.parametrize("value, logged", [("1", True), ("0", False)])
+def test_mpi4jax_debug_logs_every_mpi_call(tmp_path, value, logged):
+    script = (
+        "import jax.numpy as jnp\nfrom mpi4py import MPI\nimport jaxcomm.compat.mpi4jax as mpi4jax\n"
+        "print(float(mpi4jax.allreduce(jnp.ones(2), op=MPI.SUM)[0]))\n"
+    )
+    done, _ = run_job(tmp_path, script, ranks=1, MPI4JAX_DEBUG=value)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["1.0"]
+    assert ("r0 | MPI_Allreduce" in done.stderr) == logged, done.stderr
+
+
+@spawns_own_mpi
 def test_mpi4jax_skip_abi_check_is_not_silently_ignored(tmp_path):
     done = _import_compat(tmp_path, MPI4JAX_SKIP_ABI_CHECK="1")
     assert done.returncode == 0, done.stderr

@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
+from jaxcomm import _compat
+
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
 
 
@@ -147,11 +149,20 @@ def test_shallow_water_matches_serial_and_conserves_mass(monkeypatch, capsys, bo
         assert re.search(r"benchmark: [.\d]+ ms per step, \d+ steps/s, [.\de+]+ cells/s", out)
 
 
+# Whether XLA compiles the overlapped step's arithmetic as the blocking
+# one's, bit for bit: measured on jax 0.8 and newer. XLA:CPU of jaxlib 0.6.2
+# rounds the two programs differently (fields at most 3e-11 apart after 30
+# steps, a rounding), so there the overlapped field is checked against the
+# serial one.
+EXACT_OVERLAP = _compat.JAX_VERSION >= (0, 8)
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("boundary", ["periodic", "walls"])
 def test_shallow_water_overlapped_gives_the_blocking_field(monkeypatch, capsys, boundary):
     # The script itself compares the overlapped field with the blocking one
     # (bit for bit) under --benchmark, and exits if they differ.
+    benchmark = ["--benchmark"] if EXACT_OVERLAP else []
     out = run_example(
         monkeypatch,
         capsys,
@@ -164,13 +175,13 @@ def test_shallow_water_overlapped_gives_the_blocking_field(monkeypatch, capsys, 
         "--boundary",
         boundary,
         "--overlap",
-        "--benchmark",
+        *benchmark,
     )
     if MPI.COMM_WORLD.rank == 0:
         assert f"24x24 cells, {boundary}, overlapped, 30 steps" in out
         assert numbers_after("max difference from serial", out)[0] < 1e-5
         assert numbers_after("mass change", out)[0] < 1e-5
-        for name in ("overlapped", "blocking"):
+        for name in ("overlapped", "blocking") if EXACT_OVERLAP else ():
             assert re.search(rf"{name}: [.\d]+ ms per step, \d+ steps/s, [.\de+]+ cells/s", out)
 
 
