@@ -1798,6 +1798,59 @@ class JaxComm:
         check_split_rows(x, static_bool(tiled, "tiled"), self._size)
         return nonblocking.start(nonblocking.ialltoall_p, x, handle=handle)
 
+    def ineighbor_alltoall(self, x: ArrayLike) -> Request:
+        """Start sending block ``j`` of ``x`` to ``destinations[j]``; see :meth:`wait`.
+
+        Wraps ``MPI_Ineighbor_alltoall``; blocks and neighbours as in
+        :meth:`neighbor_alltoall`, whose result the wait returns (blocks from
+        ``MPI.PROC_NULL`` zeroed). So a step can compute its interior while
+        its ghosts travel. Works eagerly and under ``jit``, in loops and
+        conditionals, under ``vmap``; differentiable (transposed by the
+        reverse exchange, a request on the reverse graph).
+
+        Args:
+            x: array of shape ``(outdegree, ...)``.
+
+        Returns:
+            A :class:`jaxcomm.Request`; its wait returns a new array of shape
+            ``(indegree, ...)``.
+
+        Raises:
+            TypeError: for a communicator without a topology, or a non-array ``x``.
+            ValueError: if ``x``'s leading axis is not the outdegree (on this
+                rank, before any MPI call).
+
+        Example:
+            >>> request = grid.ineighbor_alltoall(jnp.stack([u[0], u[-1]]))
+            >>> interior = update(u[1:-1])  # while the halo travels
+            >>> halo = grid.wait(request)
+        """
+        handle, _, destinations = self._topology()
+        x = self._blocks(held(x, "x"), "destination", len(destinations))
+        return nonblocking.start(nonblocking.ineighbor_alltoall_p, x, handle=handle)
+
+    def ineighbor_allgather(self, x: ArrayLike) -> Request:
+        """Start sending ``x`` to every destination; see :meth:`wait`.
+
+        Wraps ``MPI_Ineighbor_allgather``; the wait returns what
+        :meth:`neighbor_allgather` returns (blocks from ``MPI.PROC_NULL``
+        zeroed). Works eagerly and under ``jit``, in loops and conditionals,
+        under ``vmap``; differentiable (its transpose is the blocking
+        :meth:`neighbor_allgather`'s).
+
+        Args:
+            x: array or scalar, the same shape and dtype on every rank.
+
+        Returns:
+            A :class:`jaxcomm.Request`; its wait returns a new array of shape
+            ``(indegree, *x.shape)``.
+
+        Raises:
+            TypeError: for a communicator without a topology, or a non-array ``x``.
+        """
+        handle, _, _ = self._topology()
+        return nonblocking.start(nonblocking.ineighbor_allgather_p, held(x, "x"), handle=handle)
+
     def ialltoallv(self, x: ArrayLike, sendcounts: Any, recvcounts: Any) -> Request:
         """Start exchanging blocks of rows of different sizes between every pair of ranks.
 

@@ -1018,6 +1018,32 @@ OPERATIONS = (
         methods=("ialltoall", "wait"),
         transforms=NONBLOCKING,
     ),
+    Operation(
+        "ineighbor_alltoall",
+        family="nonblocking",
+        kind="nonblocking",
+        call=lambda jc, x: jc.wait(jc.ineighbor_alltoall(x)),
+        shape=_neighbor_blocks,
+        expected=_neighbor_alltoall,
+        mpi=("MPI_Ineighbor_alltoall",),
+        targets=("ineighbor_alltoall", "wait_exchange"),
+        methods=("ineighbor_alltoall", "wait"),
+        transforms=NONBLOCKING,
+        grid=True,
+    ),
+    Operation(
+        "ineighbor_allgather",
+        family="nonblocking",
+        kind="nonblocking",
+        call=lambda jc, x: jc.wait(jc.ineighbor_allgather(x)),
+        shape=_block,
+        expected=_neighbor_allgather,
+        mpi=("MPI_Ineighbor_allgather",),
+        targets=("ineighbor_allgather", "wait_exchange"),
+        methods=("ineighbor_allgather", "wait"),
+        transforms=NONBLOCKING,
+        grid=True,
+    ),
 )
 
 BY_ID = {op.id: op for op in OPERATIONS}

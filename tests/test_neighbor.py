@@ -604,3 +604,73 @@ def test_capacity_overflow_and_wrong_recvcounts_fail_the_receiver(jc, ring):
         y, np.concatenate([np.full((2, 2), (jc.rank - 1) % jc.size), np.zeros((2, 2))])
     )
     _still_matched(jc)
+
+
+# Nonblocking ------------------------------------------------------------------------------
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("mode", ["eager", "jit"])
+def test_nonblocking_match_the_model(jc, graphs, seed, mode):
+    g, sources, destinations = graphs[seed]
+    blocks = [rank_data(r, (len(destinations[r]), 3), np.float32) for r in range(jc.size)]
+    xs = [rank_data(r, (3,), np.float32) for r in range(jc.size)]
+    gathered = [np.broadcast_to(xs[r], (len(destinations[r]), 3)) for r in range(jc.size)]
+
+    def both(x, v):
+        requests = [g.ineighbor_alltoall(x), g.ineighbor_allgather(v)]
+        return g.waitall(requests)
+
+    call = both if mode == "eager" else jax.jit(both)
+    y, z = call(blocks[jc.rank], xs[jc.rank])
+    np.testing.assert_array_equal(y, model_alltoall(blocks, sources, destinations)[jc.rank])
+    np.testing.assert_array_equal(z, model_alltoall(gathered, sources, destinations)[jc.rank])
+
+
+@pytest.mark.x64
+@pytest.mark.mpi
+@pytest.mark.parametrize("seed", SEEDS)
+def test_nonblocking_grad_and_vmap(jc, graphs, seed):
+    g, sources, destinations = graphs[seed]
+    land = landing(sources, destinations)
+    shape = (len(destinations[jc.rank]), 2)
+    x = jnp.asarray(rank_data(jc.rank, shape, np.float64))
+    weights = [rank_data(r + 7, (len(sources[r]), 2), np.float64) for r in range(jc.size)]
+    w = weights[jc.rank]
+
+    def loss(x):
+        request = g.ineighbor_alltoall(x)
+        return jnp.sum(g.wait(request) * w)
+
+    grad = jax.jit(jax.grad(loss))(x)
+    np.testing.assert_allclose(grad, _grad_model(weights, land, jc.rank, shape))
+    v = jnp.asarray(rank_data(jc.rank, (2,), np.float64))
+    gathered = jax.jit(jax.grad(lambda v: jnp.sum(g.wait(g.ineighbor_allgather(v)) * w)))(v)
+    want = np.zeros(2)
+    for d, i in land[jc.rank]:
+        want += weights[d][i]
+    np.testing.assert_allclose(gathered, want)
+    batch = jnp.stack([x, 2 * x, 3 * x])
+    got = jax.jit(jax.vmap(lambda x: g.wait(g.ineighbor_alltoall(x))))(batch)
+    for b in range(3):
+        np.testing.assert_allclose(got[b], g.neighbor_alltoall(batch[b]))
+
+
+@pytest.mark.x64
+@pytest.mark.mpi
+@pytest.mark.parametrize("name", sorted(GRIDS))
+def test_nonblocking_halo_and_its_grad_on_a_grid(jc, grids, name):
+    grid = grids[name]
+    dims, periods = GRIDS[name](jc.size)
+    n = 2 * len(dims)
+    blocks = [rank_data(r, (n, 2), np.float64) + 1 for r in range(jc.size)]
+    x = jnp.asarray(blocks[grid.rank])
+    np.testing.assert_array_equal(
+        jax.jit(lambda x: grid.wait(grid.ineighbor_alltoall(x)))(x),
+        model_grid(blocks, dims, periods)[grid.rank],
+    )
+    w = rank_data(grid.rank + 7, (n, 2), np.float64)
+    blocking = jax.grad(lambda x: jnp.sum(grid.neighbor_alltoall(x) * w))(x)
+    nonblocking = jax.jit(jax.grad(lambda x: jnp.sum(grid.wait(grid.ineighbor_alltoall(x)) * w)))(x)
+    np.testing.assert_allclose(nonblocking, blocking)

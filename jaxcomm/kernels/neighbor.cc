@@ -6,6 +6,8 @@
 // each rank checks its own. Blocks from MPI_PROC_NULL neighbours (the edges
 // of a non-periodic grid) are left as MPI leaves them; the Python layer
 // zeroes them.
+#include "neighbor.h"
+
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -14,10 +16,8 @@
 #include "common.h"
 
 namespace jaxcomm {
-namespace {
 
-// This rank's numbers of neighbours it receives from and sends to.
-ffi::Error Degrees(const Call& call, int* indegree, int* outdegree) {
+ffi::Error NeighborDegrees(const Call& call, int* indegree, int* outdegree) {
   int topology;
   JAXCOMM_MPI_CHECK(call, MPI_Topo_test, call.comm(), &topology);
   if (topology == MPI_DIST_GRAPH) {
@@ -34,13 +34,21 @@ ffi::Error Degrees(const Call& call, int* indegree, int* outdegree) {
   return ffi::Error::Success();
 }
 
-// Fails unless `buffer` has a leading axis of `blocks` (a degree) entries.
 ffi::Error CheckBlocks(const Call& call, const char* buffer, const ffi::AnyBuffer& b, int blocks,
                        const char* degree) {
-  if (!b.dimensions().size() == 0 && b.dimensions()[0] == blocks) return ffi::Error::Success();
+  if (b.dimensions().size() != 0 && b.dimensions()[0] == blocks) return ffi::Error::Success();
   return call.Invalid(std::string(buffer) + " needs a leading axis of one block per neighbour (" +
                       degree + " " + std::to_string(blocks) + ")");
 }
+
+void* NotNull(void* data) {
+  static char nothing;
+  return data != nullptr ? data : &nothing;
+}
+
+const void* NotNull(const void* data) { return NotNull(const_cast<void*>(data)); }
+
+namespace {
 
 // One row of `row` elements of `dtype` as one element of a datatype, so that
 // counts and displacements are rows (ints for any array MPI can address).
@@ -144,14 +152,6 @@ std::string CountsError(const std::vector<int64_t>& sendcounts,
   return "";
 }
 
-// MPI refuses null buffers even where a rank has no neighbours to move them
-// to (MPICH checks the pointer before the count): a zero-length buffer of
-// XLA's is given this address instead, and vectors keep one spare entry.
-void* NotNull(void* data) {
-  static char nothing;
-  return data != nullptr ? data : &nothing;
-}
-
 enum Header : int { kRows, kFlags, kHeaderWords };
 constexpr int64_t kFlagInvalid = 1;
 
@@ -161,7 +161,7 @@ ffi::Error NeighborAlltoallImpl(const Call& call, Memory& memory, ffi::Token, ff
                                 ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> y) {
   JAXCOMM_RETURN_IF_ERROR(call.Announce(Collective::OfType(x.element_type())));
   int indegree, outdegree;
-  JAXCOMM_RETURN_IF_ERROR(Degrees(call, &indegree, &outdegree));
+  JAXCOMM_RETURN_IF_ERROR(NeighborDegrees(call, &indegree, &outdegree));
   JAXCOMM_RETURN_IF_ERROR(CheckBlocks(call, "x", x, outdegree, "outdegree"));
   const size_t block = RowElements(x.dimensions());
   JAXCOMM_RETURN_IF_ERROR(CheckOutput(call, x, *y, indegree * block, [&] {
@@ -184,7 +184,7 @@ ffi::Error NeighborAllgatherImpl(const Call& call, Memory& memory, ffi::Token, f
                                  ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> y) {
   JAXCOMM_RETURN_IF_ERROR(call.Announce(Collective::OfType(x.element_type())));
   int indegree, outdegree;
-  JAXCOMM_RETURN_IF_ERROR(Degrees(call, &indegree, &outdegree));
+  JAXCOMM_RETURN_IF_ERROR(NeighborDegrees(call, &indegree, &outdegree));
   const size_t block = x.element_count();
   JAXCOMM_RETURN_IF_ERROR(CheckOutput(call, x, *y, indegree * block, [&] {
     return "indegree " + std::to_string(indegree) + " x input " + std::to_string(block);
@@ -218,7 +218,7 @@ ffi::Error NeighborAlltoallvImpl(const Call& call, Memory& memory, ffi::Token, f
                                  ffi::Result<ffi::AnyBuffer> received, int64_t check_sizes) {
   JAXCOMM_RETURN_IF_ERROR(call.Announce(Collective::OfType(x.element_type())));
   int indegree, outdegree;
-  JAXCOMM_RETURN_IF_ERROR(Degrees(call, &indegree, &outdegree));
+  JAXCOMM_RETURN_IF_ERROR(NeighborDegrees(call, &indegree, &outdegree));
   std::string local_error = CountsShapeError(x, output, counts, *y, *received, indegree, outdegree);
   const bool shaped = local_error.empty();
   const size_t row = shaped ? RowElements(x.dimensions()) : 0;

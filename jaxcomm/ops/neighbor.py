@@ -58,8 +58,14 @@ def reverse_comm(handle):
     return _reverse[handle]
 
 
-def _indegree(handle):
+def indegree(handle):
+    """The number of sources of the communicator behind ``handle``."""
     return len(_topologies[handle][0])
+
+
+def blocks_behind(**_):
+    """vmap layout of neighbor_allgather: a new leading axis of blocks, the batch behind it."""
+    return 0, 1
 
 
 def _outdegree(handle):
@@ -67,17 +73,17 @@ def _outdegree(handle):
 
 
 def _blocks(aval, *, handle):
-    return [jax.core.ShapedArray((_indegree(handle), *aval.shape[1:]), aval.dtype)]
+    return [jax.core.ShapedArray((indegree(handle), *aval.shape[1:]), aval.dtype)]
 
 
 def _stacked(aval, *, handle):
-    return [jax.core.ShapedArray((_indegree(handle), *aval.shape), aval.dtype)]
+    return [jax.core.ShapedArray((indegree(handle), *aval.shape), aval.dtype)]
 
 
 def _counted(x, output, counts, *, handle, **_):
     return [
         jax.core.ShapedArray(output.shape, output.dtype),
-        jax.core.ShapedArray((_indegree(handle),), counts.dtype),
+        jax.core.ShapedArray((indegree(handle),), counts.dtype),
     ]
 
 
@@ -97,7 +103,7 @@ neighbor_alltoallv_p = comm_primitive(
 )
 
 
-def _zero_from_nowhere(y, handle):
+def zero_from_nowhere(y, handle):
     """``y`` with the blocks from ``MPI.PROC_NULL`` sources zeroed (MPI leaves them unwritten)."""
     sources = _topologies[handle][0]
     nowhere = np.array([s == MPI.PROC_NULL for s in sources])
@@ -109,13 +115,13 @@ def _zero_from_nowhere(y, handle):
 def neighbor_alltoall(x, *, handle):
     """Bind ``neighbor_alltoall_p``: block ``j`` of ``x`` to ``destinations[j]``."""
     (y,) = neighbor_alltoall_p.bind(x, handle=handle)
-    return _zero_from_nowhere(y, handle)
+    return zero_from_nowhere(y, handle)
 
 
 def neighbor_allgather(x, *, handle):
     """Bind ``neighbor_allgather_p``: ``x`` to every destination, one block per source back."""
     (y,) = neighbor_allgather_p.bind(x, handle=handle)
-    return _zero_from_nowhere(y, handle)
+    return zero_from_nowhere(y, handle)
 
 
 def neighbor_alltoallv(x, output, sendcounts, recvcounts, *, handle):
@@ -128,7 +134,7 @@ def neighbor_alltoallv(x, output, sendcounts, recvcounts, *, handle):
     """
     check = recvcounts is not None
     if not check:
-        recvcounts = jnp.zeros(_indegree(handle), sendcounts.dtype)
+        recvcounts = jnp.zeros(indegree(handle), sendcounts.dtype)
     counts = jnp.concatenate([sendcounts, recvcounts.astype(sendcounts.dtype)])
     return neighbor_alltoallv_p.bind(x, output, counts, handle=handle, check_sizes=int(check))
 
@@ -136,7 +142,7 @@ def neighbor_alltoallv(x, output, sendcounts, recvcounts, *, handle):
 # vmap: blocks are rows, the batch goes behind them. --------------------------------
 
 batch_whole(neighbor_alltoall_p, behind_rows)
-batch_whole(neighbor_allgather_p, lambda **_: (0, 1))
+batch_whole(neighbor_allgather_p, blocks_behind)
 _compat.fancy_primitive_batchers[neighbor_alltoallv_p] = partial(
     exchange_batch, neighbor_alltoallv_p
 )
