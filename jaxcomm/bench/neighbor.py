@@ -13,9 +13,10 @@ halo exchange of a partitioned mesh, in a jitted ``fori_loop``:
   finite-element code such as tatva does its ghost exchange).
 
 Both results are checked equal first. Rank 0 prints microseconds per step
-(medians of ``--repeats`` runs, the slowest rank's) for each block size per
-neighbour and the ratio loop / neighbor (above 1: the neighbourhood
-collective is faster).
+(medians of ``--repeats`` runs, the slowest rank's, the two loops taking
+turns) for each block size per neighbour and the median of the runs' ratios
+loop / neighbor (above 1: the neighbourhood collective is faster). On a
+machine with fewer cores than ranks the figures mostly measure scheduling.
 """
 
 import argparse
@@ -26,7 +27,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..comm import JaxComm
-from .timing import median_seconds
+from .timing import seconds
 
 DEFAULT_SIZES = (8, 64, 512, 4096, 32768, 262144, 1 << 20)
 
@@ -56,10 +57,20 @@ def looped(step, iters):
     return jax.jit(run)
 
 
-def timed(f, x, repeats, comm):
-    """Median seconds of ``f(x)``, the slowest rank's, each run after a barrier."""
-    median = median_seconds(lambda: jax.block_until_ready(f(x)), repeats, comm)
-    return comm.allreduce(median, op=MPI.MAX)
+def paired(fs, x, repeats, comm):
+    """Seconds of each ``f(x)`` of ``fs``, the slowest rank's, as ``repeats`` interleaved samples.
+
+    The functions take turns, each run after a barrier, so that a busy
+    machine's load falls on both alike; ratios are taken sample by sample.
+    """
+    calls = {name: (lambda f=f: jax.block_until_ready(f(x))) for name, f in fs.items()}
+    for call in calls.values():
+        call()
+    samples = {name: [] for name in calls}
+    for _ in range(repeats):
+        for name, call in calls.items():
+            samples[name].append(comm.allreduce(seconds(call, comm=comm), op=MPI.MAX))
+    return {name: np.asarray(t) for name, t in samples.items()}
 
 
 def main(argv=None):
@@ -78,7 +89,7 @@ def main(argv=None):
         print(f"# {jc.size} ranks, {len(neighbours)} neighbours each, jax {jax.__version__}, {mpi}")
         print(
             f"# {'bytes/nbr':>10} {'neighbor':>10} {'sendrecv loop':>14} {'ratio':>6}"
-            "   (us per exchange, medians, slowest rank; ratio: loop / neighbor)"
+            "   (us per exchange, medians, slowest rank; ratio: median of loop / neighbor)"
         )
     ratios = []
     for nbytes in args.sizes:
@@ -91,11 +102,11 @@ def main(argv=None):
         np.testing.assert_array_equal(results[0], results[1])
         # About 64 MiB through each loop at most, so large blocks stay quick.
         iters = max(4, min(args.iters, (64 << 20) // max(1, nbytes * len(neighbours))))
-        t = {
-            name: timed(looped(step, iters), x, args.repeats, world) / iters
-            for name, step in steps.items()
-        }
-        ratio = t["sendrecv loop"] / t["neighbor"]
+        samples = paired(
+            {name: looped(step, iters) for name, step in steps.items()}, x, args.repeats, world
+        )
+        t = {name: float(np.median(v)) / iters for name, v in samples.items()}
+        ratio = float(np.median(samples["sendrecv loop"] / samples["neighbor"]))
         ratios.append(ratio)
         if jc.rank == 0:
             print(
