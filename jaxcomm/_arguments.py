@@ -238,19 +238,28 @@ def rows_arrays(operand: ArrayLike, output: ArrayLike) -> tuple[jax.Array, jax.A
     return operand, output
 
 
-def index_arrays(values: dict[str, Any], size: int) -> tuple[jax.Array, ...]:
-    """Arrays of one integer per rank, static or traced, in one dtype: int64 if any is, else int32."""
+def index_arrays(
+    values: dict[str, Any], size: int | dict[str, int], per: str = "rank"
+) -> tuple[jax.Array, ...]:
+    """Arrays of one integer per rank, static or traced, in one dtype: int64 if any is, else int32.
+
+    ``size`` may give each array's length by name instead, one integer per ``per``.
+    """
     arrays = []
     for name, value in values.items():
+        length = size[name] if isinstance(size, dict) else size
         try:
+            if isinstance(value, (list, tuple)) and not value:
+                # An empty list has no integers for the dtype to come from.
+                value = np.zeros(0, np.int32)
             array = value if isinstance(value, jax.Array) else jnp.asarray(value)
         except TypeError:
             raise TypeError(f"{name} must be an integer array, got {value!r}") from None
         if not jnp.issubdtype(array.dtype, jnp.integer):
             raise TypeError(f"{name} must be an integer array, got {array.dtype}")
-        if array.shape != (size,):
+        if array.shape != (length,):
             raise ValueError(
-                f"{name} has shape {array.shape}; it needs one entry per rank, shape ({size},)"
+                f"{name} has shape {array.shape}; it needs one entry per {per}, shape ({length},)"
             )
         arrays.append(array)
     wide = any(a.dtype == np.int64 for a in arrays)

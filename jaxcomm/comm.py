@@ -58,6 +58,7 @@ from ._runtime import (
 )
 from .ops import nonblocking
 from .ops._base import derivative_comm, register_derivative_comm, unregister_derivative_comm
+from .ops.neighbor import register_topology, reverse_comm, unregister_topology
 from .ops.nonblocking import Request
 
 
@@ -103,11 +104,30 @@ class JaxComm:
         self._eager = new_cache()
         # Derivative messages travel apart from the program's own (ops/_base.py).
         self._derivative = clone(comm)
-        for owned in (self._comm, self._derivative):
+        self._neighbors = _neighbor_lists(comm)
+        # The transposes of neighbourhood exchanges on a graph run on its
+        # reverse (ops/neighbor.py), made now, collectively, on every rank.
+        self._reverse = None
+        if self._neighbors is not None and comm.Get_topology() == MPI.DIST_GRAPH:
+            sources, destinations = self._neighbors
+            self._reverse = comm.Create_dist_graph_adjacent(destinations, sources, reorder=False)
+        for owned in (self._comm, self._derivative, self._reverse):
             # Failures come back to jaxcomm's kernels, which raise them in Python.
-            owned.Set_errhandler(MPI.ERRORS_RETURN)
+            if owned is not None:
+                owned.Set_errhandler(MPI.ERRORS_RETURN)
         self._handle = register_comm(self._comm)
-        register_derivative_comm(self._handle, register_comm(self._derivative))
+        derivative = register_comm(self._derivative)
+        register_derivative_comm(self._handle, derivative)
+        if self._neighbors is not None:
+            sources, destinations = self._neighbors
+            # A Cartesian grid is its own reverse.
+            reverse = derivative
+            if self._reverse is not None:
+                reverse = register_comm(self._reverse)
+                register_derivative_comm(reverse, reverse)
+                register_topology(reverse, destinations, sources, derivative)
+            for handle in (self._handle, derivative):
+                register_topology(handle, sources, destinations, reverse)
         self._rank = self._comm.Get_rank()
         self._size = self._comm.Get_size()
         # MPI only guarantees TAG_UB on MPI_COMM_WORLD (Open MPI leaves it unset
@@ -124,8 +144,15 @@ class JaxComm:
             self._check.Set_errhandler(MPI.ERRORS_RETURN)
             # Derivative traffic runs in program order with the program's own,
             # so both are checked on the same communicator.
-            for handle in (self._handle, derivative_comm(self._handle)):
+            for handle in self._handles():
                 set_check_comm(handle, self._check)
+
+    def _handles(self) -> list[int]:
+        """The handles of every communicator this object owns, its own first."""
+        handles = [self._handle, derivative_comm(self._handle)]
+        if self._reverse is not None:
+            handles.append(reverse_comm(self._handle))
+        return handles
 
     # Communicator management -------------------------------------------------
 
@@ -160,14 +187,19 @@ class JaxComm:
         """
         if self._comm is not None:
             wait_for_dispatched()
-            derivative = unregister_derivative_comm(self._handle)
-            unregister_comm(derivative)
-            unregister_comm(self._handle)
+            handles = self._handles()
+            for handle in handles:
+                unregister_topology(handle)
+                unregister_comm(handle)
+            for handle in handles[::-1]:
+                unregister_derivative_comm(handle)
             if self._check is not None:
-                for handle in (self._handle, derivative):
+                for handle in handles:
                     set_check_comm(handle, None)
                 self._check.Free()
                 self._check = None
+            if self._reverse is not None:
+                self._reverse.Free()
             self._derivative.Free()
             self._comm.Free()
             self._comm = None
@@ -267,6 +299,89 @@ class JaxComm:
         reorder = static_bool(reorder, "reorder")
         before_mpi_from_python()
         return cls._adopt(comm.Create_cart(dims, periods=periods, reorder=reorder))
+
+    @classmethod
+    def from_graph(
+        cls,
+        sources: Sequence[int],
+        destinations: Sequence[int],
+        *,
+        comm: MPI.Intracomm | None = None,
+        reorder: bool = False,
+    ) -> JaxComm:
+        """Create a ``JaxComm`` over a distributed graph of neighbours.
+
+        Wraps ``MPI_Dist_graph_create_adjacent``: this rank receives from
+        ``sources`` and sends to ``destinations``, in that order, in the
+        neighbourhood collectives (:meth:`neighbor_alltoall`,
+        :meth:`neighbor_allgather`, :meth:`neighbor_alltoallv`). Either list
+        may be empty, name this rank (a self-loop) or name a rank more than
+        once (the k-th edge from a rank to another matches the k-th time the
+        receiver lists the sender). Every edge must be in both lists: the
+        sender's ``destinations`` and the receiver's ``sources``; this is
+        checked (one ``MPI_Alltoall`` of edge counts) and every rank raises
+        if it is not. Collective: also creates the reverse graph, on which
+        the transposes of neighbourhood exchanges run.
+
+        Wrapping a communicator that already has a graph or Cartesian
+        topology with ``JaxComm(comm)`` keeps its topology too.
+
+        Args:
+            sources: ranks of ``comm`` this rank receives from.
+            destinations: ranks of ``comm`` this rank sends to.
+            comm: the communicator to arrange (default ``MPI.COMM_WORLD``).
+            reorder: let MPI renumber ranks to fit the hardware.
+
+        Returns:
+            A ``JaxComm`` whose ``comm`` is an ``MPI.Distgraphcomm``.
+
+        Raises:
+            TypeError: if ``comm`` is not an ``Intracomm``, ``sources`` or
+                ``destinations`` is not a sequence of ints, or ``reorder`` not
+                a bool.
+            ValueError: on every rank, if a rank is out of range or the
+                lists of two ranks disagree about the edges between them.
+
+        Example:
+            A ring, each rank receiving from the rank before and sending to
+            the one after it:
+
+            >>> ring = JaxComm.from_graph([(jc.rank - 1) % jc.size], [(jc.rank + 1) % jc.size])
+            >>> ring.neighbor_alltoall(jnp.full((1, 3), ring.rank))  # the rank before's row
+        """
+        comm = intracomm(comm)
+        check_thread_level()
+        sources = [
+            static_int(r, f"sources[{i}]") for i, r in enumerate(sequence(sources, "sources"))
+        ]
+        destinations = [
+            static_int(r, f"destinations[{i}]")
+            for i, r in enumerate(sequence(destinations, "destinations"))
+        ]
+        reorder = static_bool(reorder, "reorder")
+        before_mpi_from_python()
+        _check_graph(comm, sources, destinations)
+        return cls._adopt(comm.Create_dist_graph_adjacent(sources, destinations, reorder=reorder))
+
+    def _topology(self) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+        handle = self._live()
+        if self._neighbors is None:
+            raise TypeError(
+                "this JaxComm has no neighbours: create it with from_graph or from_cart, "
+                "or wrap a communicator with a distributed graph or Cartesian topology"
+            )
+        sources, destinations = self._neighbors
+        return handle, tuple(sources), tuple(destinations)
+
+    @property
+    def sources(self) -> tuple[int, ...]:
+        """The ranks neighbourhood collectives receive from, in order (``MPI.PROC_NULL`` off a grid's edge)."""
+        return self._topology()[1]
+
+    @property
+    def destinations(self) -> tuple[int, ...]:
+        """The ranks neighbourhood collectives send to, in order (``MPI.PROC_NULL`` off a grid's edge)."""
+        return self._topology()[2]
 
     def _cart(self) -> MPI.Cartcomm:
         self._live()
@@ -1036,6 +1151,190 @@ class JaxComm:
         )
         return ops.ragged_all_to_all(operand, output, indices, handle=handle)
 
+    # Neighbourhood collectives ------------------------------------------------
+
+    def _blocks(self, x: Any, what: str, degree: int) -> jax.Array:
+        """``x`` as an array with a leading axis of ``degree`` blocks, or raise."""
+        x = as_array(x, "x")
+        blocks = leading_axis(x, f"of one block per {what} ({degree})")
+        if blocks != degree:
+            raise ValueError(
+                f"x has {blocks} blocks on rank {self._rank}; it needs one per {what}: {degree}"
+            )
+        return x
+
+    @eager_cached(arrays=("x",))
+    def neighbor_alltoall(self, x: ArrayLike) -> jax.Array:
+        """Send block ``j`` of ``x`` to ``destinations[j]``; receive one block from each source.
+
+        Wraps ``MPI_Neighbor_alltoall`` on a communicator with a topology
+        (:meth:`from_graph`, :meth:`from_cart`, or ``JaxComm(comm)`` of a
+        communicator that has one). On a Cartesian grid the neighbours are,
+        per dimension, the one at ``-1`` then the one at ``+1``
+        (:attr:`sources` and :attr:`destinations`), so one call is a whole
+        halo exchange: send ``x[2 * d]`` towards ``-1`` and ``x[2 * d + 1]``
+        towards ``+1`` along dimension ``d``, and get back
+        ``y[2 * d]`` (what the neighbour at ``-1`` sent towards ``+1``) and
+        ``y[2 * d + 1]``. Blocks from ``MPI.PROC_NULL`` (off a non-periodic
+        edge) are zeros; blocks sent there go nowhere.
+
+        Works eagerly and under ``jit``, in ``scan``/``fori_loop``/``cond``,
+        under ``vmap`` and differentiable (``jvp``, ``grad``, ``vjp``,
+        ``linear_transpose``): the transpose sends each cotangent block back
+        where its block came from, one ``MPI_Neighbor_alltoall`` on the
+        reverse graph.
+
+        Args:
+            x: array of shape ``(outdegree, ...)``; the block shape and dtype
+                must match on every rank.
+
+        Returns:
+            A new array of shape ``(indegree, ...)``: block ``i`` from
+            ``sources[i]``.
+
+        Raises:
+            TypeError: for a communicator without a topology, or a non-array ``x``.
+            ValueError: if ``x``'s leading axis is not the outdegree. Raised
+                on this rank only, before any MPI call: its neighbours, whose
+                ``x`` was right, wait for it (the watchdog, ``JAXCOMM_TIMEOUT``,
+                reports them).
+
+        Example:
+            A halo exchange on a periodic 1-d grid, each rank's first and last
+            rows going to the neighbours behind and ahead of it:
+
+            >>> grid = JaxComm.from_cart([0], periods=[True])
+            >>> halo = grid.neighbor_alltoall(jnp.stack([u[0], u[-1]]))
+            >>> u_ext = jnp.concatenate([halo[:1], u, halo[1:]])  # ghosts at both ends
+        """
+        handle, _, destinations = self._topology()
+        x = self._blocks(x, "destination", len(destinations))
+        return ops.neighbor_alltoall(x, handle=handle)
+
+    @eager_cached(arrays=("x",))
+    def neighbor_allgather(self, x: ArrayLike) -> jax.Array:
+        """Send ``x`` to every destination; receive one from each source.
+
+        Wraps ``MPI_Neighbor_allgather`` on a communicator with a topology
+        (see :meth:`neighbor_alltoall` for the neighbours' order and
+        ``MPI.PROC_NULL``, whose blocks are zeros).
+
+        Works eagerly and under ``jit``, in ``scan``/``fori_loop``/``cond``,
+        under ``vmap`` and differentiable (``jvp``, ``grad``, ``vjp``,
+        ``linear_transpose``): the transpose sends each cotangent block back
+        to its source (one ``MPI_Neighbor_alltoall`` on the reverse graph)
+        and sums what arrives.
+
+        Args:
+            x: array or scalar, the same shape and dtype on every rank.
+
+        Returns:
+            A new array of shape ``(indegree, *x.shape)``: block ``i`` is the
+            ``x`` of ``sources[i]``.
+
+        Raises:
+            TypeError: for a communicator without a topology, or a non-array ``x``.
+
+        Example:
+            >>> ring = JaxComm.from_graph([(jc.rank - 1) % jc.size], [(jc.rank + 1) % jc.size])
+            >>> ring.neighbor_allgather(jnp.float32(ring.rank))  # [rank - 1]
+        """
+        handle, _, _ = self._topology()
+        return ops.neighbor_allgather(as_array(x, "x"), handle=handle)
+
+    @eager_cached(arrays=("x",))
+    def neighbor_alltoallv(
+        self,
+        x: ArrayLike,
+        sendcounts: Any,
+        recvcounts: Any = None,
+        *,
+        capacity: int | None = None,
+    ) -> Any:
+        """Send blocks of rows of different sizes to the destinations; receive from the sources.
+
+        Wraps ``MPI_Neighbor_alltoallv`` on a communicator with a topology
+        (see :meth:`neighbor_alltoall` for the neighbours' order). ``x`` holds
+        the blocks for ``destinations[0]``, ``destinations[1]``, ... one after
+        another, ``sendcounts[j]`` rows for ``destinations[j]``, from its first
+        row on (rows past ``sum(sendcounts)`` are not sent); the result holds
+        the blocks from ``sources[0]``, ``sources[1]``, ... one after another,
+        then zeros. The counts may be static sequences or integer arrays,
+        traced or not (computed inside ``jit``). One ``MPI_Neighbor_alltoall``
+        of a small header per edge comes first (the rows each block has),
+        then the ``MPI_Neighbor_alltoallv``:
+
+        - ``neighbor_alltoallv(x, sendcounts)``: the receive counts are
+          learned. Returns ``(y, recvcounts)``: ``y`` of ``capacity`` rows
+          (default: ``x``'s) and the rows received from each source (int32,
+          or int64 where the counts are).
+        - ``neighbor_alltoallv(x, sendcounts, recvcounts)``: also the rows
+          expected from each source, checked against what arrives. Returns
+          ``y`` alone, of ``capacity`` rows: by default ``sum(recvcounts)``
+          for static ``recvcounts``, ``x``'s rows for traced ones.
+
+        Works eagerly and under ``jit``, in ``scan``/``fori_loop``/``cond``,
+        under ``vmap`` and differentiable in ``x`` (``jvp``, ``grad``,
+        ``vjp``, ``linear_transpose``): the transpose sends each cotangent
+        block back to its source, one exchange on the reverse graph.
+
+        Args:
+            x: array of rows, at least ``sum(sendcounts)`` of them; the row
+                shape and dtype must match on every rank.
+            sendcounts: rows for each destination, ``outdegree`` entries.
+            recvcounts: rows from each source, ``indegree`` entries, or None.
+            capacity: static number of rows of the result.
+
+        Returns:
+            ``(y, recvcounts)`` without ``recvcounts``, else ``y``.
+
+        Raises:
+            TypeError: for a communicator without a topology, a non-array
+                ``x`` or non-integer counts.
+            ValueError: on this rank, before any MPI call, for counts of the
+                wrong length, negative static counts or static counts that do
+                not fit ``x`` or ``capacity``.
+            RuntimeError: raised by the kernel (``XlaRuntimeError``) for
+                traced counts that are negative or do not fit ``x`` or
+                ``capacity`` (on this rank and its destinations, which
+                receive nothing from it), and for received rows that overflow
+                ``capacity`` or differ from ``recvcounts`` (on the receiving
+                rank). Every rank still makes both MPI calls with the rows it
+                announced, so no neighbour waits; nothing is written outside
+                the buffers (``docs/irregular.md``).
+
+        Example:
+            Ghost rows on a ring: each rank sends its last ``k`` rows ahead,
+            ``k`` computed in the step:
+
+            >>> ring = JaxComm.from_graph([(jc.rank - 1) % jc.size], [(jc.rank + 1) % jc.size])
+            >>> ghosts, got = ring.neighbor_alltoallv(rows[::-1], jnp.array([k]), capacity=8)
+        """
+        handle, sources, destinations = self._topology()
+        x = as_array(x, "x")
+        rows = leading_axis(x, "of rows")
+        learn = recvcounts is None
+        lengths = {"sendcounts": len(destinations), "recvcounts": len(sources)}
+        if learn:
+            (send,), recv = index_arrays({"sendcounts": sendcounts}, lengths, "neighbour"), None
+        else:
+            send, recv = index_arrays(
+                {"sendcounts": sendcounts, "recvcounts": recvcounts}, lengths, "neighbour"
+            )
+        static = _concrete(sendcounts), None if learn else _concrete(recvcounts)
+        if static[0] is not None:
+            _check_static_counts("sendcounts", static[0], rows, "x's rows")
+        if capacity is None:
+            capacity = rows if learn or static[1] is None else int(sum(static[1]))
+        capacity = static_int(capacity, "capacity")
+        if capacity < 0:
+            raise ValueError(f"capacity={capacity} is negative")
+        if static[1] is not None:
+            _check_static_counts("recvcounts", static[1], capacity, "the capacity")
+        output = jnp.zeros((capacity, *x.shape[1:]), x.dtype)
+        y, received = ops.neighbor_alltoallv(x, output, send, recv, handle=handle)
+        return (y, received) if learn else y
+
     # Point to point ----------------------------------------------------------
 
     @eager_cached(arrays=("x",))
@@ -1499,6 +1798,59 @@ class JaxComm:
         check_split_rows(x, static_bool(tiled, "tiled"), self._size)
         return nonblocking.start(nonblocking.ialltoall_p, x, handle=handle)
 
+    def ineighbor_alltoall(self, x: ArrayLike) -> Request:
+        """Start sending block ``j`` of ``x`` to ``destinations[j]``; see :meth:`wait`.
+
+        Wraps ``MPI_Ineighbor_alltoall``; blocks and neighbours as in
+        :meth:`neighbor_alltoall`, whose result the wait returns (blocks from
+        ``MPI.PROC_NULL`` zeroed). So a step can compute its interior while
+        its ghosts travel. Works eagerly and under ``jit``, in loops and
+        conditionals, under ``vmap``; differentiable (transposed by the
+        reverse exchange, a request on the reverse graph).
+
+        Args:
+            x: array of shape ``(outdegree, ...)``.
+
+        Returns:
+            A :class:`jaxcomm.Request`; its wait returns a new array of shape
+            ``(indegree, ...)``.
+
+        Raises:
+            TypeError: for a communicator without a topology, or a non-array ``x``.
+            ValueError: if ``x``'s leading axis is not the outdegree (on this
+                rank, before any MPI call).
+
+        Example:
+            >>> request = grid.ineighbor_alltoall(jnp.stack([u[0], u[-1]]))
+            >>> interior = update(u[1:-1])  # while the halo travels
+            >>> halo = grid.wait(request)
+        """
+        handle, _, destinations = self._topology()
+        x = self._blocks(held(x, "x"), "destination", len(destinations))
+        return nonblocking.start(nonblocking.ineighbor_alltoall_p, x, handle=handle)
+
+    def ineighbor_allgather(self, x: ArrayLike) -> Request:
+        """Start sending ``x`` to every destination; see :meth:`wait`.
+
+        Wraps ``MPI_Ineighbor_allgather``; the wait returns what
+        :meth:`neighbor_allgather` returns (blocks from ``MPI.PROC_NULL``
+        zeroed). Works eagerly and under ``jit``, in loops and conditionals,
+        under ``vmap``; differentiable (its transpose is the blocking
+        :meth:`neighbor_allgather`'s).
+
+        Args:
+            x: array or scalar, the same shape and dtype on every rank.
+
+        Returns:
+            A :class:`jaxcomm.Request`; its wait returns a new array of shape
+            ``(indegree, *x.shape)``.
+
+        Raises:
+            TypeError: for a communicator without a topology, or a non-array ``x``.
+        """
+        handle, _, _ = self._topology()
+        return nonblocking.start(nonblocking.ineighbor_allgather_p, held(x, "x"), handle=handle)
+
     def ialltoallv(self, x: ArrayLike, sendcounts: Any, recvcounts: Any) -> Request:
         """Start exchanging blocks of rows of different sizes between every pair of ranks.
 
@@ -1637,6 +1989,51 @@ class JaxComm:
     def sync() -> None:
         """Wait until every dispatched jaxcomm operation has finished (see ``jaxcomm.sync``)."""
         sync()
+
+
+def _neighbor_lists(comm: MPI.Intracomm) -> tuple[list[int], list[int]] | None:
+    """``(sources, destinations)`` of a distributed graph or Cartesian ``comm``, in MPI's order."""
+    topology = comm.Get_topology()
+    if topology == MPI.DIST_GRAPH:
+        sources, destinations, _ = comm.Get_dist_neighbors()
+        return list(sources), list(destinations)
+    if topology == MPI.CART:
+        # Per dimension, the neighbour at -1 then the one at +1 (MPI 4.1, 8.6).
+        ranks = [rank for d in range(comm.Get_dim()) for rank in comm.Shift(d, 1)]
+        return ranks, ranks
+    return None
+
+
+def _check_graph(comm: MPI.Intracomm, sources: list[int], destinations: list[int]) -> None:
+    """Raise on every rank unless every edge is in its sender's and its receiver's lists alike.
+
+    One MPI_Alltoall of edge counts (size entries per rank, once).
+    """
+    size = comm.Get_size()
+    bad = [r for r in (*sources, *destinations) if not 0 <= r < size]
+    if bad:
+        reason = f"rank {bad[0]} is not a rank of comm (size {size})"
+    else:
+        sent = np.bincount(np.asarray(destinations, np.int64), minlength=size)
+        received = np.bincount(np.asarray(sources, np.int64), minlength=size)
+        told = np.array(comm.alltoall(sent.tolist()))
+        wrong = np.nonzero(told != received)[0]
+        reason = None
+        if wrong.size:
+            r = int(wrong[0])
+            reason = (
+                f"rank {r} lists rank {comm.Get_rank()} {told[r]} times among its destinations, "
+                f"but rank {comm.Get_rank()} lists it {received[r]} times among its sources"
+            )
+    if bad:
+        # The others still make the exchange above; a rank with ranks out
+        # of range joins it with the edge counts it can make.
+        comm.alltoall([0] * size)
+    reasons = comm.allgather(reason)
+    failed = [(r, why) for r, why in enumerate(reasons) if why is not None]
+    if failed:
+        r, why = failed[0]
+        raise ValueError(f"sources and destinations do not describe one graph: on rank {r}, {why}")
 
 
 def _concrete(counts: Any) -> np.ndarray | None:

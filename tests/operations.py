@@ -356,6 +356,38 @@ def _from_left(data, rank, size):
     return data(ring(rank, size)[0])
 
 
+# Neighbourhood collectives on the periodic one-axis grid: the neighbours are
+# the rank behind, then the rank ahead.
+
+
+def _neighbor_blocks(size, rank):
+    return (2, ROWS, 3)
+
+
+def _neighbor_alltoall(data, rank, size):
+    behind, ahead = ring(rank, size)
+    return np.stack([data(behind)[1], data(ahead)[0]])
+
+
+def _neighbor_allgather(data, rank, size):
+    behind, ahead = ring(rank, size)
+    return np.stack([data(behind), data(ahead)])
+
+
+def _neighbor_alltoallv_call(jc, x):
+    # One row back, two ahead; two arrive from behind, one from ahead.
+    return jc.neighbor_alltoallv(x, [1, 2], [2, 1])
+
+
+def _neighbor_alltoallv_shape(size, rank):
+    return (3, ROWS)
+
+
+def _neighbor_alltoallv(data, rank, size):
+    behind, ahead = ring(rank, size)
+    return np.concatenate([data(behind)[1:3], data(ahead)[:1]])
+
+
 def _from_chain(data, rank, size):
     source, _ = chain(rank, size)
     return data(source) if source != MPI.PROC_NULL else np.zeros_like(data(rank))
@@ -766,6 +798,39 @@ OPERATIONS = (
         methods=("send", "recv"),
     ),
     Operation(
+        "neighbor_alltoall",
+        family="neighbor",
+        kind="collective",
+        call=lambda jc, x: jc.neighbor_alltoall(x),
+        shape=_neighbor_blocks,
+        expected=_neighbor_alltoall,
+        mpi=("MPI_Neighbor_alltoall",),
+        targets=("neighbor_alltoall",),
+        grid=True,
+    ),
+    Operation(
+        "neighbor_allgather",
+        family="neighbor",
+        kind="collective",
+        call=lambda jc, x: jc.neighbor_allgather(x),
+        shape=_block,
+        expected=_neighbor_allgather,
+        mpi=("MPI_Neighbor_allgather",),
+        targets=("neighbor_allgather",),
+        grid=True,
+    ),
+    Operation(
+        "neighbor_alltoallv",
+        family="neighbor",
+        kind="v",
+        call=_neighbor_alltoallv_call,
+        shape=_neighbor_alltoallv_shape,
+        expected=_neighbor_alltoallv,
+        mpi=("MPI_Neighbor_alltoall", "MPI_Neighbor_alltoallv"),
+        targets=("neighbor_alltoallv",),
+        grid=True,
+    ),
+    Operation(
         "shift",
         family="p2p",
         kind="p2p",
@@ -949,6 +1014,32 @@ OPERATIONS = (
         methods=("ialltoall", "wait"),
         transforms=NONBLOCKING,
     ),
+    Operation(
+        "ineighbor_alltoall",
+        family="nonblocking",
+        kind="nonblocking",
+        call=lambda jc, x: jc.wait(jc.ineighbor_alltoall(x)),
+        shape=_neighbor_blocks,
+        expected=_neighbor_alltoall,
+        mpi=("MPI_Ineighbor_alltoall",),
+        targets=("ineighbor_alltoall", "wait_exchange"),
+        methods=("ineighbor_alltoall", "wait"),
+        transforms=NONBLOCKING,
+        grid=True,
+    ),
+    Operation(
+        "ineighbor_allgather",
+        family="nonblocking",
+        kind="nonblocking",
+        call=lambda jc, x: jc.wait(jc.ineighbor_allgather(x)),
+        shape=_block,
+        expected=_neighbor_allgather,
+        mpi=("MPI_Ineighbor_allgather",),
+        targets=("ineighbor_allgather", "wait_exchange"),
+        methods=("ineighbor_allgather", "wait"),
+        transforms=NONBLOCKING,
+        grid=True,
+    ),
 )
 
 BY_ID = {op.id: op for op in OPERATIONS}
@@ -1008,6 +1099,9 @@ NOT_COMMUNICATING = {
     "free": "frees the communicators (MPI_Comm_free, no message of jaxcomm's)",
     "split": "makes a communicator (MPI_Comm_split)",
     "from_cart": "makes a communicator (MPI_Cart_create)",
+    "from_graph": "makes a communicator (MPI_Dist_graph_create_adjacent)",
+    "sources": "property of a JaxComm with a topology",
+    "destinations": "property of a JaxComm with a topology",
     "cart_shift": "neighbour ranks of a Cartesian grid, no message",
     "during": "orders a computation between starts and waits, no message",
     "sync": "waits for dispatched work, no message",

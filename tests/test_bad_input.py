@@ -1052,6 +1052,200 @@ CASES = [
         ],
     ),
     *cases(
+        "from_graph",
+        [
+            (
+                "sources-str",
+                lambda c: JaxComm.from_graph("0", []),
+                TypeError,
+                r"^sources must be a sequence, got str",
+            ),
+            (
+                "destinations-float",
+                lambda c: JaxComm.from_graph([], [0.0]),
+                TypeError,
+                r"^destinations\[0\] must be an int, got float",
+            ),
+            (
+                "sources-traced",
+                lambda c: traced(lambda t: JaxComm.from_graph(t, []), jnp.zeros(1, int)),
+                TypeError,
+                r"^sources must be a static sequence",
+            ),
+            (
+                "rank-out-of-range",
+                lambda c: JaxComm.from_graph([], [c.size]),
+                ValueError,
+                r"do not describe one graph: on rank 0, rank \d+ is not a rank of comm",
+            ),
+            (
+                "lists-disagree",
+                lambda c: JaxComm.from_graph([0], []),
+                ValueError,
+                r"do not describe one graph: on rank 0, rank 0 lists rank 0 0 times",
+            ),
+            (
+                "reorder-str",
+                lambda c: JaxComm.from_graph([], [], reorder="no"),
+                TypeError,
+                r"^reorder must be a static bool, got str",
+            ),
+        ],
+    ),
+    *(
+        case
+        for name in ("sources", "destinations")
+        for case in cases(
+            name,
+            [
+                (
+                    "no-topology",
+                    lambda c, name=name: getattr(c.jc, name),
+                    TypeError,
+                    r"^this JaxComm has no neighbours",
+                ),
+                ("freed", lambda c, name=name: getattr(c.freed_grid, name), RuntimeError, FREED),
+            ],
+        )
+    ),
+    *cases(
+        "neighbor_alltoall",
+        [
+            *x_cases(lambda c, x: c.grid.neighbor_alltoall(x)),
+            (
+                "x-leading-axis",
+                lambda c: c.grid.neighbor_alltoall(ones(3, 2)),
+                ValueError,
+                r"^x has 3 blocks on rank \d+; it needs one per destination: 2",
+            ),
+            (
+                "x-0-d",
+                lambda c: c.grid.neighbor_alltoall(ones()),
+                ValueError,
+                r"^x must have a leading axis of one block per destination \(2\)",
+            ),
+            (
+                "no-topology",
+                lambda c: c.jc.neighbor_alltoall(ones(1)),
+                TypeError,
+                r"^this JaxComm has no neighbours",
+            ),
+            ("freed", lambda c: c.freed_grid.neighbor_alltoall(ones(2)), RuntimeError, FREED),
+        ],
+    ),
+    *cases(
+        "neighbor_allgather",
+        [
+            *x_cases(lambda c, x: c.grid.neighbor_allgather(x)),
+            (
+                "no-topology",
+                lambda c: c.jc.neighbor_allgather(ones(1)),
+                TypeError,
+                r"^this JaxComm has no neighbours",
+            ),
+            ("freed", lambda c: c.freed_grid.neighbor_allgather(ones(2)), RuntimeError, FREED),
+        ],
+    ),
+    *cases(
+        "neighbor_alltoallv",
+        [
+            *x_cases(lambda c, x: c.grid.neighbor_alltoallv(x, [0, 0])),
+            (
+                "sendcounts-length",
+                lambda c: c.grid.neighbor_alltoallv(ones(4), [1, 1, 1]),
+                ValueError,
+                r"^sendcounts has shape \(3,\); it needs one entry per neighbour, shape \(2,\)",
+            ),
+            (
+                "recvcounts-length",
+                lambda c: c.grid.neighbor_alltoallv(ones(4), [1, 1], [1]),
+                ValueError,
+                r"^recvcounts has shape \(1,\); it needs one entry per neighbour, shape \(2,\)",
+            ),
+            (
+                "sendcounts-float",
+                lambda c: c.grid.neighbor_alltoallv(ones(4), [1.0, 1.0]),
+                TypeError,
+                r"^sendcounts must be an integer array, got float",
+            ),
+            (
+                "sendcounts-negative",
+                lambda c: c.grid.neighbor_alltoallv(ones(4), [-1, 1]),
+                ValueError,
+                r"^sendcounts\[0\]=-1 is negative",
+            ),
+            (
+                "sendcounts-overrun-x",
+                lambda c: c.grid.neighbor_alltoallv(ones(4), [3, 2]),
+                ValueError,
+                r"^sendcounts add up to 5 rows, more than x's rows \(4\)",
+            ),
+            (
+                "recvcounts-over-capacity",
+                lambda c: c.grid.neighbor_alltoallv(ones(4), [1, 1], [2, 2], capacity=3),
+                ValueError,
+                r"^recvcounts add up to 4 rows, more than the capacity \(3\)",
+            ),
+            (
+                "capacity-negative",
+                lambda c: c.grid.neighbor_alltoallv(ones(4), [1, 1], capacity=-1),
+                ValueError,
+                r"^capacity=-1 is negative",
+            ),
+            (
+                "x-0-d",
+                lambda c: c.grid.neighbor_alltoallv(ones(), [0, 0]),
+                ValueError,
+                r"^x must have a leading axis of rows",
+            ),
+            (
+                "no-topology",
+                lambda c: c.jc.neighbor_alltoallv(ones(1), []),
+                TypeError,
+                r"^this JaxComm has no neighbours",
+            ),
+            (
+                "freed",
+                lambda c: c.freed_grid.neighbor_alltoallv(ones(2), [1, 1]),
+                RuntimeError,
+                FREED,
+            ),
+        ],
+    ),
+    *(
+        case
+        for name in ("ineighbor_alltoall", "ineighbor_allgather")
+        for case in cases(
+            name,
+            [
+                *x_cases(lambda c, x, name=name: getattr(c.grid, name)(x)),
+                (
+                    "no-topology",
+                    lambda c, name=name: getattr(c.jc, name)(ones(1)),
+                    TypeError,
+                    r"^this JaxComm has no neighbours",
+                ),
+                (
+                    "freed",
+                    lambda c, name=name: getattr(c.freed_grid, name)(ones(2)),
+                    RuntimeError,
+                    FREED,
+                ),
+            ],
+        )
+    ),
+    *cases(
+        "ineighbor_alltoall",
+        [
+            (
+                "x-leading-axis",
+                lambda c: c.grid.ineighbor_alltoall(ones(3, 2)),
+                ValueError,
+                r"^x has 3 blocks on rank \d+; it needs one per destination: 2",
+            ),
+        ],
+    ),
+    *cases(
         "wait",
         [
             (
@@ -1335,6 +1529,11 @@ TRACEABLE = frozenset(
         "iscatter",
         "ialltoall",
         "ialltoallv",
+        "neighbor_alltoall",
+        "neighbor_allgather",
+        "neighbor_alltoallv",
+        "ineighbor_alltoall",
+        "ineighbor_allgather",
     ]
 )
 

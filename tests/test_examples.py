@@ -75,6 +75,18 @@ def test_halo_exchange_matches_serial(capsys):
 
 
 @pytest.mark.mpi
+def test_mesh_ghosts_gradient_matches_single_process(monkeypatch, capsys, keep_x64):
+    out = run_example(monkeypatch, capsys, "mesh_ghosts.py", "--nodes", 40, "--chords", 30)
+    if MPI.COMM_WORLD.rank == 0:
+        (difference,) = numbers_after("max difference from single process", out)
+        # Gradient and energy both, against one process on the whole mesh.
+        assert difference < 1e-10
+        assert f"{MPI.COMM_WORLD.size} ranks" in out
+    else:
+        assert out == ""
+
+
+@pytest.mark.mpi
 def test_mpi4jax_style_heat_runs_alike_through_compat_and_jaxcomm(monkeypatch, capsys):
     # 48 cells split evenly over the grids of 1 to 4 ranks.
     out = run_example(

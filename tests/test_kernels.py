@@ -203,14 +203,18 @@ def _every_method(jc, platform="cpu"):
     Lowered for ``platform``, never run.
     """
     size, rank = jc.size, jc.rank
-    rows = select()
+    rows = select(grid=None)
+    grid = JaxComm.from_cart([size], periods=[True])
 
     def program(xs, x):
-        out = [op.call(jc, x) for op, x in zip(rows, xs)]
+        out = [op.call(grid if op.grid else jc, x) for op, x in zip(rows, xs)]
         return out + [internal.call(jc, x) for internal in INTERNAL_TARGETS.values()]
 
     xs = [jnp.ones(op.shape(size, rank)) for op in rows]
-    return jax.jit(program).trace(xs, jnp.ones((2, 3))).lower(lowering_platforms=(platform,))
+    try:
+        return jax.jit(program).trace(xs, jnp.ones((2, 3))).lower(lowering_platforms=(platform,))
+    finally:
+        grid.free()
 
 
 # Each platform's kernels module; the CUDA one only where this build has it.

@@ -1,6 +1,7 @@
 // Nonblocking operations: MPI_Isend, MPI_Irecv, MPI_Iallreduce, MPI_Ireduce,
 // MPI_Iscan, MPI_Ibcast, MPI_Iallgather, MPI_Igather, MPI_Iscatter, MPI_Ialltoall,
-// MPI_Ialltoallv, and the MPI_Wait that completes each.
+// MPI_Ialltoallv, MPI_Ineighbor_alltoall, MPI_Ineighbor_allgather, and the
+// MPI_Wait that completes each.
 //
 // A start handler makes the MPI call and writes a request handle: the bits
 // of two int32 (slot, serial) in a float32[2] (a float type, so that a
@@ -37,6 +38,7 @@
 
 #include "common.h"
 #include "monitor.h"
+#include "neighbor.h"
 #include "reduce_ops.h"
 
 namespace jaxcomm {
@@ -490,8 +492,10 @@ ffi::Error IbcastImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuff
 namespace {
 
 // Which of a block collective's buffers hold one block per rank: y
-// (kGather), x (kScatter) or both (kAlltoall).
-enum class Blocked { kGather, kScatter, kAlltoall };
+// (kGather), x (kScatter) or both (kAlltoall); or one per neighbour: both
+// (kNeighborAlltoall: x per destination, y per source) or y
+// (kNeighborAllgather, per source).
+enum class Blocked { kGather, kScatter, kAlltoall, kNeighborAlltoall, kNeighborAllgather };
 
 // MPI_Iallgather, MPI_Igather, MPI_Iscatter and MPI_Ialltoall: blocks of
 // equal size, one per rank, where `blocks(in, count, type, out, request)`
@@ -502,12 +506,27 @@ template <typename BlockStart>
 ffi::Error StartBlocks(const Call& call, Memory& memory, const char* function, ffi::AnyBuffer& x,
                        ffi::AnyBuffer& handle, ffi::AnyBuffer& y, Blocked blocked, int64_t root,
                        BlockStart blocks) {
-  Collective announced = Collective::Of(x);
+  const bool neighbors =
+      blocked == Blocked::kNeighborAlltoall || blocked == Blocked::kNeighborAllgather;
+  // A rank's degrees, so its counts, differ from its peers'.
+  Collective announced = neighbors ? Collective::OfType(x.element_type()) : Collective::Of(x);
   if (root != kNoPeer) announced.Root(root);
   JAXCOMM_RETURN_IF_ERROR(call.Announce(announced));
   const size_t size = static_cast<size_t>(call.size());
   size_t block_count;
+  int indegree = 0, outdegree = 0;
+  if (neighbors) JAXCOMM_RETURN_IF_ERROR(NeighborDegrees(call, &indegree, &outdegree));
+  const auto per_source = [&] { return "indegree " + std::to_string(indegree) + " blocks"; };
   switch (blocked) {
+    case Blocked::kNeighborAlltoall:
+      JAXCOMM_RETURN_IF_ERROR(CheckBlocks(call, "x", x, outdegree, "outdegree"));
+      block_count = RowElements(x.dimensions());
+      JAXCOMM_RETURN_IF_ERROR(CheckOutput(call, x, y, indegree * block_count, per_source));
+      break;
+    case Blocked::kNeighborAllgather:
+      block_count = x.element_count();
+      JAXCOMM_RETURN_IF_ERROR(CheckOutput(call, x, y, indegree * block_count, per_source));
+      break;
     case Blocked::kGather:
       block_count = x.element_count();
       JAXCOMM_RETURN_IF_ERROR(CheckOutput(call, x, y, size * block_count, [&] {
@@ -541,7 +560,7 @@ ffi::Error StartBlocks(const Call& call, Memory& memory, const char* function, f
     const std::string rooted = root == kNoPeer ? "" : " root " + std::to_string(root);
     return std::string(function) + rooted + " " + Elements(x.element_count(), x.element_type());
   });
-  const int rc = blocks(in, block.count(), block.type(), out, start.request());
+  const int rc = blocks(NotNull(in), block.count(), block.type(), NotNull(out), start.request());
   if (rc != MPI_SUCCESS) return MpiFailure(function, rc, call);
   return start.Started();
 }
@@ -805,6 +824,26 @@ ffi::Error FenceImpl(const Call& call, Memory& memory, ffi::Token, ffi::Remainin
   const int32_t value = 1;
   std::memcpy(data, &value, sizeof(value));
   return memory.Finish();
+}
+
+ffi::Error IneighborAlltoallImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffer x,
+                                 ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> handle,
+                                 ffi::Result<ffi::AnyBuffer> y) {
+  return StartBlocks(
+      call, memory, "MPI_Ineighbor_alltoall", x, *handle, *y, Blocked::kNeighborAlltoall, kNoPeer,
+      [&](const void* in, int count, MPI_Datatype type, void* out, MPI_Request* request) {
+        return MPI_Ineighbor_alltoall(in, count, type, out, count, type, call.comm(), request);
+      });
+}
+
+ffi::Error IneighborAllgatherImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffer x,
+                                  ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> handle,
+                                  ffi::Result<ffi::AnyBuffer> y) {
+  return StartBlocks(
+      call, memory, "MPI_Ineighbor_allgather", x, *handle, *y, Blocked::kNeighborAllgather, kNoPeer,
+      [&](const void* in, int count, MPI_Datatype type, void* out, MPI_Request* request) {
+        return MPI_Ineighbor_allgather(in, count, type, out, count, type, call.comm(), request);
+      });
 }
 
 }  // namespace jaxcomm

@@ -26,6 +26,14 @@ from .gather import (
     scatterv,
     scatterv_p,
 )
+from .neighbor import (
+    neighbor_allgather,
+    neighbor_allgather_p,
+    neighbor_alltoall,
+    neighbor_alltoall_p,
+    neighbor_alltoallv,
+    neighbor_alltoallv_p,
+)
 from .p2p import (
     recv,
     recv_p,
@@ -78,6 +86,12 @@ __all__ = [
     "gather_p",
     "gatherv",
     "gatherv_p",
+    "neighbor_allgather",
+    "neighbor_allgather_p",
+    "neighbor_alltoall",
+    "neighbor_alltoall_p",
+    "neighbor_alltoallv",
+    "neighbor_alltoallv_p",
     "ragged_all_to_all",
     "ragged_all_to_all_p",
     "recv",

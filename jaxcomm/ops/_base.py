@@ -248,7 +248,7 @@ def register_derivative_comm(handle, derivative):
 def unregister_derivative_comm(handle):
     """Forget ``handle``'s derivative communicator (before it is freed) and return its handle."""
     derivative = _derivative_comms.pop(handle)
-    _derivative_comms.pop(derivative)
+    _derivative_comms.pop(derivative, None)
     return derivative
 
 

@@ -2,7 +2,8 @@
 
 A start (``isend_p``, ``irecv_p``, ``iallreduce_p``, ``ireduce_p``,
 ``iscan_p``, ``ibcast_p``, ``iallgather_p``, ``igather_p``, ``iscatter_p``,
-``ialltoall_p``, ``ialltoallv_p``) makes the ``MPI_I*`` call and returns a request id (a
+``ialltoall_p``, ``ialltoallv_p``, ``ineighbor_alltoall_p``,
+``ineighbor_allgather_p``) makes the ``MPI_I*`` call and returns a request id (a
 slot of the kernels' request table and its serial, as the bits of a
 float32[2]) and, where MPI fills one, the receive buffer. A wait
 (``wait_send_p``, ``wait_recv_p``, ``wait_exchange_p``) takes the request id and
@@ -44,6 +45,14 @@ from ._batching import batched_alike, behind_rows, flat, placed, split, stacked
 from ._crossing import contribution
 from .bcast import bcast
 from .gather import allgather, alltoall, alltoallv, gather, scatter
+from .neighbor import (
+    blocks_behind,
+    indegree,
+    neighbor_allgather,
+    neighbor_alltoall,
+    reverse_comm,
+    zero_from_nowhere,
+)
 from .p2p import recv, send, wildcard
 from .reduction import allreduce, reduce, scan
 
@@ -77,6 +86,17 @@ def _alltoallv_start(aval, *, recvcounts, **_):
     return [_request_id_aval(), jax.core.ShapedArray(shape, aval.dtype)]
 
 
+def _neighbor_start(aval, *, handle):
+    return [
+        _request_id_aval(),
+        jax.core.ShapedArray((indegree(handle), *aval.shape[1:]), aval.dtype),
+    ]
+
+
+def _neighbor_gather_start(aval, *, handle):
+    return [_request_id_aval(), jax.core.ShapedArray((indegree(handle), *aval.shape), aval.dtype)]
+
+
 def _received(request_id, *buffers, **_):
     y = buffers[-1]
     return [jax.core.ShapedArray(y.shape, y.dtype)]
@@ -97,6 +117,12 @@ ialltoallv_p = comm_primitive(
     _alltoallv_start,
     "jaxcomm_ialltoallv",
     ("handle", "sendcounts", "recvcounts"),
+)
+ineighbor_alltoall_p = comm_primitive(
+    "ineighbor_alltoall", _neighbor_start, "jaxcomm_ineighbor_alltoall", ("handle",)
+)
+ineighbor_allgather_p = comm_primitive(
+    "ineighbor_allgather", _neighbor_gather_start, "jaxcomm_ineighbor_allgather", ("handle",)
 )
 
 # Operands (request_id, send) / (request_id, receive) / (request_id, send, receive); the
@@ -150,10 +176,14 @@ class Reverse:
     Attributes:
         op: the name of the reverse operation.
         params: maps this operation's params (but ``handle``) to the reverse one's.
+        comm: maps the handle of the communicator the operation ran on to the
+            one the reverse runs on (a neighbourhood collective's: its
+            reverse graph).
     """
 
     op: str
     params: Callable[[dict], dict]
+    comm: Callable[[int], int] = lambda handle: handle
 
 
 @dataclass(frozen=True)
@@ -203,6 +233,9 @@ class Operation:
         from_wildcard: maps its params to whether it receives from
             MPI.ANY_SOURCE or with MPI.ANY_TAG, which it cannot
             differentiate (None: it names its sources).
+        finish: ``(y, handle) -> y`` applied to what the wait returns
+            (the neighbourhood collectives zero the blocks from
+            ``MPI.PROC_NULL``, which MPI leaves unwritten).
     """
 
     start: Primitive
@@ -213,6 +246,7 @@ class Operation:
     reduction: bool = False
     sum_only: bool = False
     from_wildcard: Callable[[dict], bool] | None = None
+    finish: Callable[[jax.Array, int], jax.Array] | None = None
 
     @property
     def name(self) -> str:
@@ -263,6 +297,22 @@ OPERATIONS = {
             alltoallv,
             behind_rows,
             Reverse("ialltoallv", _swapped),
+        ),
+        Operation(
+            ineighbor_alltoall_p,
+            WAIT_EXCHANGE,
+            neighbor_alltoall,
+            behind_rows,
+            Reverse("ineighbor_alltoall", _same, comm=reverse_comm),
+            finish=zero_from_nowhere,
+        ),
+        Operation(
+            ineighbor_allgather_p,
+            WAIT_EXCHANGE,
+            neighbor_allgather,
+            blocks_behind,
+            Blocking(),
+            finish=zero_from_nowhere,
         ),
     )
 }
@@ -444,7 +494,8 @@ def wait(request):
     if not wait.receives:
         return None
     (y,) = outs
-    return y
+    finish = OPERATIONS[request.op].finish
+    return y if finish is None else finish(y, request._handle)
 
 
 def during(requests, fn, *args, **kwargs):
@@ -815,8 +866,11 @@ def _start_transpose(operation, cts, x, *, handle, **params):
     # Wait for the reverse request the wait's transpose started.
     reverse = OPERATIONS[transpose.op]
     described = _describe(reverse.start, transpose.params(params))
+    handle = transpose.comm(handle)
     outs = reverse.wait.prim.bind(cts[0], *_take(cts[0]), handle=handle, start=described)
-    return [outs[0] if reverse.wait.receives else None]
+    if not reverse.wait.receives:
+        return [None]
+    return [outs[0] if reverse.finish is None else reverse.finish(outs[0], handle)]
 
 
 def _wait_transpose(wait, cts, request_id, *buffers, handle, start):
@@ -831,7 +885,7 @@ def _wait_transpose(wait, cts, request_id, *buffers, handle, start):
     else:
         # The cotangent of what was sent comes back into a template.
         operand = batched_alike(_compat.transpose_zeros(buffers[0].aval))
-    outs = reverse.start.bind(operand, handle=handle, **transpose.params(params))
+    outs = reverse.start.bind(operand, handle=transpose.comm(handle), **transpose.params(params))
     sent = (operand,) if reverse.wait.sends else ()
     received = (outs[1],) if reverse.wait.receives else ()
     _keep(outs[0], *sent, *received)

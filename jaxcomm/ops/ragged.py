@@ -90,7 +90,8 @@ def alltoallv_counts(x, output, sendcounts, recvcounts, *, handle):
 # differ between batch members make one exchange per member.
 
 
-def _batch(prim, axis_data, args, dims, **params):
+def exchange_batch(prim, axis_data, args, dims, **params):
+    """Batching rule of an exchange of (operand, output, index arrays) to (output, learned)."""
     if all(d is None for d in dims):
         return prim.bind(*args, **params), [None, None]
     size = axis_data.size
@@ -116,7 +117,8 @@ def _batch(prim, axis_data, args, dims, **params):
 # makes the same calls.
 
 
-def _jvp(prim, primals, tangents, *, handle, **params):
+def exchange_jvp(prim, primals, tangents, *, handle, **params):
+    """JVP of an exchange linear in (operand, output): the same exchange of the tangents."""
     operand, output, indices = primals
     y, info = prim.bind(*primals, handle=handle, **params)
     d_operand, d_output = (ad.instantiate_zeros(t) for t in tangents[:2])
@@ -153,6 +155,6 @@ def _transpose(prim, cts, operand, output, indices, *, handle, reverse, **params
 
 
 for _prim in (ragged_all_to_all_p, alltoallv_counts_p):
-    _compat.fancy_primitive_batchers[_prim] = partial(_batch, _prim)
-    ad.primitive_jvps[_prim] = partial(_jvp, _prim)
+    _compat.fancy_primitive_batchers[_prim] = partial(exchange_batch, _prim)
+    ad.primitive_jvps[_prim] = partial(exchange_jvp, _prim)
     ad.primitive_transposes[_prim] = partial(_transpose, _prim)

@@ -1,0 +1,331 @@
+// Neighbourhood collectives on communicators with a topology (a distributed
+// graph or a Cartesian grid): MPI_Neighbor_alltoall, MPI_Neighbor_allgather
+// and MPI_Neighbor_alltoallv, whose counts are operands.
+//
+// A rank's in- and out-degrees differ, so the buffers' leading axes do too:
+// each rank checks its own. Blocks from MPI_PROC_NULL neighbours (the edges
+// of a non-periodic grid) are left as MPI leaves them; the Python layer
+// zeroes them.
+#include "neighbor.h"
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "common.h"
+
+namespace jaxcomm {
+
+ffi::Error NeighborDegrees(const Call& call, int* indegree, int* outdegree) {
+  int topology;
+  JAXCOMM_MPI_CHECK(call, MPI_Topo_test, call.comm(), &topology);
+  if (topology == MPI_DIST_GRAPH) {
+    int weighted;
+    JAXCOMM_MPI_CHECK(call, MPI_Dist_graph_neighbors_count, call.comm(), indegree, outdegree,
+                      &weighted);
+  } else if (topology == MPI_CART) {
+    int ndims;
+    JAXCOMM_MPI_CHECK(call, MPI_Cartdim_get, call.comm(), &ndims);
+    *indegree = *outdegree = 2 * ndims;
+  } else {
+    return call.Invalid("the communicator has no distributed graph or Cartesian topology");
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error CheckBlocks(const Call& call, const char* buffer, const ffi::AnyBuffer& b, int blocks,
+                       const char* degree) {
+  if (b.dimensions().size() != 0 && b.dimensions()[0] == blocks) return ffi::Error::Success();
+  return call.Invalid(std::string(buffer) + " needs a leading axis of one block per neighbour (" +
+                      degree + " " + std::to_string(blocks) + ")");
+}
+
+void* NotNull(void* data) {
+  static char nothing;
+  return data != nullptr ? data : &nothing;
+}
+
+const void* NotNull(const void* data) { return NotNull(const_cast<void*>(data)); }
+
+namespace {
+
+// One row of `row` elements of `dtype` as one element of a datatype, so that
+// counts and displacements are rows (ints for any array MPI can address).
+class RowType {
+ public:
+  RowType() = default;
+  RowType(const RowType&) = delete;
+  RowType& operator=(const RowType&) = delete;
+  ~RowType() {
+    if (type_ != MPI_DATATYPE_NULL) MPI_Type_free(&type_);
+  }
+
+  ffi::Error Make(const Call& call, ffi::DataType dtype, size_t row) {
+    LargeType span;
+    JAXCOMM_RETURN_IF_ERROR(LargeType::Make(dtype, row, call.comm(), &span));
+    JAXCOMM_MPI_CHECK(call, MPI_Type_contiguous, span.count(), span.type(), &type_);
+    JAXCOMM_MPI_CHECK(call, MPI_Type_commit, &type_);
+    return ffi::Error::Success();
+  }
+
+  MPI_Datatype type() const { return type_; }
+
+ private:
+  MPI_Datatype type_ = MPI_DATATYPE_NULL;
+};
+
+int64_t IndexAt(const void* data, ffi::DataType type, size_t i) {
+  if (type == ffi::DataType::S32) return static_cast<const int32_t*>(data)[i];
+  return static_cast<const int64_t*>(data)[i];
+}
+
+void SetIndex(void* data, ffi::DataType type, size_t i, int64_t value) {
+  if (type == ffi::DataType::S32) {
+    static_cast<int32_t*>(data)[i] = static_cast<int32_t>(value);
+  } else {
+    static_cast<int64_t*>(data)[i] = value;
+  }
+}
+
+// Why the buffers cannot make this neighbor_alltoallv, or "".
+std::string CountsShapeError(const ffi::AnyBuffer& x, const ffi::AnyBuffer& output,
+                             const ffi::AnyBuffer& counts, const ffi::AnyBuffer& y,
+                             const ffi::AnyBuffer& received, int indegree, int outdegree) {
+  if (x.dimensions().size() == 0 || output.dimensions().size() == 0) {
+    return "x and the output need a leading axis of rows";
+  }
+  if (x.element_type() != output.element_type()) {
+    return std::string("output is ") + DtypeName(output.element_type()) + ", expected x's " +
+           DtypeName(x.element_type());
+  }
+  if (RowElements(x.dimensions()) != RowElements(output.dimensions())) {
+    return "x and the output rows differ in size";
+  }
+  if (y.size_bytes() != output.size_bytes()) return "the result is not shaped like the output";
+  const ffi::DataType type = counts.element_type();
+  if (type != ffi::DataType::S32 && type != ffi::DataType::S64) {
+    return std::string("counts are ") + DtypeName(type) + ", expected int32 or int64";
+  }
+  if (counts.element_count() != static_cast<size_t>(outdegree + indegree)) {
+    return "the counts have " + std::to_string(counts.element_count()) +
+           " entries, expected outdegree " + std::to_string(outdegree) + " + indegree " +
+           std::to_string(indegree);
+  }
+  if (received.element_type() != type ||
+      received.element_count() != static_cast<size_t>(indegree)) {
+    return "the received counts are not [indegree] of the counts' type";
+  }
+  const int64_t most = std::numeric_limits<int>::max();
+  if (x.dimensions()[0] > most || output.dimensions()[0] > most) {
+    return "more than 2**31 - 1 rows";
+  }
+  return "";
+}
+
+std::string Entry(const char* name, size_t i, int64_t value) {
+  return std::string(name) + "[" + std::to_string(i) + "] = " + std::to_string(value);
+}
+
+// The checks of this rank's counts, which need no neighbour.
+std::string CountsError(const std::vector<int64_t>& sendcounts,
+                        const std::vector<int64_t>& recvcounts, bool check_sizes, int64_t rows,
+                        int64_t capacity) {
+  int64_t sent = 0, expected = 0;
+  for (size_t j = 0; j < sendcounts.size(); ++j) {
+    if (sendcounts[j] < 0) return Entry("sendcounts", j, sendcounts[j]) + " is negative";
+    sent += sendcounts[j];
+  }
+  if (sent > rows) {
+    return "sendcounts add up to " + std::to_string(sent) + " rows, more than x's " +
+           std::to_string(rows);
+  }
+  if (!check_sizes) return "";
+  for (size_t i = 0; i < recvcounts.size(); ++i) {
+    if (recvcounts[i] < 0) return Entry("recvcounts", i, recvcounts[i]) + " is negative";
+    expected += recvcounts[i];
+  }
+  if (expected > capacity) {
+    return "recvcounts add up to " + std::to_string(expected) +
+           " rows, more than the capacity of " + std::to_string(capacity);
+  }
+  return "";
+}
+
+enum Header : int { kRows, kFlags, kHeaderWords };
+constexpr int64_t kFlagInvalid = 1;
+
+}  // namespace
+
+ffi::Error NeighborAlltoallImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffer x,
+                                ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> y) {
+  JAXCOMM_RETURN_IF_ERROR(call.Announce(Collective::OfType(x.element_type())));
+  int indegree, outdegree;
+  JAXCOMM_RETURN_IF_ERROR(NeighborDegrees(call, &indegree, &outdegree));
+  JAXCOMM_RETURN_IF_ERROR(CheckBlocks(call, "x", x, outdegree, "outdegree"));
+  const size_t block = RowElements(x.dimensions());
+  JAXCOMM_RETURN_IF_ERROR(CheckOutput(call, x, *y, indegree * block, [&] {
+    return "indegree " + std::to_string(indegree) + " x block " + std::to_string(block);
+  }));
+  LargeType type;
+  JAXCOMM_RETURN_IF_ERROR(LargeType::Make(x.element_type(), block, call.comm(), &type));
+  void *in, *out;
+  JAXCOMM_RETURN_IF_ERROR(memory.Read(x, &in));
+  JAXCOMM_RETURN_IF_ERROR(memory.Output(*y, &out));
+  JAXCOMM_RETURN_IF_ERROR(memory.Ready());
+  call.Log(
+      [&] { return "MPI_Neighbor_alltoall " + Elements(x.element_count(), x.element_type()); });
+  JAXCOMM_MPI_CHECK(call, MPI_Neighbor_alltoall, NotNull(in), type.count(), type.type(),
+                    NotNull(out), type.count(), type.type(), call.comm());
+  return memory.Finish();
+}
+
+ffi::Error NeighborAllgatherImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffer x,
+                                 ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> y) {
+  JAXCOMM_RETURN_IF_ERROR(call.Announce(Collective::OfType(x.element_type())));
+  int indegree, outdegree;
+  JAXCOMM_RETURN_IF_ERROR(NeighborDegrees(call, &indegree, &outdegree));
+  const size_t block = x.element_count();
+  JAXCOMM_RETURN_IF_ERROR(CheckOutput(call, x, *y, indegree * block, [&] {
+    return "indegree " + std::to_string(indegree) + " x input " + std::to_string(block);
+  }));
+  LargeType type;
+  JAXCOMM_RETURN_IF_ERROR(LargeType::Make(x.element_type(), block, call.comm(), &type));
+  void *in, *out;
+  JAXCOMM_RETURN_IF_ERROR(memory.Read(x, &in));
+  JAXCOMM_RETURN_IF_ERROR(memory.Output(*y, &out));
+  JAXCOMM_RETURN_IF_ERROR(memory.Ready());
+  call.Log([&] { return "MPI_Neighbor_allgather " + Elements(block, x.element_type()); });
+  JAXCOMM_MPI_CHECK(call, MPI_Neighbor_allgather, NotNull(in), type.count(), type.type(),
+                    NotNull(out), type.count(), type.type(), call.comm());
+  return memory.Finish();
+}
+
+// Rows of x in blocks of sendcounts (one per destination, in order) go to the
+// destinations; the received blocks are packed in source order into the
+// output, whose rows past them keep their values (the output is aliased to
+// the result). One MPI_Neighbor_alltoall of a header per edge (rows, flags)
+// comes first: receivers learn the counts, or check recvcounts. No rank
+// leaves a neighbour waiting: every rank makes both calls with exactly the
+// rows it announced (none where its own arguments are invalid), and a rank
+// that cannot take what its sources announced (invalid arguments, rows that
+// overflow the capacity or differ from recvcounts) receives them into
+// scratch memory and fails afterwards. Its out-neighbours see an invalid
+// rank's flag and fail too, naming it.
+ffi::Error NeighborAlltoallvImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffer x,
+                                 ffi::AnyBuffer output, ffi::AnyBuffer counts,
+                                 ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> y,
+                                 ffi::Result<ffi::AnyBuffer> received, int64_t check_sizes) {
+  JAXCOMM_RETURN_IF_ERROR(call.Announce(Collective::OfType(x.element_type())));
+  int indegree, outdegree;
+  JAXCOMM_RETURN_IF_ERROR(NeighborDegrees(call, &indegree, &outdegree));
+  std::string local_error = CountsShapeError(x, output, counts, *y, *received, indegree, outdegree);
+  const bool shaped = local_error.empty();
+  const size_t row = shaped ? RowElements(x.dimensions()) : 0;
+  const int64_t rows = shaped ? x.dimensions()[0] : 0;
+  const int64_t capacity = shaped ? output.dimensions()[0] : 0;
+
+  void *in = nullptr, *out = nullptr, *received_data = nullptr;
+  const void* counts_data = nullptr;
+  if (shaped) {
+    JAXCOMM_RETURN_IF_ERROR(memory.Read(x, &in));
+    if (SameBuffer(output, *y)) {
+      JAXCOMM_RETURN_IF_ERROR(memory.InPlace(*y, &out));
+    } else {
+      JAXCOMM_RETURN_IF_ERROR(memory.Output(*y, &out));
+      JAXCOMM_RETURN_IF_ERROR(memory.Preload(*y, 0, output));
+    }
+    JAXCOMM_RETURN_IF_ERROR(memory.HostInput(counts, &counts_data));
+    JAXCOMM_RETURN_IF_ERROR(memory.HostOutput(*received, &received_data));
+  }
+  JAXCOMM_RETURN_IF_ERROR(memory.Ready());
+
+  thread_local std::vector<int64_t> sendcounts, recvcounts;
+  sendcounts.assign(outdegree, 0);
+  recvcounts.assign(indegree, 0);
+  if (shaped) {
+    for (int j = 0; j < outdegree; ++j) {
+      sendcounts[j] = IndexAt(counts_data, counts.element_type(), j);
+    }
+    for (int i = 0; i < indegree; ++i) {
+      recvcounts[i] = IndexAt(counts_data, counts.element_type(), outdegree + i);
+    }
+    local_error = CountsError(sendcounts, recvcounts, check_sizes != 0, rows, capacity);
+  }
+  const bool valid = local_error.empty();
+  if (!valid) sendcounts.assign(outdegree, 0);
+
+  thread_local std::vector<int64_t> mine, theirs;
+  mine.assign(static_cast<size_t>(outdegree) * kHeaderWords + 1, 0);
+  // Blocks from MPI_PROC_NULL stay as they are: no rows, no flags.
+  theirs.assign(static_cast<size_t>(indegree) * kHeaderWords + 1, 0);
+  for (int j = 0; j < outdegree; ++j) {
+    mine[j * kHeaderWords + kRows] = sendcounts[j];
+    mine[j * kHeaderWords + kFlags] = valid ? 0 : kFlagInvalid;
+  }
+  call.Log(
+      [&] { return "MPI_Neighbor_alltoall " + Elements(mine.size() - 1, ffi::DataType::S64); });
+  JAXCOMM_MPI_CHECK(call, MPI_Neighbor_alltoall, mine.data(), kHeaderWords, MPI_INT64_T,
+                    theirs.data(), kHeaderWords, MPI_INT64_T, call.comm());
+
+  // What arrives, and whether this rank can take it.
+  std::string learned_error;
+  int64_t total = 0;
+  for (int i = 0; i < indegree; ++i) {
+    const int64_t got = theirs[i * kHeaderWords + kRows];
+    total += got;
+    if (!learned_error.empty()) continue;
+    if (theirs[i * kHeaderWords + kFlags] & kFlagInvalid) {
+      learned_error =
+          "the arguments of source " + std::to_string(i) + " are invalid (its error says why)";
+    } else if (check_sizes && got != recvcounts[i]) {
+      learned_error = Entry("recvcounts", i, recvcounts[i]) + ", but source " + std::to_string(i) +
+                      " sends " + std::to_string(got) + " rows";
+    } else if (total > capacity) {
+      learned_error = "sources 0 to " + std::to_string(i) + " send " + std::to_string(total) +
+                      " rows, more than the capacity of " + std::to_string(capacity);
+    }
+  }
+  if (shaped) {
+    for (int i = 0; i < indegree; ++i) {
+      SetIndex(received_data, received->element_type(), i, theirs[i * kHeaderWords + kRows]);
+    }
+  }
+
+  RowType row_type;
+  JAXCOMM_RETURN_IF_ERROR(row_type.Make(call, x.element_type(), row));
+  thread_local std::vector<char> scratch;
+  void* recv_data = out;
+  const bool take = valid && learned_error.empty();
+  if (!take) {
+    scratch.assign(static_cast<size_t>(total) * row * ffi::ByteWidth(x.element_type()) + 1, 0);
+    recv_data = scratch.data();
+  }
+  thread_local std::vector<int> ints;
+  ints.assign(2 * static_cast<size_t>(outdegree + indegree) + 1, 0);
+  int* scounts = ints.data();
+  int* sdispls = scounts + outdegree;
+  int* rcounts = sdispls + outdegree;
+  int* rdispls = rcounts + indegree;
+  for (int j = 0, at = 0; j < outdegree; at += scounts[j], ++j) {
+    scounts[j] = static_cast<int>(sendcounts[j]);
+    sdispls[j] = at;
+  }
+  for (int i = 0, at = 0; i < indegree; ++i) {
+    rcounts[i] = static_cast<int>(theirs[i * kHeaderWords + kRows]);
+    rdispls[i] = at;
+    at += rcounts[i];
+  }
+  call.Log([&] {
+    int64_t sent = 0;
+    for (int64_t c : sendcounts) sent += c;
+    return "MPI_Neighbor_alltoallv " + Elements(sent * row, x.element_type());
+  });
+  JAXCOMM_MPI_CHECK(call, MPI_Neighbor_alltoallv, NotNull(in), scounts, sdispls, row_type.type(),
+                    NotNull(recv_data), rcounts, rdispls, row_type.type(), call.comm());
+  if (!valid) return call.Invalid(local_error + "; nothing was sent");
+  if (!learned_error.empty()) return call.Invalid(learned_error);
+  return memory.Finish();
+}
+
+}  // namespace jaxcomm

@@ -1,0 +1,197 @@
+"""Neighbourhood collectives: ``neighbor_alltoall``, ``neighbor_allgather``, ``neighbor_alltoallv``.
+
+They run on a communicator with a topology, a distributed graph
+(``MPI_Dist_graph_create_adjacent``) or a Cartesian grid, whose neighbour
+lists each ``JaxComm`` registers here by handle (:func:`register_topology`):
+``sources`` (this rank receives block ``i`` from ``sources[i]``) and
+``destinations`` (block ``j`` goes to ``destinations[j]``), in MPI's order.
+On a Cartesian grid both lists are, per dimension, the neighbour at
+``-1`` then the one at ``+1``, ``MPI.PROC_NULL`` off a non-periodic edge;
+blocks from ``MPI.PROC_NULL`` come back as zeros.
+
+The transpose of an exchange is the exchange backwards: each rank's
+cotangent blocks go back to the neighbours they came from, as one
+neighbourhood collective on the reverse communicator (sources and
+destinations swapped), which every ``JaxComm`` with a graph topology makes
+when it is created. A Cartesian grid is its own reverse: the block a rank
+sent towards ``-1`` arrived at that neighbour from ``+1``.
+"""
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.interpreters import ad
+from mpi4py import MPI
+
+from .. import _compat
+from ._base import comm_primitive, def_linear, derivative_comm
+from ._batching import batch_whole, batched_alike, behind_rows
+from .ragged import exchange_batch, exchange_jvp
+
+# handle -> (sources, destinations), and handle -> the handle of the
+# communicator its exchanges transpose on.
+_topologies = {}
+_reverse = {}
+
+
+def register_topology(handle, sources, destinations, reverse):
+    """Record the neighbours of communicator ``handle`` and its reverse's handle."""
+    _topologies[handle] = (tuple(sources), tuple(destinations))
+    _reverse[handle] = reverse
+
+
+def unregister_topology(handle):
+    """Forget ``handle``'s neighbours (before it is freed)."""
+    _topologies.pop(handle, None)
+    _reverse.pop(handle, None)
+
+
+def neighbors(handle):
+    """``(sources, destinations)`` of the communicator behind ``handle``."""
+    return _topologies[handle]
+
+
+def reverse_comm(handle):
+    """The communicator (handle) the transpose of an exchange on ``handle`` runs on."""
+    return _reverse[handle]
+
+
+def indegree(handle):
+    """The number of sources of the communicator behind ``handle``."""
+    return len(_topologies[handle][0])
+
+
+def blocks_behind(**_):
+    """vmap layout of neighbor_allgather: a new leading axis of blocks, the batch behind it."""
+    return 0, 1
+
+
+def _outdegree(handle):
+    return len(_topologies[handle][1])
+
+
+def _blocks(aval, *, handle):
+    return [jax.core.ShapedArray((indegree(handle), *aval.shape[1:]), aval.dtype)]
+
+
+def _stacked(aval, *, handle):
+    return [jax.core.ShapedArray((indegree(handle), *aval.shape), aval.dtype)]
+
+
+def _counted(x, output, counts, *, handle, **_):
+    return [
+        jax.core.ShapedArray(output.shape, output.dtype),
+        jax.core.ShapedArray((indegree(handle),), counts.dtype),
+    ]
+
+
+neighbor_alltoall_p = comm_primitive(
+    "neighbor_alltoall", _blocks, "jaxcomm_neighbor_alltoall", ("handle",)
+)
+neighbor_allgather_p = comm_primitive(
+    "neighbor_allgather", _stacked, "jaxcomm_neighbor_allgather", ("handle",)
+)
+# The result takes the output's buffer, as ragged_all_to_all's.
+neighbor_alltoallv_p = comm_primitive(
+    "neighbor_alltoallv",
+    _counted,
+    "jaxcomm_neighbor_alltoallv",
+    ("handle", "check_sizes"),
+    aliases={1: 0},
+)
+
+
+def zero_from_nowhere(y, handle):
+    """``y`` with the blocks from ``MPI.PROC_NULL`` sources zeroed (MPI leaves them unwritten)."""
+    sources = _topologies[handle][0]
+    nowhere = np.array([s == MPI.PROC_NULL for s in sources])
+    if not nowhere.any():
+        return y
+    return jnp.where(nowhere.reshape((-1,) + (1,) * (y.ndim - 1)), jnp.zeros_like(y), y)
+
+
+def neighbor_alltoall(x, *, handle):
+    """Bind ``neighbor_alltoall_p``: block ``j`` of ``x`` to ``destinations[j]``."""
+    (y,) = neighbor_alltoall_p.bind(x, handle=handle)
+    return zero_from_nowhere(y, handle)
+
+
+def neighbor_allgather(x, *, handle):
+    """Bind ``neighbor_allgather_p``: ``x`` to every destination, one block per source back."""
+    (y,) = neighbor_allgather_p.bind(x, handle=handle)
+    return zero_from_nowhere(y, handle)
+
+
+def neighbor_alltoallv(x, output, sendcounts, recvcounts, *, handle):
+    """Bind ``neighbor_alltoallv_p``: blocks of ``sendcounts`` rows, packed into ``output``.
+
+    ``recvcounts`` (or None: learned) are checked against what arrives.
+
+    Returns:
+        The output and the rows received from each source.
+    """
+    check = recvcounts is not None
+    if not check:
+        recvcounts = jnp.zeros(indegree(handle), sendcounts.dtype)
+    counts = jnp.concatenate([sendcounts, recvcounts.astype(sendcounts.dtype)])
+    return neighbor_alltoallv_p.bind(x, output, counts, handle=handle, check_sizes=int(check))
+
+
+# vmap: blocks are rows, the batch goes behind them. --------------------------------
+
+batch_whole(neighbor_alltoall_p, behind_rows)
+batch_whole(neighbor_allgather_p, blocks_behind)
+_compat.fancy_primitive_batchers[neighbor_alltoallv_p] = partial(
+    exchange_batch, neighbor_alltoallv_p
+)
+
+
+# Differentiation ----------------------------------------------------------------
+#
+# Every exchange is linear in its data. neighbor_alltoall transposes to itself
+# on the reverse communicator; neighbor_allgather to that and a sum over the
+# blocks each destination sends back; neighbor_alltoallv to itself on the
+# reverse communicator with the counts swapped, the rows each source sent
+# learned by a neighbor_alltoall of the counts where the forward exchange
+# learned them.
+
+
+def _alltoall_transpose(ct, aval, *, handle):
+    return neighbor_alltoall(ct, handle=reverse_comm(handle))
+
+
+def _allgather_transpose(ct, aval, *, handle):
+    return neighbor_alltoall(ct, handle=reverse_comm(handle)).sum(0).astype(aval.dtype)
+
+
+def_linear(neighbor_alltoall_p, _alltoall_transpose)
+def_linear(neighbor_allgather_p, _allgather_transpose)
+
+
+def _alltoallv_transpose(cts, x, output, counts, *, handle, check_sizes):
+    ct = batched_alike(ad.instantiate_zeros(cts[0]))
+    sendcounts = counts[: _outdegree(handle)]
+    if check_sizes:
+        recvcounts = counts[_outdegree(handle) :]
+    else:
+        recvcounts = neighbor_alltoall(sendcounts, handle=derivative_comm(handle))
+    aval = x.aval if ad.is_undefined_primal(x) else jax.core.get_aval(x)
+    zeros = batched_alike(jnp.zeros(aval.shape, aval.dtype))
+    x_t, _ = neighbor_alltoallv_p.bind(
+        ct,
+        zeros,
+        jnp.concatenate([recvcounts, sendcounts]),
+        handle=reverse_comm(handle),
+        check_sizes=1,
+    )
+    output_t = None
+    if ad.is_undefined_primal(output):
+        written = jnp.arange(ct.shape[0]) < recvcounts.sum()
+        output_t = jnp.where(written.reshape((-1,) + (1,) * (ct.ndim - 1)), 0, ct)
+    return [x_t if ad.is_undefined_primal(x) else None, output_t, None]
+
+
+ad.primitive_jvps[neighbor_alltoallv_p] = partial(exchange_jvp, neighbor_alltoallv_p)
+ad.primitive_transposes[neighbor_alltoallv_p] = _alltoallv_transpose

@@ -1,0 +1,676 @@
+"""Neighbourhood collectives: neighbor_alltoall, neighbor_allgather, neighbor_alltoallv.
+
+Every result is compared with a NumPy model of the exchange over random
+distributed graphs, the same on every rank for one seed (empty in and out
+lists, a rank with no neighbours at all, self-loops, duplicate edges), and
+over Cartesian grids (periodic or not, 1-d and 2-d); eagerly and jitted,
+with counts static or computed inside ``jit``. Derivatives are checked
+against the model (the ops are linear) and finite differences, and every
+transformation against a loop; bad input against the errors the docs
+promise, followed by a collective that still matches on every rank.
+"""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import RUNTIME_ERRORS, not_reported_again, rank_data, unchanged
+from mpi4py import MPI
+
+from jaxcomm import JaxComm
+
+SEEDS = range(4)
+
+
+# The model ---------------------------------------------------------------------------
+
+
+def random_graph(size, seed):
+    """``(sources, destinations)``, each rank's lists, the same on every rank for one ``seed``.
+
+    0 to 3 out-edges per rank to any rank (self-loops and duplicates
+    included); with 2 ranks or more rank 1 sends nothing, and with 3 or more
+    the last rank has no neighbours at all. Sources are shuffled.
+    """
+    rng = np.random.default_rng(seed)
+    lonely = size - 1 if size >= 3 else None
+    destinations = []
+    for r in range(size):
+        n = 0 if (r == 1 or r == lonely) else int(rng.integers(0, 4))
+        targets = [int(t) for t in rng.integers(0, size, n)]
+        destinations.append([t for t in targets if t != lonely])
+    sources = [[] for _ in range(size)]
+    for r, targets in enumerate(destinations):
+        for t in targets:
+            sources[t].append(r)
+    sources = [[int(s) for s in rng.permutation(np.asarray(ss, np.int64))] for ss in sources]
+    return sources, destinations
+
+
+def landing(sources, destinations):
+    """``land[r][j] = (d, i)``: block ``j`` of rank ``r`` arrives as block ``i`` on rank ``d``.
+
+    The k-th edge from r to d matches the k-th time d lists r (MPI 4.1, 8.6.4).
+    """
+    land = [[None] * len(ds) for ds in destinations]
+    for d, srcs in enumerate(sources):
+        seen = {}
+        for i, s in enumerate(srcs):
+            k = seen.get(s, 0)
+            seen[s] = k + 1
+            j = [jj for jj, t in enumerate(destinations[s]) if t == d][k]
+            land[s][j] = (d, i)
+    return land
+
+
+def model_alltoall(blocks, sources, destinations):
+    """Every rank's neighbor_alltoall result for every rank's ``blocks`` (NumPy)."""
+    shape, dtype = blocks[0].shape[1:], blocks[0].dtype
+    out = [np.zeros((len(s), *shape), dtype) for s in sources]
+    for r, row in enumerate(landing(sources, destinations)):
+        for j, (d, i) in enumerate(row):
+            out[d][i] = blocks[r][j]
+    return out
+
+
+def model_alltoallv(xs, sendcounts, sources, destinations, capacity):
+    """Every rank's ``(y, recvcounts)`` of neighbor_alltoallv (NumPy)."""
+    pieces = [[None] * len(s) for s in sources]
+    for r, row in enumerate(landing(sources, destinations)):
+        starts = np.concatenate([[0], np.cumsum(sendcounts[r])])
+        for j, (d, i) in enumerate(row):
+            pieces[d][i] = xs[r][starts[j] : starts[j + 1]]
+    ys, counts = [], []
+    for got in pieces:
+        y = np.zeros((capacity, *xs[0].shape[1:]), xs[0].dtype)
+        packed = np.concatenate([np.zeros((0, *xs[0].shape[1:]), xs[0].dtype), *got])
+        y[: len(packed)] = packed
+        ys.append(y)
+        counts.append(np.array([len(p) for p in got], np.int32))
+    return ys, counts
+
+
+def grid_lists(dims, periods):
+    """``(sources, destinations)`` of every rank of a Cartesian grid, from coordinates alone."""
+    size = int(np.prod(dims))
+    coords = list(itertools.product(*(range(d) for d in dims)))
+
+    def rank_at(c):
+        c = list(c)
+        for d, (n, p) in enumerate(zip(dims, periods)):
+            if not 0 <= c[d] < n:
+                if not p:
+                    return MPI.PROC_NULL
+                c[d] %= n
+        return coords.index(tuple(c))
+
+    lists = []
+    for r in range(size):
+        ranks = []
+        for d in range(len(dims)):
+            for step in (-1, 1):
+                c = list(coords[r])
+                c[d] += step
+                ranks.append(rank_at(c))
+        lists.append(ranks)
+    return lists
+
+
+def model_grid(blocks, dims, periods):
+    """Every rank's neighbor_alltoall result on a Cartesian grid (NumPy): zeros from PROC_NULL."""
+    lists = grid_lists(dims, periods)
+    out = []
+    for r, ranks in enumerate(lists):
+        y = np.zeros_like(blocks[r])
+        for k, s in enumerate(ranks):
+            if s != MPI.PROC_NULL:
+                # The neighbour at -1 sent this way its block towards +1, and so on.
+                y[k] = blocks[s][k ^ 1]
+        out.append(y)
+    return out
+
+
+# Communicators ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def graphs(jc):
+    """A ``from_graph`` JaxComm and its lists for every seed, made once for the module."""
+    made = {}
+    for seed in SEEDS:
+        sources, destinations = random_graph(jc.size, seed)
+        made[seed] = (
+            JaxComm.from_graph(sources[jc.rank], destinations[jc.rank]),
+            sources,
+            destinations,
+        )
+    yield made
+    for g, _, _ in made.values():
+        g.free()
+
+
+GRIDS = {
+    "ring": lambda size: ([size], [True]),
+    "line": lambda size: ([size], [False]),
+    "plane": lambda size: (MPI.Compute_dims(size, 2), [False, True]),
+}
+
+
+@pytest.fixture(scope="module")
+def grids(jc):
+    made = {name: JaxComm.from_cart(*shape(jc.size)) for name, shape in GRIDS.items()}
+    yield made
+    for g in made.values():
+        g.free()
+
+
+def _blocks_of(g_lists, rank, trailing, dtype, offset=0):
+    return rank_data(rank + offset, (len(g_lists[rank]), *trailing), dtype)
+
+
+def _total(jc, value):
+    """The sum of a scalar over the ranks (mpi4py, outside jaxcomm's ordering)."""
+    return jc.comm.allreduce(float(value))
+
+
+def _still_matched(jc):
+    np.testing.assert_array_equal(jc.allreduce(jnp.ones(2)), np.full(2, jc.size))
+
+
+# Construction -------------------------------------------------------------------------
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("seed", SEEDS)
+def test_from_graph_keeps_the_lists(jc, graphs, seed):
+    g, sources, destinations = graphs[seed]
+    assert g.sources == tuple(sources[jc.rank])
+    assert g.destinations == tuple(destinations[jc.rank])
+    assert isinstance(g.comm, MPI.Distgraphcomm)
+
+
+@pytest.mark.mpi
+def test_wrapping_a_topology_keeps_it(jc):
+    sources, destinations = random_graph(jc.size, 1)
+    comm = MPI.COMM_WORLD.Create_dist_graph_adjacent(sources[jc.rank], destinations[jc.rank])
+    g = JaxComm(comm)
+    assert g.sources == tuple(sources[jc.rank]) and g.destinations == tuple(destinations[jc.rank])
+    blocks = [rank_data(r, (len(destinations[r]), 2), np.float32) for r in range(jc.size)]
+    got = g.neighbor_alltoall(blocks[jc.rank])
+    np.testing.assert_array_equal(got, model_alltoall(blocks, sources, destinations)[jc.rank])
+    g.free()
+    comm.Free()
+    cart = MPI.COMM_WORLD.Create_cart([jc.size], periods=[True])
+    g = JaxComm(cart)
+    assert g.sources == g.destinations == ((jc.rank - 1) % jc.size, (jc.rank + 1) % jc.size)
+    g.free()
+    cart.Free()
+
+
+@pytest.mark.mpi
+def test_graphs_whose_lists_disagree_fail_every_rank(jc):
+    # Every rank names rank 0 as a source, but nobody sends to it.
+    with pytest.raises(ValueError, match="do not describe one graph"):
+        JaxComm.from_graph([0], [])
+    with pytest.raises(ValueError, match="not a rank of comm"):
+        JaxComm.from_graph([], [jc.size])
+    _still_matched(jc)
+
+
+@pytest.mark.mpi
+def test_a_communicator_without_neighbours_is_refused(jc):
+    with pytest.raises(TypeError, match="no neighbours"):
+        jc.neighbor_alltoall(jnp.ones((1, 2)))
+    with pytest.raises(TypeError, match="no neighbours"):
+        jc.sources  # noqa: B018
+
+
+# Results ------------------------------------------------------------------------------
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("trailing", [(), (3,)])
+@pytest.mark.parametrize("dtype", [np.float32, np.int64, np.complex64, np.bool_])
+@pytest.mark.parametrize("mode", ["eager", "jit"])
+def test_alltoall_matches_the_model(jc, graphs, seed, trailing, dtype, mode):
+    g, sources, destinations = graphs[seed]
+    blocks = [_blocks_of(destinations, r, trailing, dtype) for r in range(jc.size)]
+    want = model_alltoall(blocks, sources, destinations)[jc.rank]
+    x = jnp.asarray(blocks[jc.rank])
+    call = g.neighbor_alltoall if mode == "eager" else jax.jit(g.neighbor_alltoall)
+    got = call(x)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_array_equal(np.asarray(got), want)
+    unchanged(x, blocks[jc.rank])
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("shape", [(), (2, 3)])
+@pytest.mark.parametrize("mode", ["eager", "jit"])
+def test_allgather_matches_the_model(jc, graphs, seed, shape, mode):
+    g, sources, destinations = graphs[seed]
+    xs = [rank_data(r, shape, np.float32) for r in range(jc.size)]
+    blocks = [np.broadcast_to(xs[r], (len(destinations[r]), *shape)) for r in range(jc.size)]
+    want = model_alltoall(blocks, sources, destinations)[jc.rank]
+    call = g.neighbor_allgather if mode == "eager" else jax.jit(g.neighbor_allgather)
+    got = call(xs[jc.rank])
+    assert got.shape == (len(sources[jc.rank]), *shape)
+    np.testing.assert_array_equal(np.asarray(got), want)
+
+
+def _counts(destinations, seed):
+    """Random rows per edge, 0 to 3, the same on every rank."""
+    rng = np.random.default_rng(seed + 100)
+    return [rng.integers(0, 4, len(ds)).astype(np.int32) for ds in destinations]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("form", ["learned", "recvcounts", "static"])
+@pytest.mark.parametrize("mode", ["eager", "jit"])
+def test_alltoallv_matches_the_model(jc, graphs, seed, form, mode):
+    g, sources, destinations = graphs[seed]
+    sendcounts = _counts(destinations, seed)
+    rows = max(int(c.sum()) for c in sendcounts) + 1
+    xs = [rank_data(r, (rows, 2), np.float32) for r in range(jc.size)]
+    capacity = 13
+    ys, counts = model_alltoallv(xs, sendcounts, sources, destinations, capacity)
+    send = sendcounts[jc.rank]
+
+    def call(x, send):
+        if form == "learned":
+            return g.neighbor_alltoallv(x, send, capacity=capacity)
+        if form == "recvcounts":
+            return g.neighbor_alltoallv(x, send, counts[jc.rank], capacity=capacity)
+        return g.neighbor_alltoallv(x, send.tolist(), counts[jc.rank].tolist(), capacity=capacity)
+
+    if mode == "jit":
+        if form == "static":
+            got = jax.jit(lambda x: call(x, send))(xs[jc.rank])
+        else:
+            got = jax.jit(call)(xs[jc.rank], send)
+    else:
+        got = call(xs[jc.rank], send)
+    if form == "learned":
+        got, received = got
+        np.testing.assert_array_equal(received, counts[jc.rank])
+    np.testing.assert_array_equal(got, ys[jc.rank])
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("seed", SEEDS)
+def test_alltoallv_counts_computed_inside_jit(jc, graphs, seed):
+    g, sources, destinations = graphs[seed]
+    sendcounts = _counts(destinations, seed)
+    xs = [rank_data(r, (12, 2), np.float32) for r in range(jc.size)]
+    ys, counts = model_alltoallv(xs, sendcounts, sources, destinations, 12)
+
+    @jax.jit
+    def step(x, shifted):
+        y, received = g.neighbor_alltoallv(x, shifted - 1)
+        return y, received
+
+    y, received = step(xs[jc.rank], jnp.asarray(sendcounts[jc.rank]) + 1)
+    np.testing.assert_array_equal(y, ys[jc.rank])
+    np.testing.assert_array_equal(received, counts[jc.rank])
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("name", sorted(GRIDS))
+@pytest.mark.parametrize("mode", ["eager", "jit"])
+def test_cartesian_halo_in_one_call(jc, grids, name, mode):
+    grid = grids[name]
+    dims, periods = GRIDS[name](jc.size)
+    lists = grid_lists(dims, periods)
+    assert grid.sources == grid.destinations == tuple(lists[grid.rank])
+    blocks = [rank_data(r, (2 * len(dims), 3), np.float32) + 1 for r in range(jc.size)]
+    want = model_grid(blocks, dims, periods)[grid.rank]
+    call = grid.neighbor_alltoall if mode == "eager" else jax.jit(grid.neighbor_alltoall)
+    np.testing.assert_array_equal(call(blocks[grid.rank]), want)
+    # allgather: the same with one block sent every way.
+    x = rank_data(grid.rank, (3,), np.float32) + 1
+    gathered = [
+        np.stack([rank_data(r, (3,), np.float32) + 1] * 2 * len(dims)) for r in range(jc.size)
+    ]
+    call = grid.neighbor_allgather if mode == "eager" else jax.jit(grid.neighbor_allgather)
+    np.testing.assert_array_equal(call(x), model_grid(gathered, dims, periods)[grid.rank])
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("name", sorted(GRIDS))
+def test_cartesian_alltoallv(jc, grids, name):
+    grid = grids[name]
+    dims, periods = GRIDS[name](jc.size)
+    lists = grid_lists(dims, periods)
+    # Block k of rank r has (r + k) % 3 rows; off an edge nothing arrives.
+    sendcounts = [
+        np.array([(r + k) % 3 for k in range(2 * len(dims))], np.int32) for r in range(jc.size)
+    ]
+    xs = [rank_data(r, (8, 2), np.float32) for r in range(jc.size)]
+    y, received = grid.neighbor_alltoallv(xs[grid.rank], sendcounts[grid.rank], capacity=8)
+    want_counts = [
+        0 if s == MPI.PROC_NULL else int(sendcounts[s][k ^ 1])
+        for k, s in enumerate(lists[grid.rank])
+    ]
+    np.testing.assert_array_equal(received, want_counts)
+    pieces = []
+    for k, s in enumerate(lists[grid.rank]):
+        if s != MPI.PROC_NULL:
+            start = int(sendcounts[s][: k ^ 1].sum())
+            pieces.append(xs[s][start : start + sendcounts[s][k ^ 1]])
+    packed = np.concatenate([np.zeros((0, 2), np.float32), *pieces])
+    want = np.zeros((8, 2), np.float32)
+    want[: len(packed)] = packed
+    np.testing.assert_array_equal(y, want)
+
+
+# Transformations ------------------------------------------------------------------------
+
+
+def _grad_model(weights, land, rank, shape):
+    """d/dx of sum(w * neighbor_alltoall(x)) on ``rank``: the weight where each block landed."""
+    out = np.zeros(shape)
+    for j, (d, i) in enumerate(land[rank]):
+        out[j] = weights[d][i]
+    return out
+
+
+@pytest.mark.x64
+@pytest.mark.mpi
+@pytest.mark.parametrize("seed", SEEDS)
+def test_alltoall_jvp_grad_transpose_against_the_model(jc, graphs, seed):
+    g, sources, destinations = graphs[seed]
+    land = landing(sources, destinations)
+    shape = (len(destinations[jc.rank]), 2)
+    x = jnp.asarray(rank_data(jc.rank, shape, np.float64))
+    t = [rank_data(r + 3, (len(destinations[r]), 2), np.float64) for r in range(jc.size)]
+    y, dy = jax.jit(lambda x, t: jax.jvp(g.neighbor_alltoall, (x,), (t,)))(x, t[jc.rank])
+    np.testing.assert_allclose(dy, model_alltoall(t, sources, destinations)[jc.rank])
+    weights = [rank_data(r + 7, (len(sources[r]), 2), np.float64) for r in range(jc.size)]
+    w = weights[jc.rank]
+    grad = jax.jit(jax.grad(lambda x: jnp.sum(g.neighbor_alltoall(x) * w)))(x)
+    np.testing.assert_allclose(grad, _grad_model(weights, land, jc.rank, shape))
+    (ct,) = jax.linear_transpose(g.neighbor_alltoall, x)(jnp.asarray(w))
+    np.testing.assert_allclose(ct, grad)
+    # Reverse over reverse gives the exchange back.
+    transpose = jax.linear_transpose(g.neighbor_alltoall, x)
+    back = jax.linear_transpose(lambda c: transpose(c)[0], jnp.asarray(w))
+    np.testing.assert_allclose(back(x)[0], g.neighbor_alltoall(x))
+
+
+@pytest.mark.x64
+@pytest.mark.mpi
+@pytest.mark.parametrize("seed", SEEDS)
+def test_allgather_grad_sums_what_comes_back(jc, graphs, seed):
+    g, sources, destinations = graphs[seed]
+    land = landing(sources, destinations)
+    x = jnp.asarray(rank_data(jc.rank, (3,), np.float64))
+    weights = [rank_data(r + 7, (len(sources[r]), 3), np.float64) for r in range(jc.size)]
+    grad = jax.jit(jax.grad(lambda x: jnp.sum(g.neighbor_allgather(x) * weights[jc.rank])))(x)
+    want = np.zeros(3)
+    for d, i in land[jc.rank]:
+        want += weights[d][i]
+    np.testing.assert_allclose(grad, want)
+
+
+@pytest.mark.x64
+@pytest.mark.mpi
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("learn", [True, False])
+def test_alltoallv_grad_is_the_reverse_exchange(jc, graphs, seed, learn):
+    g, sources, destinations = graphs[seed]
+    sendcounts = _counts(destinations, seed)
+    rows, capacity = 10, 11
+    xs = [rank_data(r, (rows, 2), np.float64) for r in range(jc.size)]
+    _, counts = model_alltoallv(xs, sendcounts, sources, destinations, capacity)
+    send = jnp.asarray(sendcounts[jc.rank])
+    recv = None if learn else jnp.asarray(counts[jc.rank])
+    weights = [rank_data(r + 7, (capacity, 2), np.float64) for r in range(jc.size)]
+
+    def loss(x):
+        y = g.neighbor_alltoallv(x, send, recv, capacity=capacity)
+        return jnp.sum(jnp.sin(y[0] if learn else y) * weights[jc.rank])
+
+    x = jnp.asarray(xs[jc.rank]) * 0.3
+    grad = jax.jit(jax.grad(loss))(x)
+    # Finite differences of the summed loss along a direction.
+    direction = rank_data(jc.rank + 1, x.shape, np.float64) - 2
+    eps = 1e-6
+    numeric = _total(jc, (loss(x + eps * direction) - loss(x - eps * direction)) / (2 * eps))
+    analytic = _total(jc, np.sum(grad * direction))
+    np.testing.assert_allclose(analytic, numeric, rtol=1e-6, atol=1e-8)
+    # Rows past sum(sendcounts) are not sent: no gradient.
+    np.testing.assert_array_equal(grad[int(sendcounts[jc.rank].sum()) :], 0)
+
+
+@pytest.mark.x64
+@pytest.mark.mpi
+@pytest.mark.parametrize("name", sorted(GRIDS))
+def test_cartesian_grad(jc, grids, name):
+    grid = grids[name]
+    dims, periods = GRIDS[name](jc.size)
+    lists = grid_lists(dims, periods)
+    n = 2 * len(dims)
+    weights = [rank_data(r + 7, (n, 2), np.float64) for r in range(jc.size)]
+    x = jnp.asarray(rank_data(grid.rank, (n, 2), np.float64))
+    grad = jax.jit(jax.grad(lambda x: jnp.sum(grid.neighbor_alltoall(x) * weights[grid.rank])))(x)
+    # Block k went to the neighbour lists[rank][k], which got it as block k ^ 1.
+    want = np.zeros((n, 2))
+    for k, d in enumerate(lists[grid.rank]):
+        if d != MPI.PROC_NULL:
+            want[k] = weights[d][k ^ 1]
+    np.testing.assert_allclose(grad, want)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("seed", [0, 1])
+def test_vmap_checkpoint_scan_while(jc, graphs, seed):
+    g, sources, destinations = graphs[seed]
+    blocks = [rank_data(r, (4, len(destinations[r]), 2), np.float32) for r in range(jc.size)]
+    batch = jnp.asarray(blocks[jc.rank])
+    got = jax.jit(jax.vmap(g.neighbor_alltoall))(batch)
+    for b in range(4):
+        want = model_alltoall([x[b] for x in blocks], sources, destinations)[jc.rank]
+        np.testing.assert_array_equal(got[b], want)
+    # vmap of the learned alltoallv, counts shared by the batch or batched.
+    send = jnp.asarray(_counts(destinations, seed)[jc.rank])
+    xs = jnp.asarray(rank_data(jc.rank, (4, 12, 2), np.float32))
+    y, received = jax.vmap(lambda x: g.neighbor_alltoallv(x, send))(xs)
+    y2, received2 = jax.vmap(lambda x, c: g.neighbor_alltoallv(x, c))(xs, jnp.stack([send] * 4))
+    for b in range(4):
+        yb, rb = g.neighbor_alltoallv(xs[b], send)
+        np.testing.assert_array_equal(y[b], yb)
+        np.testing.assert_array_equal(y2[b], yb)
+        np.testing.assert_array_equal(received[b], rb)
+        np.testing.assert_array_equal(received2[b], rb)
+
+    # Three exchanges in a scan and in a while_loop, with checkpointed gradients.
+    x = jnp.asarray(rank_data(jc.rank, (len(destinations[jc.rank]), 2), np.float32))
+
+    def body(c, _):
+        return c + jnp.sin(g.neighbor_allgather(c).sum(0)), None
+
+    def scanned(v):
+        c, _ = jax.lax.scan(jax.checkpoint(body), v.sum(0), None, length=3)
+        return jnp.sum(c**2)
+
+    def looped(v):
+        c = v.sum(0)
+        for _ in range(3):
+            c, _ = body(c, None)
+        return jnp.sum(c**2)
+
+    np.testing.assert_allclose(jax.jit(jax.grad(scanned))(x), jax.grad(looped)(x), rtol=1e-5)
+    c = jax.jit(
+        lambda v: jax.lax.while_loop(
+            lambda s: s[0] < 3, lambda s: (s[0] + 1, body(s[1], 0)[0]), (0, v)
+        )[1]
+    )(x.sum(0))
+    np.testing.assert_allclose(c, jax.lax.scan(body, x.sum(0), None, length=3)[0], rtol=1e-6)
+
+
+# Bad input ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ring(jc):
+    r = JaxComm.from_graph([(jc.rank - 1) % jc.size], [(jc.rank + 1) % jc.size])
+    yield r
+    r.free()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_wrong_arguments_raise_before_mpi(jc, graphs, ring, jit):
+    # Wrong on every rank alike, so that every rank raises.
+    g, _, destinations = graphs[0]
+    x = jnp.ones((len(destinations[jc.rank]) + 1, 2))
+    call = jax.jit(g.neighbor_alltoall) if jit else g.neighbor_alltoall
+    match = rf"x has .* blocks on rank {jc.rank}; it needs one per destination"
+    with pytest.raises(ValueError, match=match):
+        call(x)
+    with pytest.raises(ValueError, match="one entry per neighbour"):
+        g.neighbor_alltoallv(x, [1] * (len(destinations[jc.rank]) + 1))
+    with pytest.raises(ValueError, match=r"sendcounts\[0\]=-1 is negative"):
+        ring.neighbor_alltoallv(x, [-1])
+    with pytest.raises(ValueError, match="more than x's rows"):
+        ring.neighbor_alltoallv(x, [x.shape[0] + 1])
+    with pytest.raises(ValueError, match="more than the capacity"):
+        ring.neighbor_alltoallv(x, [1], [3], capacity=2)
+    with pytest.raises(TypeError, match="integer array"):
+        ring.neighbor_alltoallv(x, [1.5])
+    _still_matched(jc)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(
+    "counts, reason",
+    [
+        ([-1], r"sendcounts\[0\] = -1 is negative"),
+        ([5], "sendcounts add up to 5 rows, more than x's 4"),
+    ],
+)
+def test_traced_counts_that_are_bad_fail_this_rank_and_its_destinations(jc, ring, counts, reason):
+    step = jax.jit(lambda x, c: ring.neighbor_alltoallv(x, c))
+    # Only rank 0's counts are bad; rank 1 (its destination) fails naming it.
+    mine = jnp.asarray(counts if jc.rank == 0 else [1], jnp.int32)
+    if jc.rank == 0:
+        match = rf"neighbor_alltoallv on rank 0: {reason}; nothing was sent"
+    elif jc.rank == 1 % jc.size:
+        match = "neighbor_alltoallv on rank 1: the arguments of source 0 are invalid"
+    if jc.rank in (0, 1 % jc.size):
+        with pytest.raises(RUNTIME_ERRORS, match=match):
+            jax.block_until_ready(step(jnp.ones((4, 2)), mine))
+        not_reported_again()
+    else:
+        y, received = step(jnp.ones((4, 2)), mine)
+        np.testing.assert_array_equal(received, [1])
+    _still_matched(jc)
+
+
+@pytest.mark.mpi
+def test_capacity_overflow_and_wrong_recvcounts_fail_the_receiver(jc, ring):
+    x = jnp.ones((4, 2))
+    with pytest.raises(
+        RUNTIME_ERRORS, match="sources 0 to 0 send 3 rows, more than the capacity of 2"
+    ):
+        jax.block_until_ready(
+            jax.jit(lambda x, c: ring.neighbor_alltoallv(x, c, capacity=2))(x, jnp.array([3]))
+        )
+    not_reported_again()
+    with pytest.raises(RUNTIME_ERRORS, match=r"recvcounts\[0\] = 2, but source 0 sends 3 rows"):
+        jax.block_until_ready(
+            jax.jit(lambda x, c, r: ring.neighbor_alltoallv(x, c, r, capacity=4))(
+                x, jnp.array([3]), jnp.array([2])
+            )
+        )
+    not_reported_again()
+    with pytest.raises(
+        RUNTIME_ERRORS, match=r"recvcounts add up to 5 rows, more than the capacity of 4"
+    ):
+        jax.block_until_ready(
+            jax.jit(lambda x, c, r: ring.neighbor_alltoallv(x, c, r, capacity=4))(
+                x, jnp.array([3]), jnp.array([5])
+            )
+        )
+    not_reported_again()
+    # Nothing past the capacity was written: the next exchange is right.
+    y = ring.neighbor_alltoallv(x * jc.rank, [2], [2], capacity=4)
+    np.testing.assert_array_equal(
+        y, np.concatenate([np.full((2, 2), (jc.rank - 1) % jc.size), np.zeros((2, 2))])
+    )
+    _still_matched(jc)
+
+
+# Nonblocking ------------------------------------------------------------------------------
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("mode", ["eager", "jit"])
+def test_nonblocking_match_the_model(jc, graphs, seed, mode):
+    g, sources, destinations = graphs[seed]
+    blocks = [rank_data(r, (len(destinations[r]), 3), np.float32) for r in range(jc.size)]
+    xs = [rank_data(r, (3,), np.float32) for r in range(jc.size)]
+    gathered = [np.broadcast_to(xs[r], (len(destinations[r]), 3)) for r in range(jc.size)]
+
+    def both(x, v):
+        requests = [g.ineighbor_alltoall(x), g.ineighbor_allgather(v)]
+        return g.waitall(requests)
+
+    call = both if mode == "eager" else jax.jit(both)
+    y, z = call(blocks[jc.rank], xs[jc.rank])
+    np.testing.assert_array_equal(y, model_alltoall(blocks, sources, destinations)[jc.rank])
+    np.testing.assert_array_equal(z, model_alltoall(gathered, sources, destinations)[jc.rank])
+
+
+@pytest.mark.x64
+@pytest.mark.mpi
+@pytest.mark.parametrize("seed", SEEDS)
+def test_nonblocking_grad_and_vmap(jc, graphs, seed):
+    g, sources, destinations = graphs[seed]
+    land = landing(sources, destinations)
+    shape = (len(destinations[jc.rank]), 2)
+    x = jnp.asarray(rank_data(jc.rank, shape, np.float64))
+    weights = [rank_data(r + 7, (len(sources[r]), 2), np.float64) for r in range(jc.size)]
+    w = weights[jc.rank]
+
+    def loss(x):
+        request = g.ineighbor_alltoall(x)
+        return jnp.sum(g.wait(request) * w)
+
+    grad = jax.jit(jax.grad(loss))(x)
+    np.testing.assert_allclose(grad, _grad_model(weights, land, jc.rank, shape))
+    v = jnp.asarray(rank_data(jc.rank, (2,), np.float64))
+    gathered = jax.jit(jax.grad(lambda v: jnp.sum(g.wait(g.ineighbor_allgather(v)) * w)))(v)
+    want = np.zeros(2)
+    for d, i in land[jc.rank]:
+        want += weights[d][i]
+    np.testing.assert_allclose(gathered, want)
+    batch = jnp.stack([x, 2 * x, 3 * x])
+    got = jax.jit(jax.vmap(lambda x: g.wait(g.ineighbor_alltoall(x))))(batch)
+    for b in range(3):
+        np.testing.assert_allclose(got[b], g.neighbor_alltoall(batch[b]))
+
+
+@pytest.mark.x64
+@pytest.mark.mpi
+@pytest.mark.parametrize("name", sorted(GRIDS))
+def test_nonblocking_halo_and_its_grad_on_a_grid(jc, grids, name):
+    grid = grids[name]
+    dims, periods = GRIDS[name](jc.size)
+    n = 2 * len(dims)
+    blocks = [rank_data(r, (n, 2), np.float64) + 1 for r in range(jc.size)]
+    x = jnp.asarray(blocks[grid.rank])
+    np.testing.assert_array_equal(
+        jax.jit(lambda x: grid.wait(grid.ineighbor_alltoall(x)))(x),
+        model_grid(blocks, dims, periods)[grid.rank],
+    )
+    w = rank_data(grid.rank + 7, (n, 2), np.float64)
+    blocking = jax.grad(lambda x: jnp.sum(grid.neighbor_alltoall(x) * w))(x)
+    nonblocking = jax.jit(jax.grad(lambda x: jnp.sum(grid.wait(grid.ineighbor_alltoall(x)) * w)))(x)
+    np.testing.assert_allclose(nonblocking, blocking)
