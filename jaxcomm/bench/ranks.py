@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .report import dump_json, format_table
-from .scaling import _LAUNCHED_VARS, cores, launcher
+from .scaling import LAUNCHED_VARS, cores, launcher
 
 RANKS = (1, 2, 4, 8, 16, 32, 64)
 MEMORY_BYTES = 4 * 2**20
@@ -185,7 +185,7 @@ def worker(check: bool) -> dict[str, Any] | None:
 
 def run_job(ranks: int, check: bool, timeout: float) -> dict[str, Any]:
     """One ``mpiexec -n ranks`` job: its record, or ``{"ranks": n, "error": why}``."""
-    env = {k: v for k, v in os.environ.items() if k not in _LAUNCHED_VARS}
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHED_VARS}
     env["JAXCOMM_CHECK"] = "1" if check else "0"
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "job.json")
@@ -265,7 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 json.dump(record, f)
             return 1 if record["wrong"] else 0
         return 0
-    if any(name in os.environ for name in _LAUNCHED_VARS):
+    if any(name in os.environ for name in LAUNCHED_VARS):
         raise SystemExit("run jaxcomm.bench.ranks without mpiexec: it starts mpiexec itself")
     ranks = [int(n) for n in args.ranks.split(",")]
     available = cores()

@@ -45,7 +45,7 @@ MODES = ("jit", "loop")
 # Set in each process a launcher starts (MPICH's Hydra, Open MPI's PRRTE, PMIx
 # launchers such as srun). Prefixes alone would also catch settings such as
 # OMPI_MCA_* or MPIR_CVAR_*, which the launches below must keep.
-_LAUNCHED_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MPI_LOCALRANKID")
+LAUNCHED_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MPI_LOCALRANKID")
 
 
 def cores() -> int:
@@ -227,7 +227,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the bench at each rank count, print the table, write JSON and the plot."""
     args = parser().parse_args(argv)
-    if any(name in os.environ for name in _LAUNCHED_VARS):
+    if any(name in os.environ for name in LAUNCHED_VARS):
         raise SystemExit("run jaxcomm.bench.scaling without mpiexec: it starts mpiexec itself")
     if args.plot:
         try:

@@ -185,9 +185,10 @@ class PeerBlocks {
 // datatypes carry the offsets as MPI_Aint. It stays a collective, so unlike
 // point-to-point messages (every tag belongs to the user) it can never match
 // the user's own sends and receives on this communicator.
+// `x` is the input, `elements` its elements (root's, where x is a placeholder).
 ffi::Error Alltoallw(const Call& call, const ffi::AnyBuffer& x, const void* in,
-                     const PeerBlocks& send, void* out, const PeerBlocks& recv) {
-  call.Log([&] { return "MPI_Alltoallw " + Elements(x.element_count(), x.element_type()); });
+                     const PeerBlocks& send, void* out, const PeerBlocks& recv, size_t elements) {
+  call.Log([&] { return "MPI_Alltoallw " + Elements(elements, x.element_type()); });
   JAXCOMM_MPI_CHECK(call, MPI_Alltoallw, in, send.counts(), send.displs(), send.types(), out,
                     recv.counts(), recv.displs(), recv.types(), call.comm());
   return ffi::Error::Success();
@@ -401,7 +402,7 @@ ffi::Error GathervImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuf
       JAXCOMM_RETURN_IF_ERROR(
           recv.Add(dtype, blocks.displs[p], rank == root ? blocks.counts[p] : 0, call.comm()));
     }
-    JAXCOMM_RETURN_IF_ERROR(Alltoallw(call, x, in, send, out, recv));
+    JAXCOMM_RETURN_IF_ERROR(Alltoallw(call, x, in, send, out, recv, x.element_count()));
   }
   return memory.Finish();
 }
@@ -436,7 +437,7 @@ ffi::Error ScattervImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBu
         send.Add(dtype, blocks.displs[p], rank == root ? blocks.counts[p] : 0, call.comm()));
     JAXCOMM_RETURN_IF_ERROR(recv.Add(dtype, 0, from_root ? y->element_count() : 0, call.comm()));
   }
-  JAXCOMM_RETURN_IF_ERROR(Alltoallw(call, x, in, send, out, recv));
+  JAXCOMM_RETURN_IF_ERROR(Alltoallw(call, x, in, send, out, recv, whole.elements()));
   return memory.Finish();
 }
 
@@ -484,7 +485,7 @@ ffi::Error AlltoallvImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyB
     JAXCOMM_RETURN_IF_ERROR(
         recv.Add(dtype, recv_blocks.displs[p], recv_blocks.counts[p], call.comm()));
   }
-  JAXCOMM_RETURN_IF_ERROR(Alltoallw(call, x, in, send, out, recv));
+  JAXCOMM_RETURN_IF_ERROR(Alltoallw(call, x, in, send, out, recv, x.element_count()));
   return memory.Finish();
 }
 
@@ -796,8 +797,8 @@ ffi::Error RunExchange(const Call& call, Memory& memory, const Exchange& e, ffi:
       JAXCOMM_RETURN_IF_ERROR(send_blocks.Add(dtype, send.displs[p], send.counts[p], call.comm()));
       JAXCOMM_RETURN_IF_ERROR(recv_blocks.Add(dtype, recv.displs[p], recv.counts[p], call.comm()));
     }
-    JAXCOMM_RETURN_IF_ERROR(
-        Alltoallw(call, e.operand, send_data, send_blocks, recv_data, recv_blocks));
+    JAXCOMM_RETURN_IF_ERROR(Alltoallw(call, e.operand, send_data, send_blocks, recv_data,
+                                      recv_blocks, e.operand.element_count()));
   } else {
     thread_local std::vector<int> ints;
     ints.resize(4 * static_cast<size_t>(size));
