@@ -11,7 +11,10 @@ checks every result against NumPy on every rank, and reports:
 
 - the time from the process's start to jaxcomm's import (Python, jax, MPI's
   initialisation), and to create the ``JaxComm`` (slowest rank);
-- each rank's peak resident memory (``VmHWM``; largest and median rank);
+- each rank's peak resident memory (``VmHWM``; largest and median rank), and
+  at the end its private (``RssAnon``), shared (``RssShmem``: MPI's
+  shared-memory segments) and file-backed (``RssFile``: the libraries' code)
+  resident memory (largest rank);
 - the memory XLA plans for one call of ``gather`` and ``scatter`` of 4 MiB per
   rank (``compiled.memory_analysis()``, temporaries plus outputs, on root and
   off root), where the program uses the gathered result on root only and
@@ -158,6 +161,9 @@ def worker(check: bool) -> dict[str, Any] | None:
         "created_s": created,
         "first_step_s": first_step,
         "peak_mib": _status_mib("VmHWM"),
+        "anon_mib": _status_mib("RssAnon"),
+        "shmem_mib": _status_mib("RssShmem"),
+        "file_mib": _status_mib("RssFile"),
         "planned_mib": planned,
     }
     records = world.gather(record, root=0)
@@ -176,6 +182,9 @@ def worker(check: bool) -> dict[str, Any] | None:
         "first_step_s": max(r["first_step_s"] for r in records),
         "peak_mib_max": peaks[-1],
         "peak_mib_median": peaks[len(peaks) // 2],
+        "anon_mib_max": max(r["anon_mib"] for r in records),
+        "shmem_mib_max": max(r["shmem_mib"] for r in records),
+        "file_mib_max": max(r["file_mib"] for r in records),
         "gather_root_mib": records[0]["planned_mib"]["gather"],
         "gather_off_root_mib": max(r["planned_mib"]["gather"] for r in off_root),
         "scatter_root_mib": records[0]["planned_mib"]["scatter"],
@@ -212,6 +221,9 @@ def table(jobs: Sequence[dict[str, Any]], available: int) -> str:
         "1st step s",
         "peak MiB max",
         "median",
+        "anon",
+        "shared",
+        "file",
         "gather MiB root",
         "off root",
         "scatter MiB root",
@@ -232,6 +244,9 @@ def table(jobs: Sequence[dict[str, Any]], available: int) -> str:
                 f"{job['first_step_s']:.1f}",
                 f"{job['peak_mib_max']:.0f}",
                 f"{job['peak_mib_median']:.0f}",
+                f"{job['anon_mib_max']:.0f}",
+                f"{job['shmem_mib_max']:.0f}",
+                f"{job['file_mib_max']:.0f}",
                 f"{job['gather_root_mib']:.1f}",
                 f"{job['gather_off_root_mib']:.1f}",
                 f"{job['scatter_root_mib']:.1f}",
@@ -277,7 +292,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"# jaxcomm.bench.ranks: {available} cores; * = oversubscribed; checker "
         + ("off" if args.no_check else "on")
     )
-    print("# peak: VmHWM per rank; gather/scatter: XLA's planned memory for one 4 MiB call")
+    print(
+        "# peak: VmHWM per rank; anon, shared, file: RssAnon, RssShmem, RssFile at the end;"
+        " gather/scatter: XLA's planned memory for one 4 MiB call"
+    )
     print(table(jobs, available))
     if args.json:
         dump_json(args.json, {"meta": {"cores": available}, "jobs": jobs})
