@@ -149,7 +149,7 @@ def worker(check: bool) -> dict[str, Any] | None:
     planned = {}
     for name, fn in (
         ("gather", lambda x: jc.gather(x, root=0).sum()),
-        ("scatter", lambda x: jc.scatter(jnp.broadcast_to(x, (size, *x.shape)) + 1.0, root=0)),
+        ("scatter", lambda x: jc.scatter(jnp.broadcast_to(x + 1.0, (size, *x.shape)), root=0)),
     ):
         analysis = jax.jit(fn).lower(x).compile().memory_analysis()
         planned[name] = (analysis.temp_size_in_bytes + analysis.output_size_in_bytes) / 2**20

@@ -72,15 +72,15 @@ std::string PerRank(int size, const char* what, size_t n) {
 
 // Off the root, a rooted op's lowering (ops/_base.py, root_only) passes, in
 // place of the buffer that MPI reads or writes on the root only (a gather's
-// output, a scatter's input), a placeholder: that buffer's shape with an axis
-// of length 0 appended. It holds nothing, so the call costs the rank no
+// output, a scatter's input), a placeholder: that buffer's shape behind an
+// axis of length 0. It holds nothing, so the call costs the rank no
 // memory of the communicator's size, and its dimensions still let every rank
 // check the buffer as the root does, and fail alike.
 class WholeBuffer {
  public:
   // `buffer` itself, or the placeholder of root's buffer off the root.
   WholeBuffer(const ffi::AnyBuffer& buffer, bool placeholder) : dims_(buffer.dimensions()) {
-    if (placeholder && dims_.size() > 0) dims_ = dims_.first(dims_.size() - 1);
+    if (placeholder && dims_.size() > 0) dims_ = dims_.last(dims_.size() - 1);
   }
   static WholeBuffer OfRoot(const Call& call, int64_t root, const ffi::AnyBuffer& buffer) {
     return WholeBuffer(buffer, call.rank() != root);

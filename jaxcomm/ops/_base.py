@@ -156,12 +156,14 @@ def _ordered_ffi_lowering(target, attrs, in_place, aliases, ctx, *args, **params
 
 
 def _placeholder(aval):
-    """What stands in for a buffer MPI ignores: ``aval`` with an axis of length 0 appended.
+    """What stands in for a buffer MPI ignores: ``aval`` behind a leading axis of length 0.
 
     It holds nothing, and its dimensions still tell the kernel the shape of
     the buffer it stands for, so that every rank checks that shape alike.
+    (XLA:CPU's compiler spends memory of the whole shape on a trailing axis
+    of length 0, not on a leading one.)
     """
-    return jax.core.ShapedArray((*aval.shape, 0), aval.dtype)
+    return jax.core.ShapedArray((0, *aval.shape), aval.dtype)
 
 
 def _off_root(params):
