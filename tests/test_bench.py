@@ -498,3 +498,31 @@ def test_scaling_runs_each_rank_count_and_marks_oversubscription(tmp_path):
         assert f"{n} rank{'s' if n > 1 else ''}{'*' if n in busy else ''} us" in header
     if plot is not None:
         assert plot.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_goal_misses_name_the_ops_and_sizes_past_the_large_message_goal():
+    def rec(impl, op, nbytes, mode, us):
+        return bench.Record(op, mode, nbytes, impl, 2, time_s=us * 1e-6)
+
+    records = [
+        # loop: 1.05x mpi4py meets the goal, 1.5x misses it.
+        rec("mpi4py", "bcast", 1 << 20, "loop", 100),
+        rec("jaxcomm", "bcast", 1 << 20, "loop", 105),
+        rec("mpi4py", "gather", 1 << 20, "loop", 100),
+        rec("jaxcomm", "gather", 1 << 20, "loop", 150),
+        # jit: within 1.1x of mpi4py + plain (100 + 50) meets it, 2x misses it.
+        rec("mpi4py", "bcast", 4 << 20, "jit", 100),
+        rec("plain", "bcast", 4 << 20, "jit", 50),
+        rec("jaxcomm", "bcast", 4 << 20, "jit", 160),
+        rec("mpi4py", "gather", 4 << 20, "jit", 100),
+        rec("plain", "gather", 4 << 20, "jit", 50),
+        rec("jaxcomm", "gather", 4 << 20, "jit", 300),
+        # Below 64 KiB the goal does not apply.
+        rec("mpi4py", "gather", 4096, "loop", 1),
+        rec("jaxcomm", "gather", 4096, "loop", 9),
+    ]
+    assert report.goal_misses(records) == [
+        "gather 1 MiB loop: jaxcomm 1.50x mpi4py",
+        "gather 4 MiB jit: jaxcomm 2.00x mpi4py + plain",
+    ]
+    assert "gather 4 MiB jit: jaxcomm 2.00x mpi4py + plain" in report.summary(records, [])
