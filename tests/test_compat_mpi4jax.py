@@ -560,12 +560,18 @@ def test_messages_never_match_mpi4py_receives_on_the_same_communicator(which, wa
             mpi4jax.barrier(comm=comm)
         if RANK == 0:
             mpi4jax.send(jnp.arange(4.0), 1, tag=5, comm=comm)
-            comm.send("from mpi4py", dest=1, tag=5)
+            comm.Send(np.full(4, 7.0), dest=1, tag=5)
         elif RANK == 1:
-            # A wildcard mpi4py receive on the same communicator gets mpi4py's
-            # message even though jaxcomm's went first.
-            assert comm.recv(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG) == "from mpi4py"
+            # A wildcard mpi4py receive on the same communicator, posted
+            # before either message, gets mpi4py's message even though
+            # jaxcomm's went first. It is posted nonblocking because MPI_Send
+            # may wait for its receive (it does over TCP): rank 0's first
+            # send completes once jaxcomm's receive below is posted.
+            got = np.zeros(4)
+            request = comm.Irecv(got, source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG)
             np.testing.assert_array_equal(mpi4jax.recv(jnp.zeros(4), comm=comm), np.arange(4.0))
+            request.Wait()
+            np.testing.assert_array_equal(got, np.full(4, 7.0))
         mpi4jax.barrier(comm=comm)
     finally:
         jaxcomm.sync()
