@@ -1017,27 +1017,9 @@ class JaxComm:
         x = as_array(x, "x")
         if is_matrix(sendcounts) and recvcounts is None and capacity is None:
             return self._alltoallv_matrix(x, sendcounts, handle)
-        rows = leading_axis(x, "of rows")
-        learn = recvcounts is None
-        if learn:
-            (send,), recv = index_arrays({"sendcounts": sendcounts}, self._size), None
-        else:
-            send, recv = index_arrays(
-                {"sendcounts": sendcounts, "recvcounts": recvcounts}, self._size
-            )
-        static = _concrete(sendcounts), None if learn else _concrete(recvcounts)
-        if static[0] is not None:
-            _check_static_counts("sendcounts", static[0], rows, "x's rows")
-        if capacity is None:
-            capacity = rows if learn or static[1] is None else int(sum(static[1]))
-        capacity = static_int(capacity, "capacity")
-        if capacity < 0:
-            raise ValueError(f"capacity={capacity} is negative")
-        if static[1] is not None:
-            _check_static_counts("recvcounts", static[1], capacity, "the capacity")
-        output = jnp.zeros((capacity, *x.shape[1:]), x.dtype)
-        y, received = ops.alltoallv_counts(x, output, send, recv, handle=handle)
-        return (y, received) if learn else y
+        return _counted_exchange(
+            ops.alltoallv_counts, x, sendcounts, recvcounts, capacity, self._size, "rank", handle
+        )
 
     def _alltoallv_matrix(self, x: jax.Array, counts: Any, handle: int) -> jax.Array:
         rows = per_rank(counts, "counts", self._size)
@@ -1312,28 +1294,17 @@ class JaxComm:
         """
         handle, sources, destinations = self._topology()
         x = as_array(x, "x")
-        rows = leading_axis(x, "of rows")
-        learn = recvcounts is None
         lengths = {"sendcounts": len(destinations), "recvcounts": len(sources)}
-        if learn:
-            (send,), recv = index_arrays({"sendcounts": sendcounts}, lengths, "neighbour"), None
-        else:
-            send, recv = index_arrays(
-                {"sendcounts": sendcounts, "recvcounts": recvcounts}, lengths, "neighbour"
-            )
-        static = _concrete(sendcounts), None if learn else _concrete(recvcounts)
-        if static[0] is not None:
-            _check_static_counts("sendcounts", static[0], rows, "x's rows")
-        if capacity is None:
-            capacity = rows if learn or static[1] is None else int(sum(static[1]))
-        capacity = static_int(capacity, "capacity")
-        if capacity < 0:
-            raise ValueError(f"capacity={capacity} is negative")
-        if static[1] is not None:
-            _check_static_counts("recvcounts", static[1], capacity, "the capacity")
-        output = jnp.zeros((capacity, *x.shape[1:]), x.dtype)
-        y, received = ops.neighbor_alltoallv(x, output, send, recv, handle=handle)
-        return (y, received) if learn else y
+        return _counted_exchange(
+            ops.neighbor_alltoallv,
+            x,
+            sendcounts,
+            recvcounts,
+            capacity,
+            lengths,
+            "neighbour",
+            handle,
+        )
 
     # Point to point ----------------------------------------------------------
 
@@ -2041,6 +2012,37 @@ def _concrete(counts: Any) -> np.ndarray | None:
     if any(isinstance(c, jax.core.Tracer) for c in jax.tree_util.tree_leaves(counts)):
         return None
     return np.asarray(counts)
+
+
+def _counted_exchange(bind, x, sendcounts, recvcounts, capacity, lengths, per, handle):
+    """An exchange of rows by this rank's counts (``alltoallv``, ``neighbor_alltoallv``).
+
+    Checks the counts (one per ``per``; ``lengths`` as :func:`index_arrays`
+    takes it), picks the capacity, and binds ``bind`` with a zero output of
+    that many rows. Returns the received rows, and the counts received when
+    ``recvcounts`` is None (they are learned).
+    """
+    rows = leading_axis(x, "of rows")
+    learn = recvcounts is None
+    if learn:
+        (send,), recv = index_arrays({"sendcounts": sendcounts}, lengths, per), None
+    else:
+        send, recv = index_arrays(
+            {"sendcounts": sendcounts, "recvcounts": recvcounts}, lengths, per
+        )
+    static = _concrete(sendcounts), None if learn else _concrete(recvcounts)
+    if static[0] is not None:
+        _check_static_counts("sendcounts", static[0], rows, "x's rows")
+    if capacity is None:
+        capacity = rows if learn or static[1] is None else int(sum(static[1]))
+    capacity = static_int(capacity, "capacity")
+    if capacity < 0:
+        raise ValueError(f"capacity={capacity} is negative")
+    if static[1] is not None:
+        _check_static_counts("recvcounts", static[1], capacity, "the capacity")
+    output = jnp.zeros((capacity, *x.shape[1:]), x.dtype)
+    y, received = bind(x, output, send, recv, handle=handle)
+    return (y, received) if learn else y
 
 
 def _check_static_counts(name: str, counts: np.ndarray, rows: int, what: str) -> None:
