@@ -31,14 +31,18 @@ ffi::Error CheckElements(const Call& call, const char* buffer, size_t actual, si
   return WrongElements(call, buffer, actual, expected, how());
 }
 
+// Fails unless the output `y` has the element type of the input `x`.
+inline ffi::Error CheckType(const Call& call, const ffi::AnyBuffer& x, const ffi::AnyBuffer& y) {
+  if (x.element_type() != y.element_type()) return WrongOutputType(call, x, y);
+  return ffi::Error::Success();
+}
+
 // Fails unless the output `y` has the element type of the input `x` and
 // `expected` elements, as CheckElements.
 template <typename How>
 ffi::Error CheckOutput(const Call& call, const ffi::AnyBuffer& x, const ffi::AnyBuffer& y,
                        size_t expected, How&& how) {
-  if (x.element_type() != y.element_type()) {
-    return WrongOutputType(call, x, y);
-  }
+  JAXCOMM_RETURN_IF_ERROR(CheckType(call, x, y));
   return CheckElements(call, "output", y.element_count(), expected, how);
 }
 

@@ -98,12 +98,6 @@ class WholeBuffer {
   ffi::Span<const int64_t> dims_;
 };
 
-// Fails unless `y` has `x`'s element type.
-ffi::Error CheckType(const Call& call, const ffi::AnyBuffer& x, const ffi::AnyBuffer& y) {
-  if (x.element_type() != y.element_type()) return WrongOutputType(call, x, y);
-  return ffi::Error::Success();
-}
-
 // Allgather and Gather stack one input per rank into y. Checked on every rank,
 // though Gather only writes y on the root, so that all ranks fail alike.
 ffi::Error CheckStacked(const Call& call, const ffi::AnyBuffer& x, const ffi::AnyBuffer& y,
@@ -194,13 +188,6 @@ ffi::Error Alltoallw(const Call& call, const ffi::AnyBuffer& x, const void* in,
   return ffi::Error::Success();
 }
 
-// The pointers MPI moves `x` and `y` through, ready for the MPI calls.
-ffi::Error Buffers(Memory& memory, ffi::AnyBuffer& x, ffi::AnyBuffer& y, void** in, void** out) {
-  JAXCOMM_RETURN_IF_ERROR(memory.Read(x, in));
-  JAXCOMM_RETURN_IF_ERROR(memory.Output(y, out));
-  return memory.Ready();
-}
-
 // A pipelined allgather: piece k of every rank's block at a time, received
 // at its place in each block through a datatype whose extent is the block.
 ffi::Error AllgatherPieces(const Call& call, Memory& memory, ffi::DataType dtype, size_t count,
@@ -259,7 +246,7 @@ ffi::Error AllgatherImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyB
   const size_t piece = PieceElements(count, width);
   if (piece < count) memory.Pipeline(piece * width);
   void *in, *out;
-  JAXCOMM_RETURN_IF_ERROR(Buffers(memory, x, *y, &in, &out));
+  JAXCOMM_RETURN_IF_ERROR(memory.Buffers(x, *y, &in, &out));
   if (piece < count) {
     JAXCOMM_RETURN_IF_ERROR(AllgatherPieces(call, memory, x.element_type(), count, piece, in, out));
     return memory.Finish();
@@ -278,7 +265,7 @@ ffi::Error GatherImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuff
   JAXCOMM_RETURN_IF_ERROR(
       LargeType::Make(x.element_type(), x.element_count(), call.comm(), &block));
   void *in, *out;
-  JAXCOMM_RETURN_IF_ERROR(Buffers(memory, x, *y, &in, &out));
+  JAXCOMM_RETURN_IF_ERROR(memory.Buffers(x, *y, &in, &out));
   call.Log([&] {
     return "MPI_Gather root " + std::to_string(root) + " " +
            Elements(x.element_count(), x.element_type());
@@ -304,7 +291,7 @@ ffi::Error ScatterImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuf
   JAXCOMM_RETURN_IF_ERROR(
       LargeType::Make(x.element_type(), y->element_count(), call.comm(), &block));
   void *in, *out;
-  JAXCOMM_RETURN_IF_ERROR(Buffers(memory, x, *y, &in, &out));
+  JAXCOMM_RETURN_IF_ERROR(memory.Buffers(x, *y, &in, &out));
   call.Log([&] {
     return "MPI_Scatter root " + std::to_string(root) + " " +
            Elements(whole.elements(), x.element_type());
@@ -324,7 +311,7 @@ ffi::Error AlltoallImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBu
   JAXCOMM_RETURN_IF_ERROR(
       LargeType::Make(x.element_type(), x.element_count() / size, call.comm(), &block));
   void *in, *out;
-  JAXCOMM_RETURN_IF_ERROR(Buffers(memory, x, *y, &in, &out));
+  JAXCOMM_RETURN_IF_ERROR(memory.Buffers(x, *y, &in, &out));
   call.Log([&] { return "MPI_Alltoall " + Elements(x.element_count(), x.element_type()); });
   JAXCOMM_MPI_CHECK(call, MPI_Alltoall, in, block.count(), block.type(), out, block.count(),
                     block.type(), call.comm());
@@ -343,7 +330,7 @@ ffi::Error AllgathervImpl(const Call& call, Memory& memory, ffi::Token, ffi::Any
   const Blocks& blocks = Blocks::Of(0, counts, whole.row());
   void *in, *out;
   if (blocks.FitInt()) {
-    JAXCOMM_RETURN_IF_ERROR(Buffers(memory, x, *y, &in, &out));
+    JAXCOMM_RETURN_IF_ERROR(memory.Buffers(x, *y, &in, &out));
     call.Log([&] { return "MPI_Allgatherv " + Elements(x.element_count(), x.element_type()); });
     JAXCOMM_MPI_CHECK(call, MPI_Allgatherv, in, static_cast<int>(x.element_count()), dtype, out,
                       blocks.IntCounts(), blocks.IntDispls(), dtype, call.comm());
@@ -385,7 +372,7 @@ ffi::Error GathervImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuf
   const Blocks& blocks = Blocks::Of(0, counts, whole.row());
   const int rank = call.rank();
   void *in, *out;
-  JAXCOMM_RETURN_IF_ERROR(Buffers(memory, x, *y, &in, &out));
+  JAXCOMM_RETURN_IF_ERROR(memory.Buffers(x, *y, &in, &out));
   if (blocks.FitInt()) {
     call.Log([&] {
       return "MPI_Gatherv root " + std::to_string(root) + " " +
@@ -418,7 +405,7 @@ ffi::Error ScattervImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBu
   JAXCOMM_RETURN_IF_ERROR(MpiDatatype(x.element_type(), &dtype));
   const Blocks& blocks = Blocks::Of(0, counts, whole.row());
   void *in, *out;
-  JAXCOMM_RETURN_IF_ERROR(Buffers(memory, x, *y, &in, &out));
+  JAXCOMM_RETURN_IF_ERROR(memory.Buffers(x, *y, &in, &out));
   if (blocks.FitInt()) {
     call.Log([&] {
       return "MPI_Scatterv root " + std::to_string(root) + " " +
@@ -470,7 +457,7 @@ ffi::Error AlltoallvImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyB
                         " (the largest count or displacement, in rows)");
   }
   void *in, *out;
-  JAXCOMM_RETURN_IF_ERROR(Buffers(memory, x, *y, &in, &out));
+  JAXCOMM_RETURN_IF_ERROR(memory.Buffers(x, *y, &in, &out));
   if (static_cast<size_t>(max_rows) * row <= MaxCount()) {
     call.Log([&] { return "MPI_Alltoallv " + Elements(x.element_count(), x.element_type()); });
     JAXCOMM_MPI_CHECK(call, MPI_Alltoallv, in, send_blocks.IntCounts(), send_blocks.IntDispls(),
@@ -560,19 +547,6 @@ std::string ShapeError(const Call& call, const Exchange& e, const ffi::AnyBuffer
     return "the learned counts are not [2, size] of the index type";
   }
   return "";
-}
-
-int64_t IndexAt(const void* data, ffi::DataType type, size_t i) {
-  if (type == ffi::DataType::S32) return static_cast<const int32_t*>(data)[i];
-  return static_cast<const int64_t*>(data)[i];
-}
-
-void SetIndex(void* data, ffi::DataType type, size_t i, int64_t value) {
-  if (type == ffi::DataType::S32) {
-    static_cast<int32_t*>(data)[i] = static_cast<int32_t>(value);
-  } else {
-    static_cast<int64_t*>(data)[i] = value;
-  }
 }
 
 std::string Entry(const char* name, size_t p, int64_t value) {

@@ -95,6 +95,13 @@ class Memory {
     return ffi::Error::Success();
   }
   ffi::Error Zero(ffi::AnyBuffer& y) { return ZeroFrom(y, 0); }
+  // A call of one input and one output: the pointers MPI moves `x` and `y`
+  // through, ready for the MPI calls.
+  ffi::Error Buffers(const ffi::AnyBuffer& x, ffi::AnyBuffer& y, void** in, void** out) {
+    JAXCOMM_RETURN_IF_ERROR(Read(x, in));
+    JAXCOMM_RETURN_IF_ERROR(Output(y, out));
+    return Ready();
+  }
 };
 
 // Buffers in host memory: the CPU handlers'.

@@ -75,19 +75,6 @@ class RowType {
   MPI_Datatype type_ = MPI_DATATYPE_NULL;
 };
 
-int64_t IndexAt(const void* data, ffi::DataType type, size_t i) {
-  if (type == ffi::DataType::S32) return static_cast<const int32_t*>(data)[i];
-  return static_cast<const int64_t*>(data)[i];
-}
-
-void SetIndex(void* data, ffi::DataType type, size_t i, int64_t value) {
-  if (type == ffi::DataType::S32) {
-    static_cast<int32_t*>(data)[i] = static_cast<int32_t>(value);
-  } else {
-    static_cast<int64_t*>(data)[i] = value;
-  }
-}
-
 // Why the buffers cannot make this neighbor_alltoallv, or "".
 std::string CountsShapeError(const ffi::AnyBuffer& x, const ffi::AnyBuffer& output,
                              const ffi::AnyBuffer& counts, const ffi::AnyBuffer& y,
@@ -170,9 +157,7 @@ ffi::Error NeighborAlltoallImpl(const Call& call, Memory& memory, ffi::Token, ff
   LargeType type;
   JAXCOMM_RETURN_IF_ERROR(LargeType::Make(x.element_type(), block, call.comm(), &type));
   void *in, *out;
-  JAXCOMM_RETURN_IF_ERROR(memory.Read(x, &in));
-  JAXCOMM_RETURN_IF_ERROR(memory.Output(*y, &out));
-  JAXCOMM_RETURN_IF_ERROR(memory.Ready());
+  JAXCOMM_RETURN_IF_ERROR(memory.Buffers(x, *y, &in, &out));
   call.Log(
       [&] { return "MPI_Neighbor_alltoall " + Elements(x.element_count(), x.element_type()); });
   JAXCOMM_MPI_CHECK(call, MPI_Neighbor_alltoall, NotNull(in), type.count(), type.type(),
@@ -192,9 +177,7 @@ ffi::Error NeighborAllgatherImpl(const Call& call, Memory& memory, ffi::Token, f
   LargeType type;
   JAXCOMM_RETURN_IF_ERROR(LargeType::Make(x.element_type(), block, call.comm(), &type));
   void *in, *out;
-  JAXCOMM_RETURN_IF_ERROR(memory.Read(x, &in));
-  JAXCOMM_RETURN_IF_ERROR(memory.Output(*y, &out));
-  JAXCOMM_RETURN_IF_ERROR(memory.Ready());
+  JAXCOMM_RETURN_IF_ERROR(memory.Buffers(x, *y, &in, &out));
   call.Log([&] { return "MPI_Neighbor_allgather " + Elements(block, x.element_type()); });
   JAXCOMM_MPI_CHECK(call, MPI_Neighbor_allgather, NotNull(in), type.count(), type.type(),
                     NotNull(out), type.count(), type.type(), call.comm());
