@@ -1,26 +1,26 @@
 """PEP 517 backend: scikit-build-core, plus the mpich wheel when no MPI is found.
 
 The kernels compile against the MPI behind ``mpicc``. When neither
-``JAXCOMM_MPICC`` nor ``mpicc`` on ``PATH`` names one, the build environment
-gets the ``mpich`` wheel, the same MPI that ``pip install 'jaxcomm[mpich]'``
-installs for run time. And it compiles against the XLA FFI headers of the
+``JAXCOMM_MPICC`` nor a working ``mpicc`` on ``PATH`` names one
+(``mpi_wrapper.py``), the build environment gets the ``mpich`` wheel, the same
+MPI that ``pip install 'jaxcomm[mpich]'`` installs for run time. And it compiles against the XLA FFI headers of the
 jaxlib the wheel will run with (``target_jax.py``).
 """
 
 import os
-import shutil
 import sys
 
 from scikit_build_core import build as _backend
 from scikit_build_core.build import *  # noqa: F401,F403  (the PEP 517 hooks)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from mpi_wrapper import mpicc_on_path_works  # noqa: E402
 from target_jax import jaxlib_requirement  # noqa: E402
 
 
 def _requirements():
     jaxlib = [jaxlib_requirement()]
-    if os.environ.get("JAXCOMM_MPICC") or shutil.which("mpicc"):
+    if os.environ.get("JAXCOMM_MPICC") or mpicc_on_path_works():
         return jaxlib
     return [*jaxlib, "mpich"]
 

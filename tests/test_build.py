@@ -184,3 +184,30 @@ def test_kernels_built_for_a_newer_ffi_api_are_refused_at_import_with_the_fix(tm
         in done.stderr
     )
     assert f"runs jaxlib {jaxlib.__version__}" in done.stderr
+
+
+WRAPPER = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import mpi_wrapper
+print(mpi_wrapper.mpicc_on_path_works())
+"""
+
+
+@pytest.mark.parametrize("exit_code, works", [(0, True), (127, False)])
+def test_the_build_uses_an_mpicc_on_path_only_if_it_runs(tmp_path, exit_code, works):
+    # A pyenv shim for an uninstalled MPI's mpicc exits 127; building
+    # against it fails in CMake, so the backend must fetch the mpich wheel.
+    mpicc = tmp_path / "mpicc"
+    mpicc.write_text(f"#!/bin/sh\nexit {exit_code}\n")
+    mpicc.chmod(0o755)
+    env = dict(os.environ, PATH=f"{tmp_path}{os.pathsep}/usr/bin{os.pathsep}/bin")
+    done = subprocess.run(
+        [sys.executable, "-c", WRAPPER, str(_ROOT / "_build")],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(works)]
+    assert ("does not run" in done.stderr) == (not works)
