@@ -10,7 +10,9 @@
 
 #include <cstdint>
 #include <limits>
+#include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common.h"
@@ -31,6 +33,90 @@ ffi::Error NeighborDegrees(const Call& call, int* indegree, int* outdegree) {
   } else {
     return call.Invalid("the communicator has no distributed graph or Cartesian topology");
   }
+  return ffi::Error::Success();
+}
+
+namespace {
+
+// What the library does with the blocks of a Cartesian dimension whose two
+// neighbours are one process, as the communicator's attribute (0: not yet
+// probed).
+enum class DuplicateEdges : intptr_t { kUnknown = 0, kAsMpiDefines = 1, kListOrder = 2 };
+
+int DuplicateEdgesKeyval() {
+  static int keyval = MPI_KEYVAL_INVALID;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, MPI_COMM_NULL_DELETE_FN, &keyval, nullptr);
+  });
+  return keyval;
+}
+
+// Sends block number s as block s to every neighbour and reads which
+// number arrived in each of the blocks of the `doubled` dimensions.
+ffi::Error ProbeDuplicateEdges(const Call& call, int ndims, const std::vector<int>& doubled,
+                               DuplicateEdges* found) {
+  const int blocks = 2 * ndims;
+  std::vector<int> sent(blocks), received(blocks, -1), counts(blocks, 1);
+  std::vector<MPI_Aint> displs(blocks);
+  std::vector<MPI_Datatype> types(blocks, MPI_INT);
+  for (int s = 0; s < blocks; ++s) {
+    sent[s] = s;
+    displs[s] = static_cast<MPI_Aint>(s * sizeof(int));
+  }
+  MPI_Request request;
+  JAXCOMM_MPI_CHECK(call, MPI_Ineighbor_alltoallw, sent.data(), counts.data(), displs.data(),
+                    types.data(), received.data(), counts.data(), displs.data(), types.data(),
+                    call.comm(), &request);
+  JAXCOMM_MPI_CHECK(call, MPI_Wait, &request, MPI_STATUS_IGNORE);
+  bool defined = true, listed = true;
+  for (int d : doubled) {
+    defined = defined && received[2 * d] == 2 * d + 1 && received[2 * d + 1] == 2 * d;
+    listed = listed && received[2 * d] == 2 * d && received[2 * d + 1] == 2 * d + 1;
+  }
+  if (defined == listed) {
+    return call.Invalid(
+        "MPI_Ineighbor_alltoallw delivered the blocks of a Cartesian dimension whose two "
+        "neighbours are one process in an order that is neither MPI's nor list order");
+  }
+  *found = defined ? DuplicateEdges::kAsMpiDefines : DuplicateEdges::kListOrder;
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+ffi::Error NeighborReceiveOrder(const Call& call, std::vector<int>* order) {
+  order->clear();
+  int topology;
+  JAXCOMM_MPI_CHECK(call, MPI_Topo_test, call.comm(), &topology);
+  if (topology != MPI_CART) return ffi::Error::Success();
+  int ndims;
+  JAXCOMM_MPI_CHECK(call, MPI_Cartdim_get, call.comm(), &ndims);
+  std::vector<int> dims(ndims), periods(ndims), coords(ndims), doubled;
+  JAXCOMM_MPI_CHECK(call, MPI_Cart_get, call.comm(), ndims, dims.data(), periods.data(),
+                    coords.data());
+  for (int d = 0; d < ndims; ++d) {
+    if (periods[d] && dims[d] <= 2) doubled.push_back(d);
+  }
+  if (doubled.empty()) return ffi::Error::Success();
+
+  const int keyval = DuplicateEdgesKeyval();
+  void* value = nullptr;
+  int present = 0;
+  JAXCOMM_MPI_CHECK(call, MPI_Comm_get_attr, call.comm(), keyval, &value, &present);
+  auto rule = present ? static_cast<DuplicateEdges>(reinterpret_cast<intptr_t>(value))
+                      : DuplicateEdges::kUnknown;
+  if (rule == DuplicateEdges::kUnknown) {
+    // Every rank of the communicator gets here at the same point: the
+    // dimensions are the communicator's, and so is the attribute.
+    JAXCOMM_RETURN_IF_ERROR(ProbeDuplicateEdges(call, ndims, doubled, &rule));
+    JAXCOMM_MPI_CHECK(call, MPI_Comm_set_attr, call.comm(), keyval,
+                      reinterpret_cast<void*>(static_cast<intptr_t>(rule)));
+  }
+  if (rule == DuplicateEdges::kAsMpiDefines) return ffi::Error::Success();
+  order->resize(2 * ndims);
+  for (int s = 0; s < 2 * ndims; ++s) (*order)[s] = s;
+  for (int d : doubled) std::swap((*order)[2 * d], (*order)[2 * d + 1]);
   return ffi::Error::Success();
 }
 

@@ -3,6 +3,8 @@
 #ifndef JAXCOMM_KERNELS_NEIGHBOR_H_
 #define JAXCOMM_KERNELS_NEIGHBOR_H_
 
+#include <vector>
+
 #include "call.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -14,6 +16,26 @@ namespace ffi = xla::ffi;
 // communicator with a distributed graph or Cartesian topology; an error on
 // any other.
 ffi::Error NeighborDegrees(const Call& call, int* indegree, int* outdegree);
+
+// Where each incoming block of MPI_Ineighbor_alltoall must land, on a
+// communicator whose MPI library matches the blocks of two neighbours that
+// are the same process in list order instead of as MPI defines.
+//
+// In a periodic dimension of 1 or 2 processes of a Cartesian grid, both
+// neighbours of a dimension are the same process, and MPI-4.1 (section 8.6,
+// an erratum to MPI-3.1) says block 2d+1 sent lands in block 2d received and
+// block 2d in block 2d+1. The blocking collectives of MPICH and Open MPI do
+// so; Open MPI's nonblocking ones (libnbc, 5.0.11 and earlier) instead put
+// block s in block s. Which rule the library follows is found once per
+// communicator, on its first MPI_Ineighbor_alltoall, by a probe exchange of
+// block numbers (MPI_Ineighbor_alltoallw, the call the fix uses) and kept
+// as an attribute of the communicator.
+//
+// `order` comes back empty when nothing needs fixing (no such dimension, or
+// the library follows MPI); otherwise it has one entry per incoming block,
+// the block of the result it must land in (the two blocks of each such
+// dimension swapped), for MPI_Ineighbor_alltoallw's receive displacements.
+ffi::Error NeighborReceiveOrder(const Call& call, std::vector<int>* order);
 
 // Fails unless `b` has a leading axis of `blocks` (a degree) entries.
 ffi::Error CheckBlocks(const Call& call, const char* buffer, const ffi::AnyBuffer& b, int blocks,

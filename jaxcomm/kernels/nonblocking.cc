@@ -78,10 +78,13 @@ struct Slot {
   // and the memory MPI uses for them until the wait.
   Held send;
   Held recv;
-  // The int counts and displacements of MPI_Ialltoallv, which MPI reads
+  // The int counts and displacements of MPI_Ialltoallv, and the counts,
+  // byte displacements and types of MPI_Ineighbor_alltoallw, which MPI reads
   // until the wait. Their capacity stays with the slot, so a start reusing
   // it allocates nothing.
   std::vector<int> counts;
+  std::vector<MPI_Aint> displs;
+  std::vector<MPI_Datatype> types;
 };
 
 struct Table {
@@ -515,7 +518,11 @@ ffi::Error StartBlocks(const Call& call, Memory& memory, const char* function, f
   const size_t size = static_cast<size_t>(call.size());
   size_t block_count;
   int indegree = 0, outdegree = 0;
+  std::vector<int> order;
   if (neighbors) JAXCOMM_RETURN_IF_ERROR(NeighborDegrees(call, &indegree, &outdegree));
+  if (blocked == Blocked::kNeighborAlltoall) {
+    JAXCOMM_RETURN_IF_ERROR(NeighborReceiveOrder(call, &order));
+  }
   const auto per_source = [&] { return "indegree " + std::to_string(indegree) + " blocks"; };
   switch (blocked) {
     case Blocked::kNeighborAlltoall:
@@ -560,7 +567,28 @@ ffi::Error StartBlocks(const Call& call, Memory& memory, const char* function, f
     const std::string rooted = root == kNoPeer ? "" : " root " + std::to_string(root);
     return std::string(function) + rooted + " " + Elements(x.element_count(), x.element_type());
   });
-  const int rc = blocks(NotNull(in), block.count(), block.type(), NotNull(out), start.request());
+  int rc;
+  if (!order.empty()) {
+    // Blocks of duplicate Cartesian edges go where MPI says, whatever order
+    // the library matches them in (NeighborReceiveOrder).
+    Slot& slot = start.slot();
+    const size_t n = order.size();
+    const MPI_Aint block_bytes =
+        static_cast<MPI_Aint>(block_count * ffi::ByteWidth(x.element_type()));
+    slot.counts.assign(n, block.count());
+    slot.types.assign(n, block.type());
+    slot.displs.resize(2 * n);
+    for (size_t s = 0; s < n; ++s) {
+      slot.displs[s] = static_cast<MPI_Aint>(s) * block_bytes;
+      slot.displs[n + s] = static_cast<MPI_Aint>(order[s]) * block_bytes;
+    }
+    rc = MPI_Ineighbor_alltoallw(NotNull(in), slot.counts.data(), slot.displs.data(),
+                                 slot.types.data(), NotNull(out), slot.counts.data(),
+                                 slot.displs.data() + n, slot.types.data(), call.comm(),
+                                 start.request());
+  } else {
+    rc = blocks(NotNull(in), block.count(), block.type(), NotNull(out), start.request());
+  }
   if (rc != MPI_SUCCESS) return MpiFailure(function, rc, call);
   return start.Started();
 }
