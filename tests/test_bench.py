@@ -19,7 +19,7 @@ import pytest
 from conftest import environment_without_launcher, mpiexec, spawns_own_mpi
 
 from jaxcomm import bench
-from jaxcomm.bench import gpu, native, report, scaling
+from jaxcomm.bench import gpu, model, native, report, scaling
 from jaxcomm.bench.routes import c_floor
 
 FIELDS = {
@@ -253,7 +253,7 @@ def test_json_is_written_by_one_writer(tmp_path):
     assert json.loads(text) == {"meta": {"ranks": 2}, "records": [dataclasses.asdict(record)]}
 
 
-COMMANDS = ["compare", "eager_memory", "gpu", "nan_minmax", "overlap", "scaling", "soak"]
+COMMANDS = ["compare", "eager_memory", "gpu", "model", "nan_minmax", "overlap", "scaling", "soak"]
 
 
 @pytest.mark.parametrize("name", COMMANDS)
@@ -526,3 +526,96 @@ def test_goal_misses_name_the_ops_and_sizes_past_the_large_message_goal():
         "gather 4 MiB jit: jaxcomm 2.00x mpi4py + plain",
     ]
     assert "gather 4 MiB jit: jaxcomm 2.00x mpi4py + plain" in report.summary(records, [])
+
+
+# The cost model (jaxcomm.bench.model) ------------------------------------------
+
+KNOWN_FIT = model.Fit(
+    transport=model.Transport(latency=2e-6, per_byte=1e-10),
+    per_byte_reduced=5e-11,
+    cores=2,
+    busy_latency=4e-6,
+    busy_per_byte=3e-10,
+    overhead={"allreduce": 3e-7, "sendrecv": 5e-7, "ragged": 2e-6},
+)
+
+
+def _records_from(fit, ranks):
+    """Loop-mode records whose times are what ``fit`` predicts (1 rank: a floor of 1 us)."""
+    records = []
+    for op in model.MODEL_OPS:
+        for size in model.SIZES:
+            for p in ranks:
+                nbytes = int(
+                    np.prod(bench.operations.input_shape(bench.operations.OPS[op], size, p))
+                )
+                nbytes *= 4
+                for impl in (c_floor.FLOOR, model.JAXCOMM):
+                    t = model.predict(op, nbytes, p, impl, fit) + (1e-6 if p == 1 else 0.0)
+                    records.append(
+                        {"op": op, "message": size, "nbytes": nbytes, "ranks": p, "impl": impl}
+                        | {"mode": "loop", "time_s": t}
+                    )
+    return records
+
+
+def test_the_model_counts_mpich_s_allreduce_rounds():
+    unit = model.Transport(latency=1.0, per_byte=0.0)
+    # Recursive doubling: log2(p) rounds, and two more exchanges when p is
+    # not a power of two.
+    assert model.allreduce_time(8, 8, unit, 0.0) == 3
+    assert model.allreduce_time(8, 6, unit, 0.0) == 2 + 2
+    assert model.allreduce_time(8, 1, unit, 0.0) == 0
+    # Reduce-scatter then allgather: 2 log2(p) latencies, 2 (p-1)/p n bytes
+    # moved and (p-1)/p n bytes reduced.
+    wire = model.Transport(latency=0.0, per_byte=1.0)
+    assert model.allreduce_time(4096, 4, wire, 0.0) == 2 * 0.75 * 4096
+    assert model.allreduce_time(4096, 4, model.Transport(1.0, 0.0), 0.0) == 4
+    assert model.allreduce_time(4096, 4, model.Transport(0.0, 0.0), 1.0) == 0.75 * 4096
+
+
+def test_the_ragged_exchange_costs_a_message_per_peer_each_way():
+    unit = model.Transport(latency=1.0, per_byte=0.0)
+    assert model.ragged_time(1024, 16, unit) == 2 * 15
+    # The bench's counts: whole blocks to even-distance peers, half to the others.
+    assert model.ragged_sent_bytes(4 * 4 * 8, 4) == 4 * (8 + 4 + 8 + 4 - 8)
+
+
+def test_the_model_recovers_its_parameters_and_predicts_what_it_was_built_from():
+    ranks = [1, 2, 4, 8, 16]
+    records = _records_from(KNOWN_FIT, ranks)
+    fit = model.calibrate(records, 2)
+    assert fit.transport.latency == pytest.approx(KNOWN_FIT.transport.latency)
+    assert fit.transport.per_byte == pytest.approx(KNOWN_FIT.transport.per_byte)
+    assert fit.per_byte_reduced == pytest.approx(KNOWN_FIT.per_byte_reduced)
+    assert fit.busy_latency == pytest.approx(KNOWN_FIT.busy_latency)
+    assert fit.busy_per_byte == pytest.approx(KNOWN_FIT.busy_per_byte)
+    assert fit.overhead == pytest.approx(KNOWN_FIT.overhead)
+    rows = model.check(records, fit, first_busy=4)
+    assert {(c["ranks"], c["route"]) for c in rows} == {
+        (p, route) for p in ranks[1:] for route in (c_floor.FLOOR, model.JAXCOMM)
+    }
+    assert all(c["ratio"] == pytest.approx(1.0) for c in rows)
+    assert any(not c["calibration"] for c in rows)
+    assert model.worst_ratio(rows, oversubscribed=True) == pytest.approx(1.0)
+    # A measurement twice as slow as predicted shows as a factor of 2.
+    slow = [dict(r, time_s=2 * r["time_s"]) if r["ranks"] == 8 else r for r in records]
+    assert model.worst_ratio(model.check(slow, fit, 4), oversubscribed=True) == pytest.approx(2.0)
+
+
+def test_the_model_command_reads_measurements_and_predicts_many_nodes(tmp_path, capsys):
+    path = tmp_path / "measured.json"
+    data = {"meta": {"cores": 2}, "records": _records_from(KNOWN_FIT, [1, 2, 4, 8])}
+    path.write_text(json.dumps(data))
+    out_path = tmp_path / "model.json"
+    assert model.main(["--measured", str(path), "--json", str(out_path)]) == 0
+    out = capsys.readouterr().out
+    assert "worst prediction oversubscribed: within a factor 1.00" in out
+    header = next(line for line in out.splitlines() if line.startswith("op ") and "16384" in line)
+    assert "64 ranks us" in header and "1024 ranks us" in header
+    written = json.loads(out_path.read_text())
+    predictions = written["network"]["predictions"]
+    small = {c["ranks"]: c for c in predictions if (c["op"], c["message"]) == ("allreduce", 8)}
+    # log2(p) rounds of 1 us each on the assumed network, plus jaxcomm's cost.
+    assert small[1024]["floor_s"] == pytest.approx(10 * (1e-6 + 8 * (1 / 12e9 + 5e-11)))
+    assert small[1024]["jaxcomm_s"] == pytest.approx(small[1024]["floor_s"] + 3e-7)

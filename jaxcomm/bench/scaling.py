@@ -71,8 +71,10 @@ def launcher(ranks: int) -> list[str]:
     return [found, *extra, "-n", str(ranks)]
 
 
-def bench_run(ranks: int, options: Sequence[str], timeout: float) -> dict[str, Any]:
-    """One ``jaxcomm.bench`` launch: its JSON, or ``{"error": why}``."""
+def bench_run(
+    ranks: int, options: Sequence[str], timeout: float, env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """One ``jaxcomm.bench`` launch (``env``: variables to add): its JSON, or ``{"error": why}``."""
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "bench.json")
         command = [
@@ -86,7 +88,13 @@ def bench_run(ranks: int, options: Sequence[str], timeout: float) -> dict[str, A
             path,
         ]
         try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+            done = subprocess.run(
+                command,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                env=None if env is None else {**os.environ, **env},
+            )
         except subprocess.TimeoutExpired:
             return {"error": f"timed out after {timeout:.0f} s"}
         if done.returncode or not os.path.exists(path):
@@ -196,6 +204,41 @@ def plot_scaling(path: str, records: Sequence[dict[str, Any]], busy: set[int], t
     save_figure(plt, fig, axes[0][0], title, path)
 
 
+def measure(
+    ranks: Sequence[int],
+    options: Sequence[str],
+    sizes: Sequence[int],
+    timeout: float,
+    env: dict[str, str] | None = None,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``jaxcomm.bench`` with ``options`` at each rank count: the records and one entry per run.
+
+    Each record gets its requested size (``message``) and ``oversubscribed``;
+    a run that fails is reported on stdout and in its entry (``error``), and
+    the others go on.
+    """
+    available = cores()
+    records, runs = [], []
+    for n in ranks:
+        busy = n > available
+        label = f"{n} ranks" + (f", oversubscribed ({available} cores)" if busy else "")
+        print(f"# {label}: mpiexec -n {n} python -m jaxcomm.bench", flush=True)
+        data = bench_run(n, options, timeout, env)
+        run = {"ranks": n, "oversubscribed": busy}
+        if "error" in data:
+            print(f"# {n} ranks: failed, {data['error']}", flush=True)
+            runs.append({**run, "error": data["error"]})
+            continue
+        for name, note in data["meta"].get("notes", {}).items():
+            print(f"# {n} ranks: {name}: {note}", flush=True)
+        runs.append({**run, "meta": data["meta"]})
+        records += [
+            {**r, "message": message_size(r, sizes), "oversubscribed": busy}
+            for r in data["records"]
+        ]
+    return records, runs
+
+
 def parser() -> argparse.ArgumentParser:
     """The options; those after ``--`` go to every ``jaxcomm.bench`` run."""
     p = argparse.ArgumentParser(description="jaxcomm.bench at 1, 2, 4 and 8 ranks.")
@@ -241,23 +284,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     options += ["--quick"] if args.quick else []
     available = cores()
     busy = {n for n in args.ranks if n > available}
-    records, runs = [], []
-    for n in args.ranks:
-        label = f"{n} ranks" + (f", oversubscribed ({available} cores)" if n in busy else "")
-        print(f"# {label}: mpiexec -n {n} python -m jaxcomm.bench", flush=True)
-        data = bench_run(n, [*options, *extra], args.timeout)
-        run = {"ranks": n, "oversubscribed": n in busy}
-        if "error" in data:
-            print(f"# {n} ranks: failed, {data['error']}", flush=True)
-            runs.append({**run, "error": data["error"]})
-            continue
-        for name, note in data["meta"].get("notes", {}).items():
-            print(f"# {n} ranks: {name}: {note}", flush=True)
-        runs.append({**run, "meta": data["meta"]})
-        records += [
-            {**r, "message": message_size(r, sizes), "oversubscribed": n in busy}
-            for r in data["records"]
-        ]
+    records, runs = measure(args.ranks, [*options, *extra], sizes, args.timeout)
     print(f"# jaxcomm.bench.scaling: {available} cores; * = oversubscribed (more ranks than cores)")
     print("# times: microseconds per op, median of repeats (slowest rank)")
     print(scaling_table(records, args.ranks, busy))
