@@ -51,11 +51,11 @@ def _compare(jc, program, x):
             np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
 
 
-# name: (op on this rank's y, shape of y from (size, rank)). The nonblocking
-# operations are not checked here yet: ireduce with MPI.MAX, whose wait's rule
-# makes the tangent with blocking collectives, hangs with the operand
-# constant on other ranks.
-_OPS = {op.id: (op.call, op.shape) for op in select(GRAD) if op.family != "nonblocking"}
+# name: (op on this rank's y, shape of y from (size, rank)), every
+# differentiable operation of the table, nonblocking ones included (for
+# ireduce with MPI.MAX the wait's rule makes the tangent with blocking
+# collectives, on every rank alike).
+_OPS = {op.id: (op.call, op.shape) for op in select(GRAD)}
 _OPS["pytree"] = (
     lambda jc, y: jc.allreduce({"a": y, "b": [2 * y[0]]})["b"][0],
     lambda size, rank: (2, 3),
