@@ -576,9 +576,12 @@ def test_the_model_counts_mpich_s_allreduce_rounds():
 
 def test_the_ragged_exchange_costs_a_message_per_peer_each_way():
     unit = model.Transport(latency=1.0, per_byte=0.0)
-    assert model.ragged_time(1024, 16, unit) == 2 * 15
-    # The bench's counts: whole blocks to even-distance peers, half to the others.
-    assert model.ragged_sent_bytes(4 * 4 * 8, 4) == 4 * (8 + 4 + 8 + 4 - 8)
+    assert model.ragged_time(1024, 16, unit, 0.0) == 2 * 15
+    # The bench's counts: whole blocks to even-distance peers, half to the
+    # others; rank 0 keeps its own whole block.
+    assert model.ragged_sent_bytes(4 * 4 * 8, 4) == (4 * (4 + 8 + 4), 4 * 8)
+    copy = model.Transport(latency=0.0, per_byte=0.0)
+    assert model.ragged_time(4 * 4 * 8, 4, copy, 1.0) == 4 * 8
 
 
 def test_the_model_recovers_its_parameters_and_predicts_what_it_was_built_from():

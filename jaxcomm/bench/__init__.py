@@ -36,7 +36,8 @@ The package, one module per concern:
 - commands of their own, each ``python -m jaxcomm.bench.<name>``:
   :mod:`~jaxcomm.bench.compare` (mpi4jax and JAX's collectives beside
   jaxcomm), :mod:`~jaxcomm.bench.scaling` (this command at 1 to 8 ranks),
-  :mod:`~jaxcomm.bench.soak`, :mod:`~jaxcomm.bench.eager_memory`,
+  :mod:`~jaxcomm.bench.model` (a cost model checked against measurements
+  and extrapolated to many nodes), :mod:`~jaxcomm.bench.soak`, :mod:`~jaxcomm.bench.eager_memory`,
   :mod:`~jaxcomm.bench.nan_minmax`, :mod:`~jaxcomm.bench.overlap` and
   :mod:`~jaxcomm.bench.gpu`.
 

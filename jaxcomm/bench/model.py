@@ -20,7 +20,8 @@ inverse bandwidth, per round of the MPI algorithm):
   ``q`` the largest power of two up to p, and two more exchanges of the
   whole message when p is not one);
 - ragged exchange: ``p - 1`` messages for the counts and ``p - 1`` for the
-  rows, ``2 (p-1) a``, plus the bytes sent to other ranks times b;
+  rows, ``2 (p-1) a``, plus the bytes sent to other ranks times b and the
+  rows a rank keeps (its block to itself, a copy) times this machine's b;
 - jaxcomm: the floor plus a fixed cost per operation, its 1-rank 8 B time
   less the floor's.
 
@@ -132,29 +133,34 @@ def halo_time(nbytes: int, ranks: int, t: Transport) -> float:
     return 0.0 if ranks == 1 else t.latency + nbytes * t.per_byte
 
 
-def ragged_sent_bytes(nbytes: int, ranks: int, rank: int = 0) -> int:
-    """Bytes the bench's ragged exchange sends from ``rank`` to other ranks."""
+def ragged_sent_bytes(nbytes: int, ranks: int, rank: int = 0) -> tuple[int, int]:
+    """Bytes the bench's ragged exchange sends from ``rank`` to other ranks, and to itself."""
     shape = input_shape(OPS["ragged"], nbytes, ranks)
     counts = ragged_counts(rank, ranks, shape[1])
-    return 4 * (sum(counts) - counts[rank])
+    return 4 * (sum(counts) - counts[rank]), 4 * counts[rank]
 
 
-def ragged_time(nbytes: int, ranks: int, t: Transport) -> float:
-    """Seconds for the counts' exchange and the rows' exchange of the ragged step."""
+def ragged_time(nbytes: int, ranks: int, t: Transport, local_per_byte: float) -> float:
+    """Seconds for the counts' exchange and the rows' exchange of the ragged step.
+
+    ``local_per_byte``: the cost of the block a rank copies to itself.
+    """
     if ranks == 1:
         return 0.0
-    return 2 * (ranks - 1) * t.latency + ragged_sent_bytes(nbytes, ranks) * t.per_byte
+    others, own = ragged_sent_bytes(nbytes, ranks)
+    return 2 * (ranks - 1) * t.latency + others * t.per_byte + own * local_per_byte
 
 
 def mpi_time(op: str, nbytes: int, ranks: int, fit: Fit, t: Transport | None = None) -> float:
     """The floor's predicted seconds for ``op`` (``t``: another transport's parameters)."""
-    t = fit.at(ranks) if t is None else t
+    local = fit.at(ranks)
+    t = local if t is None else t
     if op == "allreduce":
         return allreduce_time(nbytes, ranks, t, fit.per_byte_reduced)
     if op == "sendrecv":
         return halo_time(nbytes, ranks, t)
     if op == "ragged":
-        return ragged_time(nbytes, ranks, t)
+        return ragged_time(nbytes, ranks, t, local.per_byte)
     raise ValueError(f"no model for {op!r}: the model covers {', '.join(MODEL_OPS)}")
 
 
@@ -246,14 +252,28 @@ def check(records: Sequence[dict[str, Any]], fit: Fit, first_busy: int | None) -
     return sorted(rows, key=lambda c: (c["op"], c["message"], c["route"], c["ranks"]))
 
 
+def _factor(row: dict) -> float:
+    return max(row["ratio"], 1 / row["ratio"])
+
+
 def worst_ratio(rows: Sequence[dict], *, oversubscribed: bool) -> float | None:
     """The largest factor between prediction and measurement among the predicted rows."""
     factors = [
-        max(c["ratio"], 1 / c["ratio"])
+        _factor(c)
         for c in rows
         if not c["calibration"] and c["oversubscribed"] == oversubscribed and c["ratio"] > 0
     ]
     return max(factors) if factors else None
+
+
+def worst_by_size_and_ranks(rows: Sequence[dict]) -> dict[tuple[int, int], float]:
+    """The largest factor between prediction and measurement, by requested size and rank count."""
+    worst: dict[tuple[int, int], float] = {}
+    for c in rows:
+        if not c["calibration"] and c["ratio"] > 0:
+            key = (c["message"], c["ranks"])
+            worst[key] = max(worst.get(key, 1.0), _factor(c))
+    return worst
 
 
 def network_predictions(
@@ -336,8 +356,18 @@ def report(
         if worst is not None:
             out.append(f"# worst prediction {label}: within a factor {worst:.2f}")
     if tcp_rows:
-        worst = max(max(c["ratio"], 1 / c["ratio"]) for c in tcp_rows if not c["calibration"])
+        worst = max(_factor(c) for c in tcp_rows if not c["calibration"])
         out.append(f"# worst prediction over TCP: within a factor {worst:.2f}")
+    by = worst_by_size_and_ranks(rows)
+    if by:
+        out.append("# the worst factor between prediction and measurement, by size and ranks")
+        ranks = sorted({p for _, p in by})
+        header = ["size", *(f"{p}{'*' if p > fit.cores else ''} ranks" for p in ranks)]
+        table = [
+            [format_size(size), *(f"{by[size, p]:.2f}" if (size, p) in by else "" for p in ranks)]
+            for size in sorted({size for size, _ in by})
+        ]
+        out.append(format_table(header, table, left=1))
     out.append(
         f"# many nodes: a = {ib.latency * 1e6:.3g} us, 1/b = {1e-9 / ib.per_byte:.3g} GB/s "
         "(assumed), one rank per node, this machine's g and jaxcomm costs"
