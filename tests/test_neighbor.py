@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import RUNTIME_ERRORS, not_reported_again, rank_data, unchanged
+from conftest import RUNTIME_ERRORS, mpi_debug, not_reported_again, rank_data, unchanged
 from mpi4py import MPI
 
 from jaxcomm import JaxComm
@@ -151,6 +151,12 @@ def graphs(jc):
         g.free()
 
 
+# Block widths (float32) on either side of the kernel's 64 KiB point-to-point
+# limit: small blocks go as MPI_Isend/MPI_Irecv per edge, large ones to MPI's
+# neighbourhood collective.
+WIDTHS = [3, 17000]
+
+
 GRIDS = {
     "ring": lambda size: ([size], [True]),
     "line": lambda size: ([size], [False]),
@@ -249,6 +255,34 @@ def test_alltoall_matches_the_model(jc, graphs, seed, trailing, dtype, mode):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("width", WIDTHS)
+def test_small_blocks_go_per_edge_and_large_ones_to_mpi_s_collective(
+    jc, graphs, seed, width, capfd
+):
+    g, sources, destinations = graphs[seed]
+    blocks = [_blocks_of(destinations, r, (width,), np.float32) for r in range(jc.size)]
+    want = model_alltoall(blocks, sources, destinations)[jc.rank]
+    x = jnp.asarray(blocks[jc.rank])
+    gx = jnp.asarray(rank_data(jc.rank, (width,), np.float32))
+    capfd.readouterr()
+    with mpi_debug():
+        got = jax.block_until_ready(g.neighbor_alltoall(x))
+        got_gathered = jax.block_until_ready(g.neighbor_allgather(gx))
+    lines = [line for line in capfd.readouterr().err.splitlines() if " | MPI_Neighbor_" in line]
+    np.testing.assert_array_equal(np.asarray(got), want)
+    gathered = [
+        np.broadcast_to(rank_data(r, (width,), np.float32), (len(destinations[r]), width))
+        for r in range(jc.size)
+    ]
+    want_gathered = model_alltoall(gathered, sources, destinations)[jc.rank]
+    np.testing.assert_array_equal(np.asarray(got_gathered), want_gathered)
+    per_edge = width * 4 <= 64 * 1024
+    assert len(lines) == 2
+    assert all(line.endswith("as MPI_Isend and MPI_Irecv per edge") == per_edge for line in lines)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("shape", [(), (2, 3)])
 @pytest.mark.parametrize("mode", ["eager", "jit"])
 def test_allgather_matches_the_model(jc, graphs, seed, shape, mode):
@@ -322,19 +356,20 @@ def test_alltoallv_counts_computed_inside_jit(jc, graphs, seed):
 @pytest.mark.mpi
 @pytest.mark.parametrize("name", sorted(GRIDS))
 @pytest.mark.parametrize("mode", ["eager", "jit"])
-def test_cartesian_halo_in_one_call(jc, grids, name, mode):
+@pytest.mark.parametrize("width", WIDTHS)
+def test_cartesian_halo_in_one_call(jc, grids, name, mode, width):
     grid = grids[name]
     dims, periods = GRIDS[name](jc.size)
     lists = grid_lists(dims, periods)
     assert grid.sources == grid.destinations == tuple(lists[grid.rank])
-    blocks = [rank_data(r, (2 * len(dims), 3), np.float32) + 1 for r in range(jc.size)]
+    blocks = [rank_data(r, (2 * len(dims), width), np.float32) + 1 for r in range(jc.size)]
     want = model_grid(blocks, dims, periods)[grid.rank]
     call = grid.neighbor_alltoall if mode == "eager" else jax.jit(grid.neighbor_alltoall)
     np.testing.assert_array_equal(call(blocks[grid.rank]), want)
     # allgather: the same with one block sent every way.
-    x = rank_data(grid.rank, (3,), np.float32) + 1
+    x = rank_data(grid.rank, (width,), np.float32) + 1
     gathered = [
-        np.stack([rank_data(r, (3,), np.float32) + 1] * 2 * len(dims)) for r in range(jc.size)
+        np.stack([rank_data(r, (width,), np.float32) + 1] * 2 * len(dims)) for r in range(jc.size)
     ]
     call = grid.neighbor_allgather if mode == "eager" else jax.jit(grid.neighbor_allgather)
     np.testing.assert_array_equal(call(x), model_grid(gathered, dims, periods)[grid.rank])

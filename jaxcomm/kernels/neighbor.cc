@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -225,6 +226,131 @@ std::string CountsError(const std::vector<int64_t>& sendcounts,
   return "";
 }
 
+// Blocks of up to this many bytes go by point-to-point messages, one
+// MPI_Irecv and one MPI_Isend per edge and one MPI_Waitall, instead of
+// MPI_Neighbor_alltoall or MPI_Neighbor_allgather: MPICH makes those a
+// nonblocking schedule and waits for it, which costs about a microsecond a
+// call, more than a loop of sendrecvs costs on one or two neighbours. Larger
+// blocks go to MPI's own collective. Block sizes match on every rank, so
+// every rank takes the same path.
+constexpr size_t kPointToPointBytes = size_t{64} << 10;
+
+// A topology's edges as messages: a duplicate of the communicator, on which
+// no other message travels, the neighbours in MPI's order, and the tag of
+// each block. On a graph every tag is 0, so the k-th block to a process
+// matches the k-th block it expects from this one. On a Cartesian grid block
+// s goes with tag s and block r is received with tag r ^ 1: a block sent
+// towards the positive side of a dimension lands in the negative-side block
+// of the receiver, as MPI defines, also where both neighbours of a dimension
+// are one process.
+struct Edges {
+  MPI_Comm comm = MPI_COMM_NULL;
+  std::vector<int> sources, destinations, receive_tags, send_tags;
+};
+
+int DeleteEdges(MPI_Comm, int, void* value, void*) {
+  auto* edges = static_cast<Edges*>(value);
+  if (edges->comm != MPI_COMM_NULL) MPI_Comm_free(&edges->comm);
+  delete edges;
+  return MPI_SUCCESS;
+}
+
+int EdgesKeyval() {
+  static int keyval = MPI_KEYVAL_INVALID;
+  static std::once_flag once;
+  std::call_once(
+      once, [] { MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, DeleteEdges, &keyval, nullptr); });
+  return keyval;
+}
+
+// The communicator's Edges, made on first use (MPI_Comm_dup: every rank of
+// the communicator gets here at the same point, on the same path).
+ffi::Error EdgesOf(const Call& call, const Edges** found) {
+  const int keyval = EdgesKeyval();
+  void* value = nullptr;
+  int present = 0;
+  JAXCOMM_MPI_CHECK(call, MPI_Comm_get_attr, call.comm(), keyval, &value, &present);
+  if (present) {
+    *found = static_cast<const Edges*>(value);
+    return ffi::Error::Success();
+  }
+  auto edges = std::make_unique<Edges>();
+  int topology;
+  JAXCOMM_MPI_CHECK(call, MPI_Topo_test, call.comm(), &topology);
+  if (topology == MPI_CART) {
+    int ndims;
+    JAXCOMM_MPI_CHECK(call, MPI_Cartdim_get, call.comm(), &ndims);
+    for (int d = 0; d < ndims; ++d) {
+      int negative, positive;
+      JAXCOMM_MPI_CHECK(call, MPI_Cart_shift, call.comm(), d, 1, &negative, &positive);
+      for (int side : {negative, positive}) {
+        const int s = static_cast<int>(edges->sources.size());
+        edges->sources.push_back(side);
+        edges->destinations.push_back(side);
+        edges->send_tags.push_back(s);
+        edges->receive_tags.push_back(s ^ 1);
+      }
+    }
+  } else {
+    int indegree, outdegree, weighted;
+    JAXCOMM_MPI_CHECK(call, MPI_Dist_graph_neighbors_count, call.comm(), &indegree, &outdegree,
+                      &weighted);
+    edges->sources.resize(indegree);
+    edges->destinations.resize(outdegree);
+    std::vector<int> in_weights(indegree + 1), out_weights(outdegree + 1);
+    JAXCOMM_MPI_CHECK(call, MPI_Dist_graph_neighbors, call.comm(), indegree, edges->sources.data(),
+                      in_weights.data(), outdegree, edges->destinations.data(), out_weights.data());
+    edges->receive_tags.assign(indegree, 0);
+    edges->send_tags.assign(outdegree, 0);
+  }
+  JAXCOMM_MPI_CHECK(call, MPI_Comm_dup, call.comm(), &edges->comm);
+  JAXCOMM_MPI_CHECK(call, MPI_Comm_set_attr, call.comm(), keyval, edges.get());
+  *found = edges.release();
+  return ffi::Error::Success();
+}
+
+// Block i of `out` from source i, block j of `in` (or all of `in`, for a
+// stride of 0) to destination j, each `count` elements of `type` and
+// `block_bytes` apart; blocks from MPI_PROC_NULL are left as they are.
+ffi::Error ExchangeBlocks(const Call& call, const Edges& edges, const void* in, size_t in_stride,
+                          void* out, size_t block_bytes, int count, MPI_Datatype type) {
+  thread_local std::vector<MPI_Request> requests;
+  const size_t n_in = edges.sources.size(), n_out = edges.destinations.size();
+  requests.assign(n_in + n_out, MPI_REQUEST_NULL);
+  for (size_t i = 0; i < n_in; ++i) {
+    JAXCOMM_MPI_CHECK(call, MPI_Irecv, static_cast<char*>(out) + i * block_bytes, count, type,
+                      edges.sources[i], edges.receive_tags[i], edges.comm, &requests[i]);
+  }
+  for (size_t j = 0; j < n_out; ++j) {
+    JAXCOMM_MPI_CHECK(call, MPI_Isend, static_cast<const char*>(in) + j * in_stride, count, type,
+                      edges.destinations[j], edges.send_tags[j], edges.comm, &requests[n_in + j]);
+  }
+  JAXCOMM_MPI_CHECK(call, MPI_Waitall, static_cast<int>(requests.size()), requests.data(),
+                    MPI_STATUSES_IGNORE);
+  return ffi::Error::Success();
+}
+
+// One block of `count` elements of `type` (`block_bytes` long) per edge, by
+// point-to-point messages where the blocks are small, else by `collective`.
+template <typename Collective>
+ffi::Error NeighborBlocks(const Call& call, const char* function, const void* in, size_t in_stride,
+                          void* out, size_t block_bytes, int count, MPI_Datatype type,
+                          size_t elements, ffi::DataType dtype, Collective collective) {
+  if (block_bytes <= kPointToPointBytes) {
+    const Edges* edges;
+    JAXCOMM_RETURN_IF_ERROR(EdgesOf(call, &edges));
+    call.Log([&] {
+      return std::string(function) + " " + Elements(elements, dtype) +
+             ", as MPI_Isend and MPI_Irecv per edge";
+    });
+    return ExchangeBlocks(call, *edges, in, in_stride, out, block_bytes, count, type);
+  }
+  call.Log([&] { return std::string(function) + " " + Elements(elements, dtype); });
+  const int rc = collective();
+  if (rc != MPI_SUCCESS) return MpiFailure(function, rc, call);
+  return ffi::Error::Success();
+}
+
 enum Header : int { kRows, kFlags, kHeaderWords };
 constexpr int64_t kFlagInvalid = 1;
 
@@ -244,10 +370,13 @@ ffi::Error NeighborAlltoallImpl(const Call& call, Memory& memory, ffi::Token, ff
   JAXCOMM_RETURN_IF_ERROR(LargeType::Make(x.element_type(), block, call.comm(), &type));
   void *in, *out;
   JAXCOMM_RETURN_IF_ERROR(memory.Buffers(x, *y, &in, &out));
-  call.Log(
-      [&] { return "MPI_Neighbor_alltoall " + Elements(x.element_count(), x.element_type()); });
-  JAXCOMM_MPI_CHECK(call, MPI_Neighbor_alltoall, NotNull(in), type.count(), type.type(),
-                    NotNull(out), type.count(), type.type(), call.comm());
+  const size_t block_bytes = block * ffi::ByteWidth(x.element_type());
+  JAXCOMM_RETURN_IF_ERROR(NeighborBlocks(
+      call, "MPI_Neighbor_alltoall", NotNull(in), block_bytes, NotNull(out), block_bytes,
+      type.count(), type.type(), x.element_count(), x.element_type(), [&] {
+        return MPI_Neighbor_alltoall(NotNull(in), type.count(), type.type(), NotNull(out),
+                                     type.count(), type.type(), call.comm());
+      }));
   return memory.Finish();
 }
 
@@ -264,9 +393,13 @@ ffi::Error NeighborAllgatherImpl(const Call& call, Memory& memory, ffi::Token, f
   JAXCOMM_RETURN_IF_ERROR(LargeType::Make(x.element_type(), block, call.comm(), &type));
   void *in, *out;
   JAXCOMM_RETURN_IF_ERROR(memory.Buffers(x, *y, &in, &out));
-  call.Log([&] { return "MPI_Neighbor_allgather " + Elements(block, x.element_type()); });
-  JAXCOMM_MPI_CHECK(call, MPI_Neighbor_allgather, NotNull(in), type.count(), type.type(),
-                    NotNull(out), type.count(), type.type(), call.comm());
+  const size_t block_bytes = block * ffi::ByteWidth(x.element_type());
+  JAXCOMM_RETURN_IF_ERROR(NeighborBlocks(
+      call, "MPI_Neighbor_allgather", NotNull(in), 0, NotNull(out), block_bytes, type.count(),
+      type.type(), block, x.element_type(), [&] {
+        return MPI_Neighbor_allgather(NotNull(in), type.count(), type.type(), NotNull(out),
+                                      type.count(), type.type(), call.comm());
+      }));
   return memory.Finish();
 }
 
@@ -332,10 +465,13 @@ ffi::Error NeighborAlltoallvImpl(const Call& call, Memory& memory, ffi::Token, f
     mine[j * kHeaderWords + kRows] = sendcounts[j];
     mine[j * kHeaderWords + kFlags] = valid ? 0 : kFlagInvalid;
   }
-  call.Log(
-      [&] { return "MPI_Neighbor_alltoall " + Elements(mine.size() - 1, ffi::DataType::S64); });
-  JAXCOMM_MPI_CHECK(call, MPI_Neighbor_alltoall, mine.data(), kHeaderWords, MPI_INT64_T,
-                    theirs.data(), kHeaderWords, MPI_INT64_T, call.comm());
+  constexpr size_t kHeaderBytes = kHeaderWords * sizeof(int64_t);
+  JAXCOMM_RETURN_IF_ERROR(NeighborBlocks(
+      call, "MPI_Neighbor_alltoall", mine.data(), kHeaderBytes, theirs.data(), kHeaderBytes,
+      kHeaderWords, MPI_INT64_T, mine.size() - 1, ffi::DataType::S64, [&] {
+        return MPI_Neighbor_alltoall(mine.data(), kHeaderWords, MPI_INT64_T, theirs.data(),
+                                     kHeaderWords, MPI_INT64_T, call.comm());
+      }));
 
   // What arrives, and whether this rank can take it.
   std::string learned_error;
