@@ -394,6 +394,17 @@ def test_rooted_ops_cost_off_root_ranks_no_memory_of_the_size(jc, root):
         gathered, np.repeat(np.arange(size, dtype=np.float32)[:, None], 3, 1) * (rank == root)
     )
     np.testing.assert_array_equal(scattered, np.full(3, float(root + root)))
+    got = jax.jit(
+        lambda x: (
+            jc.wait(jc.igather(x, root=root)),
+            jc.wait(jc.iscatter(jnp.stack([x] * size) + rank, root=root)),
+        )
+    )
+    gathered, scattered = got(jnp.full(3, float(rank)))
+    np.testing.assert_array_equal(
+        gathered, np.repeat(np.arange(size, dtype=np.float32)[:, None], 3, 1) * (rank == root)
+    )
+    np.testing.assert_array_equal(scattered, np.full(3, float(root + root)))
 
     x = jnp.zeros((1 << 16,), jnp.float32)  # 256 KiB
     mib = x.nbytes / 2**20
@@ -406,6 +417,11 @@ def test_rooted_ops_cost_off_root_ranks_no_memory_of_the_size(jc, root):
         ),
         "scatterv": _planned_mib(
             lambda x: jc.scatterv(jnp.tile(x, size) + 1, counts, root=root), x
+        ),
+        "igather": _planned_mib(lambda x: jc.wait(jc.igather(x, root=root)).sum(), x),
+        "iscatter": _planned_mib(
+            lambda x: jc.wait(jc.iscatter(jnp.broadcast_to(x, (size, *x.shape)) + 1, root=root)),
+            x,
         ),
     }
     if rank == root:

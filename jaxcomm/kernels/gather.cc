@@ -70,34 +70,6 @@ std::string PerRank(int size, const char* what, size_t n) {
   return "communicator size " + std::to_string(size) + " x " + what + " " + std::to_string(n);
 }
 
-// Off the root, a rooted op's lowering (ops/_base.py, root_only) passes, in
-// place of the buffer that MPI reads or writes on the root only (a gather's
-// output, a scatter's input), a placeholder: that buffer's shape behind an
-// axis of length 0. It holds nothing, so the call costs the rank no
-// memory of the communicator's size, and its dimensions still let every rank
-// check the buffer as the root does, and fail alike.
-class WholeBuffer {
- public:
-  // `buffer` itself, or the placeholder of root's buffer off the root.
-  WholeBuffer(const ffi::AnyBuffer& buffer, bool placeholder) : dims_(buffer.dimensions()) {
-    if (placeholder && dims_.size() > 0) dims_ = dims_.last(dims_.size() - 1);
-  }
-  static WholeBuffer OfRoot(const Call& call, int64_t root, const ffi::AnyBuffer& buffer) {
-    return WholeBuffer(buffer, call.rank() != root);
-  }
-
-  // The elements of the buffer (root's), and of one leading-axis row of it.
-  size_t elements() const {
-    size_t n = 1;
-    for (int64_t d : dims_) n *= static_cast<size_t>(d);
-    return n;
-  }
-  size_t row() const { return RowElements(dims_); }
-
- private:
-  ffi::Span<const int64_t> dims_;
-};
-
 // Allgather and Gather stack one input per rank into y. Checked on every rank,
 // though Gather only writes y on the root, so that all ranks fail alike.
 ffi::Error CheckStacked(const Call& call, const ffi::AnyBuffer& x, const ffi::AnyBuffer& y,

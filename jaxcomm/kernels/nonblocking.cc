@@ -511,8 +511,14 @@ ffi::Error StartBlocks(const Call& call, Memory& memory, const char* function, f
                        BlockStart blocks) {
   const bool neighbors =
       blocked == Blocked::kNeighborAlltoall || blocked == Blocked::kNeighborAllgather;
-  // A rank's degrees, so its counts, differ from its peers'.
+  const bool off_root = root != kNoPeer && call.rank() != root;
+  // A rank's degrees, so its counts, differ from its peers'. Off root, an
+  // iscatter's x is the placeholder of root's input: it announces root's.
   Collective announced = neighbors ? Collective::OfType(x.element_type()) : Collective::Of(x);
+  if (blocked == Blocked::kScatter) {
+    announced =
+        Collective{x.element_type(), static_cast<int64_t>(WholeBuffer(x, off_root).elements())};
+  }
   if (root != kNoPeer) announced.Root(root);
   JAXCOMM_RETURN_IF_ERROR(call.Announce(announced));
   const size_t size = static_cast<size_t>(call.size());
@@ -535,16 +541,19 @@ ffi::Error StartBlocks(const Call& call, Memory& memory, const char* function, f
       JAXCOMM_RETURN_IF_ERROR(CheckOutput(call, x, y, indegree * block_count, per_source));
       break;
     case Blocked::kGather:
+      // Off root (MPI_Igather), y is the placeholder of root's output.
       block_count = x.element_count();
-      JAXCOMM_RETURN_IF_ERROR(CheckOutput(call, x, y, size * block_count, [&] {
-        return std::to_string(size) + " times the input";
-      }));
+      JAXCOMM_RETURN_IF_ERROR(CheckType(call, x, y));
+      JAXCOMM_RETURN_IF_ERROR(
+          CheckElements(call, "output", WholeBuffer(y, off_root).elements(), size * block_count,
+                        [&] { return std::to_string(size) + " times the input"; }));
       break;
     case Blocked::kScatter:
+      // Off root, x is the placeholder of root's input.
       block_count = y.element_count();
       JAXCOMM_RETURN_IF_ERROR(CheckOutput(call, x, y, block_count, [] { return std::string(); }));
       JAXCOMM_RETURN_IF_ERROR(
-          CheckElements(call, "input", x.element_count(), size * block_count,
+          CheckElements(call, "input", WholeBuffer(x, off_root).elements(), size * block_count,
                         [&] { return std::to_string(size) + " times the output"; }));
       break;
     case Blocked::kAlltoall:

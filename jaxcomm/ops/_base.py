@@ -93,13 +93,15 @@ def comm_primitive(
         aliases: ``{operand: result}``, the operands (counted without the
             token) whose buffers results (likewise) take, where ``in_place``
             does not describe them.
-        root_only: ``"output"`` or ``"input"`` for rooted ops whose single
-            output (gather) or single operand (scatter) MPI reads or writes on
-            the root only. Off root the kernel then gets an empty placeholder
-            in its place (``_placeholder``), so that the call costs that rank memory of the size of
-            what it sends or receives, not of the communicator's size. Off
-            root, the op's documented zeros (``"output"``) are a constant that
-            XLA materialises only where the program uses them, and the
+        root_only: ``"output"`` or ``"input"`` for rooted ops whose last
+            output (gather, igather's start) or single operand (scatter,
+            iscatter's start) MPI writes or reads on the root only, and
+            ``"wait"`` for the wait that takes that buffer again. Off root the
+            kernel then gets an empty placeholder in its place
+            (``_placeholder``), so that the call costs that rank memory of the
+            size of what it sends or receives, not of the communicator's size.
+            Off root, the op's documented zeros (``"output"``) are a constant
+            that XLA materialises only where the program uses them, and the
             operand (``"input"``) is not consumed, so XLA can drop the
             computation that made it.
     """
@@ -170,23 +172,56 @@ def _off_root(params):
     return rank_of(params["handle"]) != params["root"]
 
 
+def _zeros_of(ctx, aval):
+    """Zeros of ``aval``, lowered as a constant XLA materialises only where they are used.
+
+    Made before the call sets ctx's token, which a replaced ctx would copy.
+    """
+    zeros = mlir.lower_fun(lambda: [jnp.zeros(aval.shape, aval.dtype)], multiple_results=True)
+    return zeros(ctx.replace(avals_in=[], avals_out=[aval]))
+
+
+def _empty(aval):
+    """The placeholder of ``aval`` as an operand."""
+    placeholder = _placeholder(aval)
+    return placeholder, mlir.ir_constant(np.zeros(placeholder.shape, placeholder.dtype))
+
+
 def _output_on_root_only(lowering, ctx, x, **params):
+    # The last result is the buffer MPI fills on root only (a nonblocking
+    # start's first result is its request id).
     if not _off_root(params):
         return lowering(ctx, x, **params)
-    (aval,) = ctx.avals_out
-    # Made before the call sets ctx's token, which a replaced ctx would copy.
-    zeros = mlir.lower_fun(lambda: [jnp.zeros(aval.shape, aval.dtype)], multiple_results=True)
-    result = zeros(ctx.replace(avals_in=[], avals_out=[aval]))
-    _lower_replaced(lowering, ctx, [x], params, avals_out=[_placeholder(aval)])
-    return result
+    *kept, aval = ctx.avals_out
+    zeros = _zeros_of(ctx, aval)
+    outs = _lower_replaced(lowering, ctx, [x], params, avals_out=[*kept, _placeholder(aval)])
+    return [*outs[:-1], *zeros]
 
 
 def _input_on_root_only(lowering, ctx, x, **params):
     if not _off_root(params):
         return lowering(ctx, x, **params)
-    placeholder = _placeholder(ctx.avals_in[0])
-    args = [mlir.ir_constant(np.zeros(placeholder.shape, placeholder.dtype))]
-    return _lower_replaced(lowering, ctx, args, params, avals_in=[placeholder])
+    placeholder, empty = _empty(ctx.avals_in[0])
+    return _lower_replaced(lowering, ctx, [empty], params, avals_in=[placeholder])
+
+
+def _wait_on_root_only(lowering, ctx, request_id, x, y, **params):
+    # The wait of a nonblocking igather or iscatter takes again the buffer its
+    # start held: off root that is the placeholder the start lowered with.
+    name, started = params["start"]
+    root = dict(started).get("root")
+    if name not in ("igather", "iscatter") or rank_of(params["handle"]) == root:
+        return lowering(ctx, request_id, x, y, **params)
+    id_aval, x_aval, y_aval = ctx.avals_in
+    if name == "iscatter":
+        placeholder, empty = _empty(x_aval)
+        args = [request_id, empty, y]
+        return _lower_replaced(lowering, ctx, args, params, avals_in=[id_aval, placeholder, y_aval])
+    zeros = _zeros_of(ctx, ctx.avals_out[0])
+    placeholder, empty = _empty(y_aval)
+    avals = {"avals_in": [id_aval, x_aval, placeholder], "avals_out": [placeholder]}
+    _lower_replaced(lowering, ctx, [request_id, x, empty], params, **avals)
+    return zeros
 
 
 def _lower_replaced(lowering, ctx, args, params, **avals):
@@ -197,7 +232,11 @@ def _lower_replaced(lowering, ctx, args, params, **avals):
     return results
 
 
-_ROOT_ONLY = {"output": _output_on_root_only, "input": _input_on_root_only}
+_ROOT_ONLY = {
+    "output": _output_on_root_only,
+    "input": _input_on_root_only,
+    "wait": _wait_on_root_only,
+}
 
 
 def _cuda_lowering(lowering, ctx, *args, **params):

@@ -109,8 +109,12 @@ ireduce_p = comm_primitive("ireduce", _receive_start, "jaxcomm_ireduce", ("handl
 iscan_p = comm_primitive("iscan", _receive_start, "jaxcomm_iscan", ("handle", "op"))
 ibcast_p = comm_primitive("ibcast", _receive_start, "jaxcomm_ibcast", ("handle", "root"))
 iallgather_p = comm_primitive("iallgather", _gather_start, "jaxcomm_iallgather", ("handle",))
-igather_p = comm_primitive("igather", _gather_start, "jaxcomm_igather", ("handle", "root"))
-iscatter_p = comm_primitive("iscatter", _scatter_start, "jaxcomm_iscatter", ("handle", "root"))
+igather_p = comm_primitive(
+    "igather", _gather_start, "jaxcomm_igather", ("handle", "root"), root_only="output"
+)
+iscatter_p = comm_primitive(
+    "iscatter", _scatter_start, "jaxcomm_iscatter", ("handle", "root"), root_only="input"
+)
 ialltoall_p = comm_primitive("ialltoall", _receive_start, "jaxcomm_ialltoall", ("handle",))
 ialltoallv_p = comm_primitive(
     "ialltoallv",
@@ -132,7 +136,12 @@ wait_recv_p = comm_primitive(
     "wait_recv", _received, "jaxcomm_wait_recv", ("handle",), aliases={1: 0}
 )
 wait_exchange_p = comm_primitive(
-    "wait_exchange", _received, "jaxcomm_wait_exchange", ("handle",), aliases={2: 0}
+    "wait_exchange",
+    _received,
+    "jaxcomm_wait_exchange",
+    ("handle",),
+    aliases={2: 0},
+    root_only="wait",
 )
 # JaxComm.during: operands waited for, an int32 1 out (no MPI call).
 fence_p = comm_primitive(
