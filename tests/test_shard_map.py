@@ -7,8 +7,16 @@ the same mesh axes, results and gradients, over a mesh whose device order is
 not the processes' order, and checks the refusals.
 """
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 from conftest import run_job, spawns_own_mpi
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+from mpi4py import MPI
+
+from jaxcomm import JaxComm
 
 _JOB = """
 import sys
@@ -201,3 +209,21 @@ def test_shard_map_collectives_match_jax(tmp_path, ranks):
         expected += ["2d ('x',)", "2d ('y',)", "2d ('x', 'y')", "2d ('y', 'x')"]
     for case in expected:
         assert case in done.stdout, (case, done.stdout)
+
+
+@pytest.mark.mpi
+def test_for_mesh_needs_one_device_of_each_process():
+    # Without jax.distributed every process sees only its own device.
+    mesh = Mesh(np.array(jax.local_devices()[:1]), ("x",))
+    if MPI.COMM_WORLD.size > 1:
+        with pytest.raises(ValueError, match="one device of each of the .* jax.distributed"):
+            JaxComm.for_mesh(mesh, "x")
+        return
+    jc = JaxComm.for_mesh(mesh, "x")
+    assert (jc.rank, jc.size, jc.mesh_axes) == (0, 1, ("x",))
+    total = jax.jit(jax.shard_map(jc.allreduce, mesh=mesh, in_specs=P("x"), out_specs=P()))
+    np.testing.assert_array_equal(total(jnp.arange(3.0)), np.arange(3.0))
+    jc.free()
+    plain = JaxComm(MPI.COMM_WORLD)
+    assert plain.mesh_axes is None
+    plain.free()
