@@ -265,8 +265,8 @@ class JaxComm:
         numbers it (row-major over ``axes`` in the order given). So
         ``allreduce`` on it sums what ``jax.lax.psum(x, axes)`` sums,
         ``allgather`` stacks in ``jax.lax.all_gather``'s order, and ``sendrecv``
-        moves what ``jax.lax.ppermute`` moves (which numbers positions along
-        several axes in the mesh's order of the axes: pass them in that order).
+        moves what ``jax.lax.ppermute`` moves (which takes several axes in
+        the mesh's order only: pass them in that order).
         Inside a ``shard_map`` with ``check_vma`` on (the default), results
         carry the same varying axes as JAX's collectives', and their gradients
         equal JAX's.
