@@ -7,6 +7,7 @@ order.
 """
 
 from ._abort import abort_on_exception
+from ._distributed import initialize_jax_distributed
 from ._gpu import bind_local_gpu, cuda_info, set_cuda_aware
 from ._runtime import (
     build_info,
@@ -29,6 +30,7 @@ __all__ = [
     "bind_local_gpu",
     "build_info",
     "cuda_info",
+    "initialize_jax_distributed",
     "pipeline_bytes",
     "set_check",
     "set_cuda_aware",

@@ -53,6 +53,7 @@ if JAX_VERSION < OLDEST_JAX:
     )
 
 try:
+    from jax._src import config as _jax_config
     from jax._src import core as _core
     from jax._src import dispatch as _dispatch
     from jax._src import effects as _effects
@@ -229,6 +230,87 @@ def device_count(axis_context):
     if axis_env is not None:
         return axis_env.nreps
     return axis_context.num_devices
+
+
+def local_device_count(module_context):
+    """The number of devices this process has on the backend a program is lowered for."""
+    try:
+        return len(module_context.get_backend().local_devices())
+    except (NotImplementedError, ValueError, AttributeError):  # several platforms, or none
+        return jax.local_device_count()
+
+
+def manual_mesh(axis_context):
+    """``(axis sizes, manual axes)`` of the ``shard_map`` a program is lowered in, or ``None``.
+
+    ``axis sizes`` maps every axis name of the mesh to its size; outside
+    ``shard_map`` (a ``jit`` over sharded arrays, ``pmap``) there is none.
+    """
+    mesh = getattr(axis_context, "mesh", None)
+    manual = getattr(axis_context, "manual_axes", None)
+    if mesh is None or manual is None:
+        return None
+    return dict(mesh.shape), frozenset(manual)
+
+
+def context_mesh_devices(axis_context):
+    """The ids of the devices of the concrete mesh of a ``shard_map`` being lowered, or ``None``.
+
+    In the mesh's own layout (nested lists); ``None`` for an abstract mesh.
+    """
+    mesh = getattr(axis_context, "mesh", None)
+    if not isinstance(mesh, jax.sharding.Mesh):  # an AbstractMesh has no devices
+        return None
+    return np.vectorize(lambda d: d.id, otypes=[np.int64])(mesh.devices).tolist()
+
+
+# Varying manual axes (shard_map's check_vma) ------------------------------------
+#
+# Inside ``shard_map`` with ``check_vma`` on, every value's type says over
+# which manual mesh axes it varies; JAX inserts ``pvary`` where values of
+# different types meet, and transposes it to a ``psum``. So a jaxcomm result
+# must say truthfully whether it is the same on every rank of its
+# communicator's mesh axes: that is what makes its gradients JAX's.
+
+
+def checking_vma() -> bool:
+    """Whether values inside ``shard_map`` carry their varying manual axes now."""
+    state = getattr(_jax_config, "_check_vma", None)
+    return bool(state is not None and state.value)
+
+
+def context_manual_axes():
+    """The manual mesh axes (name -> size) of the ``shard_map`` being traced; empty outside."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if getattr(mesh, "empty", True):
+        return {}
+    manual = getattr(mesh, "manual_axes", ())
+    # Axes of size 1 vary nothing (JAX leaves them out of types).
+    return {name: size for name, size in mesh.shape.items() if name in manual and size > 1}
+
+
+def varying(aval) -> frozenset:
+    """The manual mesh axes ``aval`` varies over (empty outside ``shard_map``)."""
+    mat = getattr(aval, "manual_axis_type", None)
+    if mat is not None:
+        return frozenset(mat.varying)
+    return frozenset(getattr(aval, "vma", ()))
+
+
+def pvary(x, axes):
+    """``x`` typed as varying over the manual axes ``axes`` too (no data moves)."""
+    return _core.pvary(x, tuple(axes))
+
+
+def with_varying(like, aval, axes):
+    """``aval`` typed as varying over ``axes``, with the mesh of the input aval ``like``."""
+    if getattr(getattr(like.sharding, "mesh", None), "empty", True):
+        return aval  # a value outside any mesh (a constant) types nothing
+    if hasattr(like, "manual_axis_type"):
+        extra = {"manual_axis_type": like.manual_axis_type.update(varying=frozenset(axes))}
+    else:
+        extra = {"vma": frozenset(axes)}
+    return like.update(shape=aval.shape, dtype=aval.dtype, weak_type=False, **extra)
 
 
 # Differentiation on every rank alike ------------------------------------------

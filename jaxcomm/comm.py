@@ -57,7 +57,14 @@ from ._runtime import (
     wait_for_dispatched,
 )
 from .ops import nonblocking
-from .ops._base import derivative_comm, register_derivative_comm, unregister_derivative_comm
+from .ops._base import (
+    MeshAxes,
+    derivative_comm,
+    register_derivative_comm,
+    register_mesh_comm,
+    unregister_derivative_comm,
+    unregister_mesh_comm,
+)
 from .ops.neighbor import register_topology, reverse_comm, unregister_topology
 from .ops.nonblocking import Request
 
@@ -135,6 +142,7 @@ class JaxComm:
         tag_ub = self._comm.Get_attr(MPI.TAG_UB)
         self._tag_ub = tag_ub if tag_ub is not None else MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
         self._check: MPI.Intracomm | None = None
+        self._mesh_axes = None
         track_comm(self)
 
     def _make_check_comm(self) -> None:
@@ -188,6 +196,7 @@ class JaxComm:
         if self._comm is not None:
             wait_for_dispatched()
             handles = self._handles()
+            unregister_mesh_comm(handles)
             for handle in handles:
                 unregister_topology(handle)
                 unregister_comm(handle)
@@ -238,6 +247,106 @@ class JaxComm:
         wait_for_dispatched()
         comm = self._comm.Split(color, key)
         return None if comm == MPI.COMM_NULL else JaxComm._adopt(comm)
+
+    @classmethod
+    def for_mesh(
+        cls,
+        mesh: jax.sharding.Mesh,
+        axes: str | Sequence[str],
+        *,
+        comm: MPI.Intracomm | None = None,
+    ) -> JaxComm:
+        """Create a ``JaxComm`` along mesh axes, for use inside ``shard_map`` over ``mesh``.
+
+        For programs that run one process per device with ``jax.distributed``
+        (docs/shard-map.md): the new communicator holds the processes whose
+        devices differ only in their positions along ``axes``, and each one's
+        rank is its device's position along them, as ``jax.lax.axis_index(axes)``
+        numbers it (row-major over ``axes`` in the order given). So
+        ``allreduce`` on it sums what ``jax.lax.psum(x, axes)`` sums,
+        ``allgather`` stacks in ``jax.lax.all_gather``'s order, and ``sendrecv``
+        moves what ``jax.lax.ppermute`` moves (which takes several axes in
+        the mesh's order only: pass them in that order).
+        Inside a ``shard_map`` with ``check_vma`` on (the default), results
+        carry the same varying axes as JAX's collectives', and their gradients
+        equal JAX's.
+
+        Processes are matched to mesh devices through ``jax.process_index()``,
+        which needs not equal the MPI rank (an ``MPI_Allgather`` of it over
+        ``comm`` finds every rank's device). Wraps ``MPI_Comm_split`` of
+        ``comm``; collective: call it on every rank of ``comm``.
+
+        Args:
+            mesh: a ``jax.sharding.Mesh`` with exactly one device of each
+                process of ``comm`` (``jax.distributed`` initialised).
+            axes: an axis name of ``mesh``, or a sequence of them.
+            comm: the communicator whose processes own the mesh's devices
+                (default ``MPI.COMM_WORLD``).
+
+        Returns:
+            A ``JaxComm`` whose :attr:`mesh_axes` are ``axes``.
+
+        Raises:
+            TypeError: if ``mesh`` is not a ``Mesh``, ``axes`` not axis names or
+                ``comm`` not an ``Intracomm``.
+            ValueError: if ``axes`` are not distinct axes of ``mesh``, or the
+                mesh does not have exactly one device of each process of
+                ``comm`` (raised on every rank; only the last check needs
+                the ``MPI_Allgather``).
+
+        Example:
+            >>> mesh = jax.make_mesh((jax.process_count(),), ("x",))
+            >>> jx = JaxComm.for_mesh(mesh, "x")
+            >>> f = jax.shard_map(lambda v: jx.allreduce(v), mesh=mesh,
+            ...                   in_specs=P("x"), out_specs=P())
+        """
+        comm = intracomm(comm)
+        check_thread_level()
+        if not isinstance(mesh, jax.sharding.Mesh):
+            raise TypeError(
+                f"mesh must be a jax.sharding.Mesh (with devices), got {type(mesh).__name__}"
+            )
+        names = (axes,) if isinstance(axes, str) else tuple(sequence(axes, "axes"))
+        if not names or len(set(names)) != len(names) or any(a not in mesh.shape for a in names):
+            raise ValueError(
+                f"axes={axes!r} must be one or more distinct axis names of the mesh, "
+                f"whose axes are {tuple(mesh.axis_names)}"
+            )
+        processes = np.vectorize(lambda d: d.process_index, otypes=[np.int64])(mesh.devices)
+        owners, counts = np.unique(processes, return_counts=True)
+        if counts.max() > 1 or processes.size != comm.Get_size():
+            raise ValueError(
+                f"JaxComm.for_mesh needs a mesh with one device of each of the {comm.Get_size()} "
+                f"processes of comm; this one has {processes.size} devices of {owners.size} "
+                "process(es). Initialise jax.distributed (one device per process) and build "
+                "the mesh from jax.devices(); several devices per process are not supported "
+                "(docs/multidevice.md)."
+            )
+        before_mpi_from_python()
+        wait_for_dispatched()
+        ranks_processes = comm.allgather(jax.process_index())
+        if sorted(ranks_processes) != sorted(owners.tolist()):
+            raise ValueError(
+                "JaxComm.for_mesh: the processes of comm (jax.process_index() "
+                f"{sorted(ranks_processes)}) are not those of the mesh's devices "
+                f"({sorted(owners.tolist())}). Pass the communicator of the processes that "
+                "own the mesh (comm=...), and build the mesh from jax.devices()."
+            )
+        position = np.argwhere(processes == jax.process_index())[0]
+        coordinates = dict(zip(mesh.axis_names, position.tolist()))
+        others = [a for a in mesh.axis_names if a not in names]
+        color = _row_major([coordinates[a] for a in others], [mesh.shape[a] for a in others])
+        key = _row_major([coordinates[a] for a in names], [mesh.shape[a] for a in names])
+        jc = cls._adopt(comm.Split(color, key))
+        ids = np.vectorize(lambda d: d.id, otypes=[np.int64])(mesh.devices).tolist()
+        jc._mesh_axes = MeshAxes(names, mesh.shape, ids)
+        register_mesh_comm(jc._handles(), jc._mesh_axes)
+        return jc
+
+    @property
+    def mesh_axes(self) -> tuple[str, ...] | None:
+        """The mesh axes this communicator spans (:meth:`for_mesh`), or ``None``."""
+        return None if self._mesh_axes is None else self._mesh_axes.axes
 
     @classmethod
     def from_cart(
@@ -1960,6 +2069,11 @@ class JaxComm:
     def sync() -> None:
         """Wait until every dispatched jaxcomm operation has finished (see ``jaxcomm.sync``)."""
         sync()
+
+
+def _row_major(index: list[int], sizes: list[int]) -> int:
+    """The position of ``index`` in a row-major grid of ``sizes`` (0 for no axes)."""
+    return int(np.ravel_multi_index(index, sizes)) if sizes else 0
 
 
 def _neighbor_lists(comm: MPI.Intracomm) -> tuple[list[int], list[int]] | None:

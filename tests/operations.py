@@ -1100,6 +1100,8 @@ NOT_COMMUNICATING = {
     "split": "makes a communicator (MPI_Comm_split)",
     "from_cart": "makes a communicator (MPI_Cart_create)",
     "from_graph": "makes a communicator (MPI_Dist_graph_create_adjacent)",
+    "for_mesh": "makes a communicator along mesh axes (MPI_Comm_split; tests/test_shard_map.py)",
+    "mesh_axes": "property of a JaxComm made by for_mesh",
     "sources": "property of a JaxComm with a topology",
     "destinations": "property of a JaxComm with a topology",
     "cart_shift": "neighbour ranks of a Cartesian grid, no message",

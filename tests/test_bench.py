@@ -455,9 +455,13 @@ def test_jax_route_beside_the_others_in_one_run(tmp_path):
         for op in ("allreduce", "allgather", "alltoall", "reduce_scatter", "sendrecv")
         for mode in ("jit", "loop")
     }
-    for name in ("jax", "jaxcomm", "c", "mpi4py"):
+    # jaxcomm's collectives inside the same shard_map programs, on JaxComm.for_mesh.
+    assert {(r["op"], r["mode"]) for r in by_impl["jaxcomm_shard_map"]} == {
+        (r["op"], r["mode"]) for r in by_impl["jax"]
+    }
+    for name in ("jax", "jaxcomm", "c", "mpi4py", "jaxcomm_shard_map"):
         assert all(r["match"] is True and r["time_s"] > 0 for r in by_impl[name]), name
-    assert "jaxcomm/jax" in out and "jax/c" in out
+    assert "jaxcomm/jax" in out and "jax/c" in out and "jax/jaxcomm_shard_map" in out
     # jaxlib's MPI collectives need MPItrampoline's wrapper: a line says so.
     path = tmp_path / "jax_mpi.json"
     mpi = ["--ops", "allreduce", "--modes", "jit", "--jax", "mpi", "--json", str(path)]

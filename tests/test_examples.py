@@ -1,13 +1,19 @@
-"""The examples, run in-process on the current ranks (CI also runs them as written)."""
+"""The examples, run in-process on the current ranks (CI also runs them as written).
+
+shard_map_mpi.py starts jax.distributed, which must come before JAX's backends: it runs
+in an MPI launch of its own.
+"""
 
 import pathlib
 import re
 import runpy
+import subprocess
 import sys
 
 import jax
 import numpy as np
 import pytest
+from conftest import environment_without_launcher, mpiexec, spawns_own_mpi
 from mpi4py import MPI
 
 from jaxcomm import _compat
@@ -284,3 +290,45 @@ def test_particles_arrive_once_on_their_owner_and_match_the_serial_motion(
         assert numbers_after("max position error", out) == [0.0], out
     else:
         assert out == ""
+
+
+@spawns_own_mpi
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_shard_map_mpi_matches_jax_collectives_and_serial(ranks):
+    # jax.distributed must start before JAX's backends: a launch of its own.
+    done = subprocess.run(
+        [
+            "timeout",
+            "-k",
+            "10",
+            "300",
+            *mpiexec(ranks),
+            sys.executable,
+            str(EXAMPLES / "shard_map_mpi.py"),
+            "--steps",
+            "20",
+            "--benchmark",
+        ],
+        capture_output=True,
+        text=True,
+        env=environment_without_launcher(),
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    out = done.stdout
+    assert f"{ranks} processes, {16 * ranks} cells, 20 steps:" in out, out
+    state, heat, energy, gradient = _shard_map_differences(out)
+    # float32 sums added in different orders by MPI and gloo: rounding only.
+    assert max(state, heat, gradient) < 1e-5 and energy < 1e-4, out
+    assert numbers_after("max difference from serial", out)[0] < 1e-5, out
+    assert re.search(r"^benchmark: .* jax [\d.]+ us, jaxcomm [\d.]+ us", out, re.M), out
+
+
+def _shard_map_differences(out):
+    """The four differences shard_map_mpi.py prints: state, heat, energy, gradient."""
+    found = re.search(
+        r"differ by ([-+.\deE]+) \(state\), ([-+.\deE]+) \(heat\), ([-+.\deE]+) \(energy\), "
+        r"([-+.\deE]+) \(energy gradient\)",
+        out,
+    )
+    assert found, out
+    return [float(v) for v in found.groups()]

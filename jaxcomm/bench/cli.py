@@ -23,6 +23,7 @@ from .routes.c_floor import FLOOR, CFloorImpl, load_floor
 from .routes.jax_shard_map import (
     COLLECTIVES,
     JaxCollectivesImpl,
+    JaxcommShardMapImpl,
     route_name,
     start_jax_distributed,
 )
@@ -166,18 +167,19 @@ def run_and_report(
 
 def start_jax_route(
     comm: MPI.Intracomm, args: argparse.Namespace, notes: dict[str, str]
-) -> Callable[[], Impl] | None:
+) -> Callable[[], list[Impl]] | None:
     """Start ``jax.distributed`` for ``--jax``, before anything starts JAX's backends.
 
     Returns:
-        A function giving JAX's route once the backends may start, or None,
-        when it was not asked for or failed (why: in ``notes``).
+        A function giving JAX's route and jaxcomm's inside the same
+        ``shard_map`` programs once the backends may start, or None, when it
+        was not asked for or failed (why: in ``notes``).
     """
     if not args.jax:
         return None
     error = start_jax_distributed(comm, args.jax)
     if error is None:
-        return lambda: JaxCollectivesImpl(args.jax)
+        return lambda: [JaxCollectivesImpl(args.jax), JaxcommShardMapImpl()]
     notes[route_name(args.jax)] = f"not measured: {error}"
     return None
 
@@ -219,12 +221,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     jc = JaxComm(comm)
     impls = [Mpi4pyImpl(comm), JaxcommImpl(jc), PlainJitImpl(), *floor_routes(comm, args, notes)]
     if jax_route:
-        impls.append(jax_route())
+        impls.extend(jax_route())
     print_notes(comm, notes)
     names = [impl.name for impl in impls]
     others = [name for name in names[3:] if name != FLOOR]
     ratios = [("jaxcomm", REFERENCE), ("jaxcomm", PLAIN)]
     ratios += [(name, REFERENCE) for name in others] + [("jaxcomm", name) for name in others]
+    if JaxcommShardMapImpl.name in names:
+        # JAX's collectives over jaxcomm's, in the same shard_map programs.
+        ratios.append((route_name(args.jax), JaxcommShardMapImpl.name))
     ratios += floor_ratios(names)
     try:
         run_and_report(

@@ -60,7 +60,7 @@ def main(argv=None):
     except ImportError as err:
         notes["mpi4jax"] = f"not measured: {err}"
     if jax_route:
-        impls.append(jax_route())
+        impls.extend(jax_route())
     impls += floor_routes(comm, args, notes)
     print_notes(comm, notes)
     names = [impl.name for impl in impls]

@@ -20,7 +20,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 
 from .. import _compat
-from ._base import def_linear, rank_of
+from ._base import def_linear, rank_of, typed_outputs
 
 replicated_adjoint_p = Primitive("replicated_adjoint")
 replicated_adjoint_p.multiple_results = True
@@ -55,7 +55,9 @@ def _local(ct, *, kind, handle, **params):
 
 def _abstract_eval(aval, **params):
     (out,) = jax.eval_shape(partial(_local, **params), jax.ShapeDtypeStruct(aval.shape, aval.dtype))
-    return [jax.core.ShapedArray(out.shape, out.dtype)]
+    # Each rank's part of the cotangent: it varies over the communicator's axes.
+    out = jax.core.ShapedArray(out.shape, out.dtype)
+    return typed_outputs([out], [aval], params["handle"], replicated=False)
 
 
 def _batch(args, dims, **params):

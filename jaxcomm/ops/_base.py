@@ -109,7 +109,7 @@ def comm_primitive(
     prim = Primitive(name)
     prim.multiple_results = True
     prim.def_impl(partial(_compat.apply_primitive, prim))
-    _compat.def_effectful_abstract_eval(prim, abstract_eval)
+    _compat.def_effectful_abstract_eval(prim, partial(_typed, abstract_eval))
     if aliases is not None:
         # The token comes first on both sides of the FFI call.
         aliases = {operand + 1: result + 1 for operand, result in aliases.items()}
@@ -127,19 +127,7 @@ _ARRAY_IN_PLACE = {1: 1}
 
 
 def _ordered_ffi_lowering(target, attrs, in_place, aliases, ctx, *args, **params):
-    # One MPI call per process and op, in program order, is what keeps every
-    # rank's collectives matched; copies of the call on several devices of one
-    # process would break both.
-    devices = _compat.device_count(ctx.module_context.axis_context)
-    if devices > 1:
-        raise NotImplementedError(
-            f"jaxcomm op {ctx.primitive.name!r} in a computation over {devices} devices: "
-            "jaxcomm makes one MPI call per process, so a jitted, sharded, shard_map or "
-            "pmap computation that calls it must run on a single device. Run one MPI "
-            "process per device (mpiexec -n <devices>; on CPU, leave "
-            "--xla_force_host_platform_device_count unset or pin the computation "
-            "with jax.default_device), and combine the processes' results with jaxcomm."
-        )
+    check_placement(ctx, params.get("handle"))
     token, token_ctx = _compat.ordered_token(ctx)
     if in_place:
         # Looked up here, not when the primitive is made: a test lowers
@@ -155,6 +143,158 @@ def _ordered_ffi_lowering(target, attrs, in_place, aliases, ctx, *args, **params
     )
     _compat.set_ordered_token(ctx, token_out)
     return results
+
+
+# One device per process --------------------------------------------------------
+#
+# One MPI call per process and op, in program order, is what keeps every
+# rank's collectives matched. A program over several devices keeps that when
+# each device belongs to a process of its own (jax.distributed, one device per
+# process) and the program hands each of them its own block: the body of a
+# shard_map that is manual over every mesh axis. Copies of the call on several
+# devices of one process would break it (docs/multidevice.md).
+
+# The "handle" param of each JaxComm made by JaxComm.for_mesh (and of its
+# derivative communicator) -> the MeshAxes it communicates along.
+_mesh_comms = {}
+
+
+class MeshAxes:
+    """The mesh axes a ``JaxComm.for_mesh`` communicator spans, and its mesh's layout.
+
+    Attributes:
+        axes: the axis names, in the order that numbers the ranks.
+        shape: every mesh axis name -> its size.
+        device_ids: the ids of the mesh's devices, in the mesh's layout
+            (nested lists).
+    """
+
+    def __init__(self, axes, shape, device_ids):
+        self.axes = tuple(axes)
+        self.shape = dict(shape)
+        self.device_ids = device_ids
+
+
+def register_mesh_comm(handles, mesh_axes):
+    """Note that the communicators ``handles`` span ``mesh_axes`` (a :class:`MeshAxes`)."""
+    for handle in handles:
+        _mesh_comms[handle] = mesh_axes
+
+
+def unregister_mesh_comm(handles):
+    """Forget what :func:`register_mesh_comm` noted for ``handles``."""
+    for handle in handles:
+        _mesh_comms.pop(handle, None)
+
+
+def check_placement(ctx, handle):
+    """Raise, on every rank alike (while lowering), for programs jaxcomm cannot run.
+
+    Those are programs over several devices of one process, and programs over
+    several processes' devices outside the body of a ``shard_map`` that is
+    manual over every mesh axis. For a ``for_mesh`` communicator, the
+    ``shard_map`` must also be over its mesh, manual over its axes.
+    """
+    module = ctx.module_context
+    name = ctx.primitive.name
+    devices = _compat.device_count(module.axis_context)
+    if devices == 1:
+        return
+    if _compat.local_device_count(module) > 1:
+        raise NotImplementedError(
+            f"jaxcomm op {name!r} in a computation over {devices} devices: jaxcomm makes one "
+            "MPI call per process, so a jitted, sharded, shard_map or pmap computation that "
+            "calls it must have one device per process (docs/multidevice.md). Run one MPI "
+            "process per device (mpiexec -n <devices>; on CPU, leave "
+            "--xla_force_host_platform_device_count unset or pin the computation "
+            "with jax.default_device), and combine the processes' results with jaxcomm."
+        )
+    placed = _compat.manual_mesh(module.axis_context)
+    if placed is None:
+        raise NotImplementedError(
+            f"jaxcomm op {name!r} in a computation over {devices} devices (one per process) "
+            "outside shard_map: there XLA would hand the op whole global arrays. Call it "
+            "inside jax.shard_map, manual over every mesh axis, so that each process passes "
+            "its own block (docs/shard-map.md)."
+        )
+    shape, manual = placed
+    automatic = sorted(str(a) for a, n in shape.items() if n > 1 and a not in manual)
+    if automatic:
+        raise NotImplementedError(
+            f"jaxcomm op {name!r} in a shard_map that leaves the mesh axes {automatic} "
+            "automatic: XLA would run it on blocks it partitions itself. Make the shard_map "
+            "manual over every mesh axis (leave axis_names unset)."
+        )
+    mesh_axes = _mesh_comms.get(handle)
+    if mesh_axes is None:
+        return
+    device_ids = _compat.context_mesh_devices(module.axis_context)
+    same = mesh_axes.shape == shape and device_ids in (None, mesh_axes.device_ids)
+    if not same:
+        raise ValueError(
+            f"jaxcomm op {name!r} on a JaxComm made by JaxComm.for_mesh for the mesh axes "
+            f"{mesh_axes.axes} of a mesh {mesh_axes.shape}, inside a shard_map over another "
+            f"mesh ({shape}, or other devices): its ranks would not be the positions along "
+            "the shard_map's axes. Make the JaxComm with for_mesh for the shard_map's mesh."
+        )
+
+
+def comm_axes(handle, manual):
+    """The manual mesh axes the communicator ``handle`` spans, or ``None`` if unknown.
+
+    A ``for_mesh`` communicator's axes; any other communicator spans every
+    manual axis when it has as many ranks as they have positions (such as one
+    over all processes, in a shard_map over all of them).
+    """
+    mesh_axes = _mesh_comms.get(handle)
+    if mesh_axes is not None:
+        return frozenset(mesh_axes.axes)
+    if handle is not None and manual and size_of(handle) == int(np.prod(list(manual.values()))):
+        return frozenset(manual)
+    return None
+
+
+def typed_outputs(outs, avals, handle, replicated):
+    """``outs`` with the varying manual axes ``shard_map`` (``check_vma``) expects.
+
+    A result the replicated-value convention makes one value (``replicated``)
+    is the same on every rank of its communicator's axes: it varies over what
+    its operands vary over, less those axes. Any other result may differ
+    between those ranks. Outside shard_map, or with ``check_vma`` off, types
+    carry no axes.
+    """
+    manual = _compat.context_manual_axes() if _compat.checking_vma() else {}
+    like = next((a for a in avals if hasattr(a, "sharding")), None)
+    if not manual or like is None:
+        return outs
+    varying = frozenset().union(*(_compat.varying(a) for a in avals))
+    axes = comm_axes(handle, manual)
+    if replicated and axes is not None:
+        varying -= axes
+    else:
+        varying |= frozenset(manual) if axes is None else axes & frozenset(manual)
+    return [_compat.with_varying(like, out, varying) for out in outs]
+
+
+def _typed(abstract_eval, *avals, **params):
+    outs = abstract_eval(*avals, **params)
+    return typed_outputs(outs, avals, params.get("handle"), params.get("replicated", False))
+
+
+def vary_over_comm(x, handle):
+    """``x``, typed as varying over the manual axes of ``handle`` (shard_map's ``pvary``).
+
+    A replicated collective of a value already the same on every rank of its
+    communicator (``allreduce`` of an invariant value) then differentiates
+    as JAX's collectives do: the cotangent of such an operand is the sum over
+    those ranks, which ``pvary``'s transpose computes.
+    """
+    manual = _compat.context_manual_axes() if _compat.checking_vma() else {}
+    axes = comm_axes(handle, manual) if manual else None
+    if not axes:
+        return x
+    missing = tuple(a for a in manual if a in axes and a not in _compat.varying(jax.typeof(x)))
+    return _compat.pvary(x, missing) if missing else x
 
 
 def _placeholder(aval):

@@ -9,7 +9,7 @@ and scale them by the elements of one row.
 import jax
 
 from ._adjoint import register
-from ._base import comm_primitive, def_linear, rank_of, same_as_input
+from ._base import comm_primitive, def_linear, rank_of, same_as_input, vary_over_comm
 from ._batching import batch_whole, behind_rows, split, stacked
 
 
@@ -76,6 +76,8 @@ def allgather(x, *, size, tiled, handle, replicated=True):
 
     ``replicated`` picks the transpose (see ``_crossing.py``).
     """
+    if replicated:
+        x = vary_over_comm(x, handle)
     (y,) = allgather_p.bind(x, size=size, tiled=tiled, handle=handle, replicated=replicated)
     return y
 
@@ -103,6 +105,8 @@ def allgatherv(x, *, counts, handle, replicated=True):
 
     ``replicated`` picks the transpose (see ``_crossing.py``).
     """
+    if replicated:
+        x = vary_over_comm(x, handle)
     (y,) = allgatherv_p.bind(x, counts=counts, handle=handle, replicated=replicated)
     return y
 

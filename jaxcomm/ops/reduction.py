@@ -14,6 +14,7 @@ from ._base import (
     not_differentiable,
     op_name,
     same_as_input,
+    vary_over_comm,
 )
 from ._batching import batch_whole, flat, split
 
@@ -48,6 +49,8 @@ def allreduce(x, *, op, handle, replicated=True):
     value (the user's allreduce), or per-rank values (an allreduce bound by a
     transpose), which transpose exactly, to another such allreduce.
     """
+    if replicated:
+        x = vary_over_comm(x, handle)
     (y,) = allreduce_p.bind(x, op=op, handle=handle, replicated=replicated)
     return y
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import functools
 import os
-import socket
 
 import jax
 import numpy as np
 from mpi4py import MPI
 
+from ..._distributed import initialize_jax_distributed
 from ..operations import fori, ring
 from .base import Impl
 
@@ -38,25 +38,11 @@ def start_jax_distributed(comm, collectives="gloo"):
             "jaxlib's MPI collectives load MPI through MPItrampoline: set MPITRAMPOLINE_LIB "
             "to an MPIwrapper library built for this MPI"
         )
-    error = None
     try:
-        jax.config.update("jax_cpu_collectives_implementation", collectives)
-        same_host = len(set(comm.allgather(socket.gethostname()))) == 1
-        address = None
-        if comm.rank == 0:
-            with socket.socket() as probe:
-                probe.bind(("", 0))
-                port = probe.getsockname()[1]
-            host = "127.0.0.1" if same_host else socket.gethostname()
-            address = f"{host}:{port}"
-        address = comm.bcast(address)
-        jax.distributed.initialize(
-            coordinator_address=address, num_processes=comm.size, process_id=comm.rank
-        )
-    except Exception as err:  # noqa: BLE001 - reported, and the column left out
-        error = f"{type(err).__name__}: {err}"
-    errors = [e for e in comm.allgather(error) if e]
-    return errors[0] if errors else None
+        initialize_jax_distributed(comm, cpu_collectives=collectives)
+    except RuntimeError as err:
+        return str(err)
+    return None
 
 
 class JaxCollectivesImpl(Impl):
@@ -132,3 +118,24 @@ class JaxCollectivesImpl(Impl):
 
     def to_numpy(self, out):
         return np.asarray(out.addressable_shards[0].data)[0]
+
+
+class JaxcommShardMapImpl(JaxCollectivesImpl):
+    """jaxcomm's collectives inside the same ``shard_map`` programs, on ``JaxComm.for_mesh``."""
+
+    name = "jaxcomm_shard_map"
+
+    def __init__(self):
+        from ...comm import JaxComm
+
+        super().__init__()
+        self.name = type(self).name
+        self.jc = JaxComm.for_mesh(self.mesh, AXIS)
+        source, dest = ring(self.jc.rank, self.jc.size)
+        self.functions = {
+            "allreduce": self.jc.allreduce,
+            "allgather": self.jc.allgather,
+            "alltoall": self.jc.alltoall,
+            "reduce_scatter": self.jc.reduce_scatter,
+            "sendrecv": lambda v: self.jc.sendrecv(v, v, source=source, dest=dest),
+        }

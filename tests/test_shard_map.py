@@ -1,0 +1,229 @@
+"""jaxcomm inside multi-process shard_map programs (jax.distributed, one device per process).
+
+jax.distributed must start before JAX's backends, which the test session
+has already started: each case is an MPI job of its own. The job compares
+jaxcomm's collectives on ``JaxComm.for_mesh`` communicators with JAX's own on
+the same mesh axes, results and gradients, over a mesh whose device order is
+not the processes' order, and checks the refusals.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import run_job, spawns_own_mpi
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+from mpi4py import MPI
+
+from jaxcomm import JaxComm
+
+_JOB = """
+import sys
+
+import jaxcomm
+from mpi4py import MPI
+
+jaxcomm.initialize_jax_distributed()
+
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jaxcomm import JaxComm
+
+world = MPI.COMM_WORLD
+size = world.size
+assert jax.process_count() == size and len(jax.local_devices()) == 1
+rng = np.random.default_rng(7)
+# Reversed and, on 4 processes, 2x2: mesh positions are not process indices.
+devices = np.array(sorted(jax.devices(), key=lambda d: -d.process_index))
+layouts = {"1d": Mesh(devices, ("x",))}
+if size == 4:
+    layouts["2d"] = Mesh(devices.reshape(2, 2), ("x", "y"))
+ok = []
+
+
+def check(label, a, b, rtol=1e-5):
+    a = np.asarray(a.addressable_shards[0].data)
+    b = np.asarray(b.addressable_shards[0].data)
+    assert a.shape == b.shape and np.allclose(a, b, rtol=rtol, atol=1e-5), (label, a, b)
+
+
+def ring(axes, mesh):
+    n = int(np.prod([mesh.shape[a] for a in axes]))
+    return n, [(i, (i + 1) % n) for i in range(n)]
+
+
+def pairs(axes, jc, ring_jc, mesh):
+    n, perm = ring(axes, mesh)
+    r = ring_jc.rank
+    return {
+        "allreduce": (lambda v: jax.lax.psum(v, axes), jc.allreduce),
+        "allgather": (lambda v: jax.lax.all_gather(v, axes), jc.allgather),
+        "sendrecv": (
+            lambda v: jax.lax.ppermute(v, ring_jc.mesh_axes, perm),
+            lambda v: ring_jc.sendrecv(v, v, source=(r - 1) % n, dest=(r + 1) % n),
+        ),
+        "alltoall": (
+            lambda v: jax.lax.all_to_all(v, axes, 0, 0, tiled=True),
+            lambda v: jc.alltoall(v, tiled=True),
+        ),
+        "reduce_scatter": (
+            lambda v: jax.lax.psum_scatter(v, axes, scatter_dimension=0, tiled=True),
+            lambda v: jc.reduce_scatter(v, tiled=True),
+        ),
+    }
+
+
+for layout, mesh in layouts.items():
+    names = mesh.axis_names
+    groups = [(a,) for a in names] + ([names, names[::-1]] if len(names) > 1 else [])
+    every = P(names)  # each device's block along the leading axis
+    for axes in groups:
+        jc = JaxComm.for_mesh(mesh, axes)
+        n, _ = ring(axes, mesh)
+        assert jc.size == n and jc.mesh_axes == axes
+        # The rank is the position along the axes, as JAX numbers it.
+        sharding = NamedSharding(mesh, every)
+        zeros = jax.make_array_from_callback((mesh.size,), sharding, lambda i: np.zeros(1)[:1])
+        where = jax.jit(jax.shard_map(
+            lambda v: jax.lax.axis_index(axes)[None] + 0 * v.astype(np.int32),
+            mesh=mesh, in_specs=every, out_specs=every,
+        ))(zeros)
+        assert int(where.addressable_shards[0].data[0]) == jc.rank, (layout, axes)
+        shape = (mesh.size * 2 * n, 3)
+        data = rng.standard_normal(shape).astype(np.float32)
+        weights = rng.standard_normal(shape).astype(np.float32)
+        x = jax.make_array_from_callback(shape, sharding, lambda i: data[i])
+        # ppermute takes several axes in the mesh's order only (jax 0.12
+        # refuses others; earlier versions number positions in that order anyway).
+        ring_jc = JaxComm.for_mesh(mesh, tuple(a for a in names if a in axes))
+        for op, (theirs, ours) in pairs(axes, jc, ring_jc, mesh).items():
+            runs = {}
+            for name, fn in (("jax", theirs), ("jaxcomm", ours)):
+                f = jax.jit(jax.shard_map(
+                    lambda v, fn=fn: fn(v).reshape(-1, 3), mesh=mesh, in_specs=every,
+                    out_specs=every,
+                ))
+                w_shape = jax.eval_shape(f, x).shape
+                w = jax.make_array_from_callback(
+                    w_shape, NamedSharding(mesh, every),
+                    lambda i, s=w_shape: np.resize(weights, s)[i],
+                )
+                loss = lambda v, w, f=f: jnp.sum(jnp.sin(f(v)) * w)
+                runs[name] = (f(x), jax.jit(jax.grad(loss))(x, w))
+            check((layout, axes, op), runs["jax"][0], runs["jaxcomm"][0])
+            check((layout, axes, op, "grad"), runs["jax"][1], runs["jaxcomm"][1])
+        ok.append(f"{layout} {axes}")
+        jc.free()
+        ring_jc.free()
+
+# A replicated result leaves shard_map with out_specs P(), as psum's does, and
+# differentiates as psum does, also of a value that does not vary.
+mesh = layouts["1d"]
+jc = JaxComm.for_mesh(mesh, "x")
+world_jc = JaxComm(world)
+x = jax.make_array_from_callback(
+    (size, 2), NamedSharding(mesh, P("x")), lambda i: np.arange(2.0 * size).reshape(size, 2)[i]
+)
+for name, total in (
+    ("jax", lambda v: jax.lax.psum(v, "x")),
+    ("for_mesh", jc.allreduce),
+    ("world", world_jc.allreduce),
+):
+    f = jax.jit(jax.shard_map(
+        lambda v, t=total: t(jnp.sum(v ** 2)) + t(jnp.float32(3.0)) * jnp.sum(t(v)),
+        mesh=mesh, in_specs=P("x"), out_specs=P(),
+    ))
+    result = f(x)
+    grad = jax.jit(jax.grad(lambda v, f=f: f(v)))(x)
+    if name == "jax":
+        expected = (result, grad)
+    else:
+        check(name, result, expected[0])
+        check(name + " grad", grad, expected[1])
+ok.append("replicated")
+
+# With check_vma off, values carry no varying axes; results are still JAX's.
+unchecked = {
+    name: jax.jit(jax.shard_map(
+        lambda v, t=t: t(v) * 2, mesh=mesh, in_specs=P("x"), out_specs=P(), check_vma=False
+    ))(x)
+    for name, t in (("jax", lambda v: jax.lax.psum(v, "x")), ("jaxcomm", jc.allreduce))
+}
+check("check_vma=False", unchecked["jax"], unchecked["jaxcomm"])
+ok.append("unchecked")
+
+# Refusals, raised on every rank while compiling, before any MPI call.
+def refused(error, text, run):
+    try:
+        run()
+    except error as err:
+        assert text in str(err), err
+        return
+    raise AssertionError(f"not refused: {text}")
+
+refused(NotImplementedError, "outside shard_map", lambda: jax.jit(jc.allreduce)(x))
+refused(NotImplementedError, "outside shard_map", lambda: jc.allreduce(x))
+if size == 4:
+    other = JaxComm.for_mesh(layouts["2d"], "x")
+    refused(ValueError, "for_mesh", lambda: jax.jit(jax.shard_map(
+        other.allreduce, mesh=mesh, in_specs=P("x"), out_specs=P("x")))(x))
+    refused(NotImplementedError, "automatic", lambda: jax.jit(jax.shard_map(
+        world_jc.allreduce, mesh=layouts["2d"], in_specs=P("x"), out_specs=P("x"),
+        axis_names={"x"}))(x))
+half = Mesh(devices[:1], ("x",))
+refused(ValueError, "one device of each of the", lambda: JaxComm.for_mesh(half, "x"))
+refused(ValueError, "distinct axis names", lambda: JaxComm.for_mesh(mesh, "z"))
+ok.append("refusals")
+
+# Program order across calls: shard_map programs and eager calls on this
+# process's own arrays, dispatched back to back without waiting, pair up
+# with the same calls on the other ranks.
+summed = jax.jit(jax.shard_map(jc.allreduce, mesh=mesh, in_specs=P("x"), out_specs=P()))
+rotate = jax.jit(lambda v: world_jc.sendrecv(
+    v, v, source=(world.rank - 1) % size, dest=(world.rank + 1) % size))
+outs = []
+for i in range(20):
+    outs.append(summed(x * i))
+    outs.append(rotate(jnp.float32(world.rank + 10 * i)))
+    outs.append(world_jc.allreduce(jnp.float32(i)))
+total = np.arange(2.0 * size).reshape(size, 2).sum(axis=0)
+for i in range(20):
+    mapped, rotated, eager = (np.asarray(o.addressable_shards[0].data) for o in outs[3 * i:3 * i + 3])
+    assert np.allclose(mapped, total * i), (i, mapped)
+    assert rotated == (world.rank - 1) % size + 10 * i and eager == size * i, (i, rotated, eager)
+ok.append("order")
+jaxcomm.sync()
+if world.rank == 0:
+    print("passed:", ", ".join(ok), flush=True)
+"""
+
+
+@spawns_own_mpi
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_shard_map_collectives_match_jax(tmp_path, ranks):
+    done, _ = run_job(tmp_path, _JOB, ranks=ranks, limit=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    expected = ["1d ('x',)", "replicated", "unchecked", "refusals", "order"]
+    if ranks == 4:
+        expected += ["2d ('x',)", "2d ('y',)", "2d ('x', 'y')", "2d ('y', 'x')"]
+    for case in expected:
+        assert case in done.stdout, (case, done.stdout)
+
+
+@pytest.mark.mpi
+def test_for_mesh_needs_one_device_of_each_process():
+    # Without jax.distributed every process sees only its own device.
+    mesh = Mesh(np.array(jax.local_devices()[:1]), ("x",))
+    if MPI.COMM_WORLD.size > 1:
+        with pytest.raises(ValueError, match="one device of each of the .* jax.distributed"):
+            JaxComm.for_mesh(mesh, "x")
+        return
+    jc = JaxComm.for_mesh(mesh, "x")
+    assert (jc.rank, jc.size, jc.mesh_axes) == (0, 1, ("x",))
+    total = jax.jit(jax.shard_map(jc.allreduce, mesh=mesh, in_specs=P("x"), out_specs=P()))
+    np.testing.assert_array_equal(total(jnp.arange(3.0)), np.arange(3.0))
+    jc.free()
+    plain = JaxComm(MPI.COMM_WORLD)
+    assert plain.mesh_axes is None
+    plain.free()
