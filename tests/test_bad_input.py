@@ -1052,6 +1052,41 @@ CASES = [
         ],
     ),
     *cases(
+        "for_mesh",
+        [
+            (
+                "mesh-str",
+                lambda c: JaxComm.for_mesh("mesh", "x"),
+                TypeError,
+                r"^mesh must be a jax.sharding.Mesh \(with devices\), got str",
+            ),
+            (
+                "axes-int",
+                lambda c: JaxComm.for_mesh(jax.make_mesh((1,), ("x",)), 3),
+                TypeError,
+                r"^axes must be a sequence, got int",
+            ),
+            (
+                "axis-not-of-the-mesh",
+                lambda c: JaxComm.for_mesh(jax.make_mesh((1,), ("x",)), "y"),
+                ValueError,
+                r"^axes='y' must be one or more distinct axis names of the mesh",
+            ),
+            (
+                "axes-repeated",
+                lambda c: JaxComm.for_mesh(jax.make_mesh((1,), ("x",)), ("x", "x")),
+                ValueError,
+                r"must be one or more distinct axis names of the mesh",
+            ),
+            (
+                "comm-str",
+                lambda c: JaxComm.for_mesh(jax.make_mesh((1,), ("x",)), "x", comm="c"),
+                TypeError,
+                r"^comm must be an mpi4py Intracomm, got str",
+            ),
+        ],
+    ),
+    *cases(
         "from_graph",
         [
             (
@@ -1549,7 +1584,9 @@ def _with_modes(cases):
 
 def test_cases_cover_every_public_method():
     public = {name for name in dir(JaxComm) if not name.startswith("_")}
-    without_arguments = {"rank", "size", "freed", "free", "sync", "dims", "periods", "coords"}
+    without_arguments = {
+        *("rank", "size", "freed", "free", "sync", "dims", "periods", "coords", "mesh_axes")
+    }
     covered = {case.values[0] for case in CASES}
     assert public - without_arguments <= covered
     assert {"JaxComm", "set_debug", "set_cuda_aware", "bind_local_gpu"} <= covered
