@@ -6,6 +6,9 @@ MPI ranks without copies, eagerly and in compiled code, always in program
 order.
 """
 
+# First: _compat checks the JAX internals jaxcomm orders its calls with, and
+# must refuse a jax without them before anything else imports jax.extend.
+from . import _compat  # noqa: F401
 from ._abort import abort_on_exception
 from ._distributed import initialize_jax_distributed
 from ._gpu import bind_local_gpu, cuda_info, set_cuda_aware
