@@ -42,7 +42,6 @@ import dataclasses
 import json
 import math
 import os
-import subprocess
 import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -50,7 +49,7 @@ from typing import Any
 from .operations import OPS, input_shape, ragged_counts
 from .report import dump_json, format_table
 from .routes.c_floor import FLOOR
-from .scaling import LAUNCHED_VARS, cores, measure
+from .scaling import LAUNCHED_VARS, cores, launcher_vendor, measure, rank_list
 from .sizes import MIB, format_size
 
 MODEL_OPS = ("allreduce", "sendrecv", "ragged")
@@ -228,28 +227,40 @@ def check(records: Sequence[dict[str, Any]], fit: Fit, first_busy: int | None) -
     fitted = calibration_rows(fit)
     if first_busy is not None:
         fitted |= {("sendrecv", size, first_busy, FLOOR) for size in SIZES}
-    rows = []
-    for r in records:
-        if r["mode"] != "loop" or r["op"] not in MODEL_OPS or r["impl"] not in (FLOOR, JAXCOMM):
-            continue
-        if r.get("time_s") is None or r["ranks"] == 1:
-            continue
-        key = (r["op"], r["message"], r["ranks"], r["impl"])
-        predicted = predict(r["op"], r["nbytes"], r["ranks"], r["impl"], fit)
-        rows.append(
-            {
-                "op": r["op"],
-                "message": r["message"],
-                "ranks": r["ranks"],
-                "route": r["impl"],
-                "measured_s": r["time_s"],
-                "predicted_s": predicted,
-                "ratio": predicted / r["time_s"],
-                "calibration": key in fitted,
-                "oversubscribed": r["ranks"] > fit.cores,
-            }
-        )
+    rows = [
+        _beside(r, fit, None, (r["op"], r["message"], r["ranks"], r["impl"]) in fitted)
+        for r in _modelled(records)
+        if r["ranks"] != 1
+    ]
     return sorted(rows, key=lambda c: (c["op"], c["message"], c["route"], c["ranks"]))
+
+
+def _modelled(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The timed loop-mode records of the model's ops, jaxcomm's and the floor's."""
+    return [
+        r
+        for r in records
+        if r["mode"] == "loop"
+        and r["op"] in MODEL_OPS
+        and r["impl"] in (FLOOR, JAXCOMM)
+        and r.get("time_s") is not None
+    ]
+
+
+def _beside(r: dict[str, Any], fit: Fit, t: Transport | None, calibration: bool) -> dict:
+    """Record ``r`` beside its prediction (``t``: another transport's parameters)."""
+    predicted = predict(r["op"], r["nbytes"], r["ranks"], r["impl"], fit, t)
+    return {
+        "op": r["op"] if t is None else r["op"] + " tcp",
+        "message": r["message"],
+        "ranks": r["ranks"],
+        "route": r["impl"],
+        "measured_s": r["time_s"],
+        "predicted_s": predicted,
+        "ratio": predicted / r["time_s"],
+        "calibration": calibration,
+        "oversubscribed": r["ranks"] > fit.cores,
+    }
 
 
 def _factor(row: dict) -> float:
@@ -296,15 +307,6 @@ def network_predictions(
                     }
                 )
     return rows
-
-
-def mpi_vendor() -> str:
-    """ "MPICH" or "Open MPI", from the launcher's ``--version`` (without starting MPI here)."""
-    from .scaling import launcher
-
-    command = launcher(1)[0]
-    text = subprocess.run([command, "--version"], capture_output=True, text=True).stdout
-    return "Open MPI" if "Open MPI" in text or "open-mpi" in text else "MPICH"
 
 
 def _us(seconds: float) -> str:
@@ -391,7 +393,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="jaxcomm's cost model, checked against measurements.")
     p.add_argument(
         "--ranks",
-        type=lambda t: [int(n) for n in t.split(",")],
+        type=rank_list,
         default=list(RANKS),
         help="rank counts to measure (default 1,2,4,8,16,32; must include 1 and 2)",
     )
@@ -417,26 +419,11 @@ def _tcp_rows(records: Sequence[dict], fit: Fit) -> tuple[Transport | None, list
         tcp = _hockney(records, 2)
     except LookupError:
         return None, []
-    rows = []
-    for r in records:
-        if r["mode"] != "loop" or r["impl"] not in (FLOOR, JAXCOMM) or r.get("time_s") is None:
-            continue
-        if r["ranks"] != 2 or r["op"] not in MODEL_OPS:
-            continue
-        predicted = predict(r["op"], r["nbytes"], 2, r["impl"], fit, tcp)
-        rows.append(
-            {
-                "op": r["op"] + " tcp",
-                "message": r["message"],
-                "ranks": 2,
-                "route": r["impl"],
-                "measured_s": r["time_s"],
-                "predicted_s": predicted,
-                "ratio": predicted / r["time_s"],
-                "calibration": r["op"] == "sendrecv" and r["impl"] == FLOOR,
-                "oversubscribed": False,
-            }
-        )
+    rows = [
+        _beside(r, fit, tcp, r["op"] == "sendrecv" and r["impl"] == FLOOR)
+        for r in _modelled(records)
+        if r["ranks"] == 2
+    ]
     return tcp, rows
 
 
@@ -460,7 +447,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         records, runs = measure(args.ranks, options, SIZES, args.timeout)
         tcp_records = []
         if not args.no_network:
-            env = NETWORK_ENV[mpi_vendor()]
+            env = NETWORK_ENV[launcher_vendor()]
             print(f"# the network transport: {' '.join(f'{k}={v}' for k, v in env.items())}")
             tcp_records, tcp_runs = measure([2], options, SIZES, args.timeout, env=env)
             runs += [{**run, "network": env} for run in tcp_runs]

@@ -56,19 +56,42 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
+def _mpiexec() -> str:
+    """The ``mpiexec`` beside this Python, else the one on ``PATH``.
+
+    Raises:
+        RuntimeError: if there is none.
+    """
+    found = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec")
+    if found is None:
+        raise RuntimeError("no mpiexec beside this Python or on PATH")
+    return found
+
+
+def launcher_vendor() -> str:
+    """ "MPICH" or "Open MPI", from the launcher's ``--version`` (without starting MPI here).
+
+    Raises:
+        RuntimeError: if there is no ``mpiexec``.
+    """
+    version = subprocess.run([_mpiexec(), "--version"], capture_output=True, text=True).stdout
+    return "Open MPI" if "Open MPI" in version or "open-mpi" in version else "MPICH"
+
+
 def launcher(ranks: int) -> list[str]:
     """``mpiexec -n ranks``, the one beside this Python first; Open MPI may oversubscribe.
 
     Raises:
         RuntimeError: if there is no ``mpiexec``.
     """
-    found = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec")
-    if found is None:
-        raise RuntimeError("no mpiexec beside this Python or on PATH")
-    version = subprocess.run([found, "--version"], capture_output=True, text=True).stdout
     # MPICH's launcher runs more ranks than cores by default, Open MPI's refuses.
-    extra = ["--oversubscribe"] if "Open MPI" in version or "open-mpi" in version else []
-    return [found, *extra, "-n", str(ranks)]
+    extra = ["--oversubscribe"] if launcher_vendor() == "Open MPI" else []
+    return [_mpiexec(), *extra, "-n", str(ranks)]
+
+
+def rank_list(text: str) -> list[int]:
+    """``"1,2,4"`` as ``[1, 2, 4]`` (the ``--ranks`` option)."""
+    return [int(n) for n in text.split(",")]
 
 
 def bench_run(
@@ -244,7 +267,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="jaxcomm.bench at 1, 2, 4 and 8 ranks.")
     p.add_argument(
         "--ranks",
-        type=lambda t: [int(n) for n in t.split(",")],
+        type=rank_list,
         default=list(RANKS),
         help="comma-separated rank counts (default 1,2,4,8)",
     )
