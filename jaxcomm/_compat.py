@@ -216,6 +216,38 @@ def register_uncached_lowering(prim, rule, platform):
 _REGISTER_LOWERING_CACHEABLE = "cacheable" in inspect.signature(_mlir.register_lowering).parameters
 
 
+# Attributes JAX puts on an argument of the entry function that is donated:
+# ``tf.aliasing_output`` where it found an output for it, ``jax.buffer_donor``
+# otherwise.
+_DONATION_ATTRIBUTES = ("tf.aliasing_output", "jax.buffer_donor")
+
+
+def kept_argument(value):
+    """Whether ``value`` is an argument of the jitted function that its caller keeps.
+
+    That is, a block argument of the module's entry function (``main``)
+    without a donation attribute. XLA cannot hand such a buffer to an output
+    aliased to it: it copies the argument first. False wherever the answer is
+    not sure (an argument of a loop body or of an inner function, or a jax
+    whose MLIR bindings differ), which keeps the alias.
+    """
+    try:
+        from jax._src.lib.mlir import ir
+
+        if not isinstance(value, ir.BlockArgument):
+            return False
+        function = value.owner.owner
+        attributes = function.attributes
+        if "sym_name" not in attributes or ir.StringAttr(attributes["sym_name"]).value != "main":
+            return False
+        if "arg_attrs" not in attributes:
+            return True
+        argument = ir.DictAttr(ir.ArrayAttr(attributes["arg_attrs"])[value.arg_number])
+        return not any(name in argument for name in _DONATION_ATTRIBUTES)
+    except Exception:  # noqa: BLE001 (an unsure answer keeps today's alias)
+        return False
+
+
 def backends_initialized():
     """Whether JAX has created its backends (after which its GPU set is fixed)."""
     return _xla_bridge.backends_are_initialized()

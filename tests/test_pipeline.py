@@ -35,6 +35,16 @@ def pipelined():
         jaxcomm.set_pipeline_bytes(previous)
 
 
+# How a test calls the op: eagerly; jitted on an argument the caller keeps (the
+# in-place ops then write an output of their own); jitted on a value computed
+# inside (their output takes the input's buffer, and MPI works in place).
+MODES = {
+    "eager": lambda f: f,
+    "jit": jax.jit,
+    "in place": lambda f: jax.jit(lambda v: f(v + 0)),
+}
+
+
 def _dtype(name):
     return np.dtype(jnp.bfloat16) if name == "bfloat16" else np.dtype(name)
 
@@ -49,15 +59,15 @@ def _data(size, n, dtype):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_reductions(jc, pipelined, dtype, n, jit):
+def test_reductions(jc, pipelined, dtype, n, mode):
     dtype = _dtype(dtype)
     rank, size = jc.rank, jc.size
     every = _data(size, n, dtype)
     x = jnp.asarray(every[rank])
-    wrap = jax.jit if jit else (lambda f: f)
+    wrap = MODES[mode]
     np.testing.assert_array_equal(np.asarray(wrap(jc.allreduce)(x)), _sum(every, n, dtype))
     np.testing.assert_array_equal(np.asarray(wrap(jc.scan)(x)), _sum(every[: rank + 1], n, dtype))
     np.testing.assert_array_equal(np.asarray(wrap(jc.exscan)(x)), _sum(every[:rank], n, dtype))
@@ -65,15 +75,15 @@ def test_reductions(jc, pipelined, dtype, n, jit):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("dtype", ["float32", "int8", "complex128"])
-def test_bcast_and_allgather(jc, pipelined, dtype, n, jit):
+def test_bcast_and_allgather(jc, pipelined, dtype, n, mode):
     dtype = np.dtype(dtype)
     rank, size = jc.rank, jc.size
     every = _data(size, n, dtype)
     x = jnp.asarray(every[rank])
-    wrap = jax.jit if jit else (lambda f: f)
+    wrap = MODES[mode]
     for root in range(size):
         got = wrap(lambda v, root=root: jc.bcast(v, root=root))(x)
         np.testing.assert_array_equal(np.asarray(got), every[root])

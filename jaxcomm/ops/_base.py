@@ -129,9 +129,13 @@ _ARRAY_IN_PLACE = {1: 1}
 def _ordered_ffi_lowering(target, attrs, in_place, aliases, ctx, *args, **params):
     check_placement(ctx, params.get("handle"))
     token, token_ctx = _compat.ordered_token(ctx)
-    if in_place:
+    if in_place and not _compat.kept_argument(args[0]):
         # Looked up here, not when the primitive is made: a test lowers
         # without the alias to check that the kernels do not depend on it.
+        # An argument of the jitted function that the caller keeps is left
+        # unaliased: XLA would copy it into the output first, a pass over
+        # the message that MPI's own form (MPI_Bcast's non-roots receive
+        # straight into the output) does not need or makes itself.
         aliases = _ARRAY_IN_PLACE
     lowering = jax.ffi.ffi_lowering(target, has_side_effect=True, operand_output_aliases=aliases)
     token_out, *results = lowering(
