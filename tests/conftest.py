@@ -149,8 +149,19 @@ def unchanged(x, original):
 # processes of its own runs only outside a launch (the plain pytest run), and
 # hands them an environment without these, so they do not join the job.
 LAUNCHER_VARS = ("PMI_", "HYDRA_", "MPIR_", "OMPI_", "PMIX_", "PRTE_", "MPI_LOCAL")
+# Settings a user exports for every launch (Open MPI's consent to run as root,
+# MCA parameters): they do not mean this process is a rank, and the processes
+# a test starts need them too.
+USER_SETTINGS = ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_MCA_", "PRTE_MCA_", "PMIX_MCA_")
+
+
+def set_by_launcher(name):
+    """Whether environment variable ``name`` is one an MPI launcher sets in its ranks."""
+    return name.startswith(LAUNCHER_VARS) and not name.startswith(USER_SETTINGS)
+
+
 spawns_own_mpi = pytest.mark.skipif(
-    any(k.startswith(LAUNCHER_VARS) for k in os.environ),
+    any(set_by_launcher(k) for k in os.environ),
     reason="spawns its own MPI processes; runs in the plain pytest run",
 )
 
@@ -206,7 +217,7 @@ def run_job(tmp_path, script, *args, ranks=2, limit=120, **env):
 
 def environment_without_launcher(**extra):
     """This process's environment minus the launcher's variables, plus ``extra``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_VARS)}
+    env = {k: v for k, v in os.environ.items() if not set_by_launcher(k)}
     env.update(extra)
     return env
 
