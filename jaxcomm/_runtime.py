@@ -23,7 +23,7 @@ import jax
 import numpy as np
 from mpi4py import MPI
 
-from . import _compat
+from . import _compat, _malloc
 
 try:
     from . import _build_info
@@ -537,6 +537,8 @@ _kernels_cpu.set_check(os.environ.get("JAXCOMM_CHECK", "") not in ("", "0"))
 set_timeout(_env_seconds("JAXCOMM_TIMEOUT"))
 if _env_bytes("JAXCOMM_PIPELINE_BYTES") is not None:
     set_pipeline_bytes(_env_bytes("JAXCOMM_PIPELINE_BYTES"))
+# Bytes of freed memory glibc keeps for the next call's buffers (_malloc.py).
+malloc_pad = _malloc.keep_freed_memory(_env_bytes("JAXCOMM_MALLOC_PAD"))
 
 
 # Interrupts ------------------------------------------------------------------
