@@ -13,6 +13,8 @@ nonblocking start (``iragged_all_to_all``, ``ialltoallv``) completed by a
 wait, which must give the same results and raise the same errors.
 """
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -20,8 +22,10 @@ import pytest
 from conftest import RUNTIME_ERRORS, not_reported_again, rank_data, unchanged
 from operations import ragged, ragged_model
 
+import jaxcomm
 from jaxcomm._runtime import _kernels_cpu
 
+EMULATED = os.environ.get("JAXCOMM_EMULATE_CUDA", "") not in ("", "0")
 SEEDS = range(4)
 TRAILING = [(), (3,)]
 
@@ -405,6 +409,34 @@ def test_interior_runs_between_the_start_and_the_wait(jc, op):
     order = [text.index(f'"jaxcomm_{start}"'), text.index(" while(")]
     order.append(text.index('"jaxcomm_wait_ragged"'))
     assert order == sorted(order), order
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(not EMULATED, reason="needs the CUDA kernels (JAXCOMM_EMULATE_CUDA=1)")
+def test_gpu_staging_of_a_started_exchange_is_held_until_the_wait(jc):
+    # On the staging path MPI moves the rows through pinned host copies of the
+    # operand and the result (which starts as the output), held by the request
+    # until its wait; fresh pinned memory holds a byte pattern, so rows the
+    # exchange does not write show whether the output was loaded.
+    kernels = jaxcomm._runtime.cuda_kernels
+    operands, outputs, args = _pattern(jc, 2, (3,))
+    want = ragged_model(operands, outputs, args)[jc.rank]
+    saved = jaxcomm._gpu._override
+    try:
+        jaxcomm.set_cuda_aware(False)
+        held = kernels.staging_held()
+        request = jc.iragged_all_to_all(operands[jc.rank], outputs[jc.rank], *_int(args[jc.rank]))
+        jax.block_until_ready(request._id)
+        assert kernels.staging_held() == held + 2
+        np.testing.assert_array_equal(np.asarray(jc.wait(request)), want)
+        assert kernels.staging_held() == held
+        jaxcomm.set_cuda_aware(True)
+        request = jc.iragged_all_to_all(operands[jc.rank], outputs[jc.rank], *_int(args[jc.rank]))
+        jax.block_until_ready(request._id)
+        assert kernels.staging_held() == held
+        np.testing.assert_array_equal(np.asarray(jc.wait(request)), want)
+    finally:
+        jaxcomm._gpu.apply_data_path(*(saved or (None, "")))
 
 
 # Bad input -------------------------------------------------------------------------
