@@ -18,8 +18,10 @@ index arrays, as their blocking forms (``ragged.py``). Their start makes the
 blocking form's header exchange (an ``MPI_Alltoall``, short) and its checks,
 then starts the rows' ``MPI_Ialltoallv``; it also returns what the headers
 told it (the blocking form's second result). Their wait (``wait_ragged_p``)
-takes the index arrays too, which only ride along for the derivative rules. Both carry jaxcomm's ordered effect, so starts and
-waits run in program order with every other jaxcomm call. Because the wait
+takes the index arrays too, which only ride along for the derivative rules.
+
+Starts and waits carry jaxcomm's ordered effect, so they run in program
+order with every other jaxcomm call. Because the wait
 takes the send buffer, XLA keeps it alive and unmodified until then; because
 the result comes out of the wait, aliased to the buffer MPI fills, nothing
 reads it earlier and no data moves. The wait checks that it was handed the
@@ -846,9 +848,14 @@ for _wait in _WAITS.values():
 # Replicated collectives (iallreduce with SUM, ibcast, iallgather) transpose
 # locally, like their blocking forms (Replicated, _adjoint.py): their cotangent
 # needs no message. ireduce and iscan transpose as reduce and scan do
-# (Blocking); igather and iscatter transpose into each other (Reverse). A reduction with MAX, MIN or PROD needs the reduced value
-# for its tangent, so its wait's rule computes the tangent with the blocking
-# collectives, after the primal wait. Rules run on every rank (_compat.py).
+# (Blocking); igather and iscatter transpose into each other (Reverse). A
+# reduction with MAX, MIN or PROD needs the reduced value for its tangent, so
+# its wait's rule computes the tangent with the blocking collectives, after
+# the primal wait. The exchanges whose counts are operands (ragged) reverse
+# as their blocking forms do, started by the wait's transpose, which also
+# gives the output's cotangent to the receive buffer; their index arrays ride
+# with the wait, so that its transpose has them. Rules run on every rank
+# (_compat.py).
 
 # id(request_id) -> (request_id, buffers that go with it).
 _companions = {}
