@@ -1931,36 +1931,64 @@ class JaxComm:
         handle, _, _ = self._topology()
         return nonblocking.start(nonblocking.ineighbor_allgather_p, held(x, "x"), handle=handle)
 
-    def ialltoallv(self, x: ArrayLike, sendcounts: Any, recvcounts: Any) -> Request:
+    def ialltoallv(
+        self,
+        x: ArrayLike,
+        sendcounts: Any,
+        recvcounts: Any = None,
+        *,
+        capacity: int | None = None,
+    ) -> Request:
         """Start exchanging blocks of rows of different sizes between every pair of ranks.
 
-        Wraps ``MPI_Ialltoallv``. ``sendcounts[j]`` is the number of rows this
-        rank sends to rank ``j`` and ``recvcounts[i]`` the number it receives
+        The nonblocking :meth:`alltoallv`, in its forms by this rank's counts;
+        the wait returns what :meth:`alltoallv` returns. ``sendcounts[j]`` is
+        the number of rows this rank sends to rank ``j`` (its blocks one
+        after another in ``x``) and ``recvcounts[i]`` the number it receives
         from rank ``i``, which must be rank ``i``'s ``sendcounts`` entry for
-        this rank. Its wait returns what :meth:`alltoallv` returns for the
-        counts matrix whose row ``rank`` is ``sendcounts``: the blocks
-        received from ranks 0, 1, ... one after another. Works eagerly and
-        under ``jit``, in loops and conditionals, under ``vmap``;
-        differentiable (transposed by the reverse exchange, with the counts
-        swapped).
+        this rank.
+
+        - ``ialltoallv(x, sendcounts, recvcounts)`` with both counts static
+          (sequences of ints) and no ``capacity``: wraps ``MPI_Ialltoallv``
+          alone; ``x`` has exactly ``sum(sendcounts)`` rows and the wait
+          returns the ``sum(recvcounts)`` rows received.
+        - Otherwise the counts may be traced (computed inside ``jit``), as in
+          :meth:`alltoallv`'s first two forms: the start exchanges the
+          counts with one ``MPI_Alltoall`` (short, blocking) and checks them
+          as :meth:`alltoallv` does, then starts the rows' ``MPI_Ialltoallv``,
+          which the wait completes; only the rows travel while the caller
+          computes. Without ``recvcounts`` the wait returns ``(y,
+          recvcounts)``, ``y`` of ``capacity`` rows (default: ``x``'s), the
+          received blocks first and zeros after them; with ``recvcounts`` it
+          returns ``y`` alone (``capacity`` by default ``sum(recvcounts)``
+          for static ``recvcounts``, ``x``'s rows for traced ones).
+
+        Works eagerly and under ``jit``, in loops and conditionals, under
+        ``vmap`` (counts shared by the batch); differentiable (transposed by
+        the reverse exchange, a request again).
 
         Args:
-            x: array with ``sum(sendcounts)`` rows, holding its blocks for
-                ranks 0, 1, ... one after another; trailing dimensions and
-                dtype the same on every rank.
-            sendcounts: static sequence of ``size`` non-negative ints.
-            recvcounts: static sequence of ``size`` non-negative ints.
+            x: array of rows, trailing dimensions and dtype the same on
+                every rank.
+            sendcounts: this rank's row counts per destination.
+            recvcounts: this rank's row counts per source, or None.
+            capacity: static number of rows of the result.
 
         Returns:
-            A :class:`jaxcomm.Request`; its wait returns a new array of shape
-            ``(sum(recvcounts), *x.shape[1:])``.
+            A :class:`jaxcomm.Request`; its wait returns the received rows
+            (and the counts received, without ``recvcounts``; see above).
 
         Raises:
-            TypeError: for a non-array ``x``, or counts that are traced or not
-                a sequence of ints.
-            ValueError: for counts without one entry per rank or with
-                negative entries, or a ``sendcounts`` that does not give
-                ``x``'s rows.
+            TypeError: for a non-array ``x`` or non-integer counts.
+            ValueError: for counts without one entry per rank, negative
+                static counts, or static counts that do not fit ``x`` or
+                ``capacity``.
+            RuntimeError: raised by the kernel (``XlaRuntimeError``) as for
+                :meth:`alltoallv`: for traced counts that are negative or do
+                not fit ``x``, by the start on every rank, nothing
+                exchanged; for received rows that overflow ``capacity`` or
+                differ from ``recvcounts``, by the wait on the receiving rank
+                (``docs/irregular.md``).
 
         Example:
             With 2 ranks, where rank 0 sends 1 row to itself and 2 to rank 1,
@@ -1971,9 +1999,26 @@ class JaxComm:
             >>> x = jnp.full(sum(counts[jc.rank]), jc.rank)
             >>> jc.wait(jc.ialltoallv(x, counts[jc.rank], received))
             Array([0, 1, 1, 1], dtype=int32)   # on rank 0; [0, 0] on rank 1
+            >>> request = jc.ialltoallv(jnp.full(4, jc.rank), jnp.asarray(counts[jc.rank]))
+            >>> jc.wait(request)  # counts learned, capacity of x's 4 rows
+            (Array([0, 1, 1, 1], dtype=int32), Array([1, 3], dtype=int32))  # on rank 0
         """
         handle = self._live()
         x = held(x, "x")
+        static = recvcounts is not None and capacity is None
+        static = static and _concrete(sendcounts) is not None and _concrete(recvcounts) is not None
+        if not static:
+            return _counted_exchange(
+                nonblocking.start_counts,
+                x,
+                sendcounts,
+                recvcounts,
+                capacity,
+                self._size,
+                "rank",
+                handle,
+                started=True,
+            )
         send = static_counts(sendcounts, "sendcounts", self._size)
         recv = static_counts(recvcounts, "recvcounts", self._size)
         own = leading_axis(x, "of sum(sendcounts) rows")
@@ -1983,6 +2028,82 @@ class JaxComm:
             )
         return nonblocking.start(
             nonblocking.ialltoallv_p, x, sendcounts=send, recvcounts=recv, handle=handle
+        )
+
+    def iragged_all_to_all(
+        self,
+        operand: ArrayLike,
+        output: ArrayLike,
+        input_offsets: ArrayLike,
+        send_sizes: ArrayLike,
+        output_offsets: ArrayLike,
+        recv_sizes: ArrayLike,
+    ) -> Request:
+        """Start :meth:`ragged_all_to_all`; see :meth:`wait`, which returns its result.
+
+        Same arguments, checks and errors as :meth:`ragged_all_to_all`; the
+        index arrays may be traced. The start makes the small exchange of
+        where each slice goes (``MPI_Alltoall``, blocking) and its checks,
+        then starts the rows' ``MPI_Ialltoallv``; the wait completes it and
+        returns ``output`` with the received slices written in. So the rows
+        travel while the caller computes (use :meth:`during` to tie that
+        computation in between inside ``jit``). Works eagerly and under
+        ``jit``, in loops and conditionals, under ``vmap`` (index arrays
+        shared by the batch), and differentiable in ``operand`` and
+        ``output``: transposed by the reverse exchange, a request again.
+
+        Args:
+            operand: array of rows to send from.
+            output: array of rows that received slices are written into.
+            input_offsets: integer array of shape ``(size,)``.
+            send_sizes: integer array of shape ``(size,)``.
+            output_offsets: integer array of shape ``(size,)``.
+            recv_sizes: integer array of shape ``(size,)``.
+
+        Returns:
+            A :class:`jaxcomm.Request`; its wait returns a new array shaped
+            like ``output``.
+
+        Raises:
+            TypeError: as :meth:`ragged_all_to_all`.
+            ValueError: as :meth:`ragged_all_to_all`.
+            RuntimeError: raised by the kernel (``XlaRuntimeError``): by the
+                start on every rank, nothing moved, where
+                :meth:`ragged_all_to_all` raises before anything moves; by
+                the wait, on the receiving rank, where it raises after the
+                exchange (``docs/irregular.md``).
+
+        Example:
+            ``jax.lax.ragged_all_to_all``'s own example, on 2 ranks, with
+            the interior computed while the rows travel:
+
+            >>> args = [  # operand, output, input_offsets, send_sizes, output_offsets, recv_sizes
+            ...     ([1, 2, 2], [0, 0, 0, 0], [0, 1], [1, 2], [0, 0], [1, 1]),
+            ...     ([3, 4, 0], [0, 0, 0, 0], [0, 1], [1, 1], [1, 2], [2, 1]),
+            ... ][jc.rank]
+            >>> request = jc.iragged_all_to_all(*map(jnp.asarray, args))
+            >>> interior = update(u)  # while the rows travel
+            >>> jc.wait(request)
+            Array([1, 3, 0, 0], dtype=int32)   # on rank 0; [2, 2, 4, 0] on rank 1
+        """
+        handle = self._live()
+        operand, output = rows_arrays(held(operand, "operand"), output)
+        indices = index_arrays(
+            {
+                "input_offsets": input_offsets,
+                "send_sizes": send_sizes,
+                "output_offsets": output_offsets,
+                "recv_sizes": recv_sizes,
+            },
+            self._size,
+        )
+        return nonblocking.start(
+            nonblocking.iragged_all_to_all_p,
+            operand,
+            output,
+            jnp.stack(indices),
+            reverse=0,
+            handle=handle,
         )
 
     def during(self, requests: Sequence[Request], fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -2016,14 +2137,16 @@ class JaxComm:
         """
         return nonblocking.during(sequence(requests, "requests"), fn, *args, **kwargs)
 
-    def wait(self, request: Request) -> jax.Array | None:
+    def wait(self, request: Request) -> Any:
         """Complete a nonblocking operation and return its result.
 
         Wraps ``MPI_Wait``. Returns the received array (``irecv``), the
         collective's result (``iallreduce``, ``ireduce``, ``iscan``,
         ``ibcast``, ``iallgather``, ``igather``, ``iscatter``, ``ialltoall``,
-        ``ialltoallv``) or None (``isend``). Waits are ordered with every other jaxcomm call,
-        in program order. Each request is waited exactly once,
+        ``ialltoallv``, ``ineighbor_alltoall``, ``ineighbor_allgather``,
+        ``iragged_all_to_all``; ``(y, recvcounts)`` for ``ialltoallv``
+        without ``recvcounts``) or None (``isend``). Waits are ordered with
+        every other jaxcomm call, in program order. Each request is waited exactly once,
         in the traced function (loop body, cond branch) that started it, or
         eagerly for a request started eagerly.
 
@@ -2128,13 +2251,16 @@ def _concrete(counts: Any) -> np.ndarray | None:
     return np.asarray(counts)
 
 
-def _counted_exchange(bind, x, sendcounts, recvcounts, capacity, lengths, per, handle):
-    """An exchange of rows by this rank's counts (``alltoallv``, ``neighbor_alltoallv``).
+def _counted_exchange(
+    bind, x, sendcounts, recvcounts, capacity, lengths, per, handle, *, started=False
+):
+    """An exchange of rows by this rank's counts (``alltoallv``, ``neighbor_alltoallv``, ``ialltoallv``).
 
     Checks the counts (one per ``per``; ``lengths`` as :func:`index_arrays`
     takes it), picks the capacity, and binds ``bind`` with a zero output of
     that many rows. Returns the received rows, and the counts received when
-    ``recvcounts`` is None (they are learned).
+    ``recvcounts`` is None (they are learned); ``started``: what ``bind``
+    returns (a request).
     """
     rows = leading_axis(x, "of rows")
     learn = recvcounts is None
@@ -2155,6 +2281,8 @@ def _counted_exchange(bind, x, sendcounts, recvcounts, capacity, lengths, per, h
     if static[1] is not None:
         _check_static_counts("recvcounts", static[1], capacity, "the capacity")
     output = jnp.zeros((capacity, *x.shape[1:]), x.dtype)
+    if started:
+        return bind(x, output, send, recv, handle=handle)
     y, received = bind(x, output, send, recv, handle=handle)
     return (y, received) if learn else y
 

@@ -305,10 +305,19 @@ def _alltoallv(data, rank, size):
     return np.concatenate(parts)
 
 
-def _ragged_call(jc, x):
+def _ragged_args(jc, x):
+    """This rank's output and index arrays of the :func:`ragged` pattern, for operand ``x``."""
     _, out_rows, args = ragged(jc.size)
     output = jax.numpy.zeros((out_rows, *x.shape[1:]), x.dtype)
-    return jc.ragged_all_to_all(x, output, *(a.astype(np.int32) for a in args[jc.rank]))
+    return (output, *(a.astype(np.int32) for a in args[jc.rank]))
+
+
+def _ragged_call(jc, x):
+    return jc.ragged_all_to_all(x, *_ragged_args(jc, x))
+
+
+def _iragged_call(jc, x):
+    return jc.wait(jc.iragged_all_to_all(x, *_ragged_args(jc, x)))
 
 
 def _ragged_shape(size, rank):
@@ -343,6 +352,18 @@ def _alltoallv_traced(jc, x):
 def _alltoallv_recvcounts(jc, x):
     m = matrix(jc.size)
     return jc.alltoallv(x, m[jc.rank], [row[jc.rank] for row in m])
+
+
+def _ialltoallv_learned(jc, x):
+    y, received = jc.wait(jc.ialltoallv(x, matrix(jc.size)[jc.rank], capacity=_capacity(jc.size)))
+    return y
+
+
+def _ialltoallv_traced(jc, x):
+    # Both counts computed inside the function, so traced under jit.
+    m = jax.numpy.asarray(matrix(jc.size))
+    send, recv = m[jax.numpy.int32(jc.rank)], m[:, jax.numpy.int32(jc.rank)]
+    return jc.wait(jc.ialltoallv(x, send, recv, capacity=_capacity(jc.size)))
 
 
 def _alltoallv_padded(data, rank, size):
@@ -1000,6 +1021,42 @@ OPERATIONS = (
         mpi=("MPI_Ialltoallv",),
         targets=("ialltoallv", "wait_exchange"),
         methods=("ialltoallv", "wait"),
+        transforms=NONBLOCKING,
+    ),
+    Operation(
+        "ialltoallv-learned",
+        family="nonblocking",
+        kind="nonblocking",
+        call=_ialltoallv_learned,
+        shape=_row_of_matrix,
+        expected=_alltoallv_padded,
+        mpi=("MPI_Alltoall", "MPI_Ialltoallv"),
+        targets=("ialltoallv_counts", "wait_ragged"),
+        methods=("ialltoallv", "wait"),
+        transforms=NONBLOCKING,
+    ),
+    Operation(
+        "ialltoallv-traced",
+        family="nonblocking",
+        kind="nonblocking",
+        call=_ialltoallv_traced,
+        shape=_row_of_matrix,
+        expected=_alltoallv_padded,
+        mpi=("MPI_Alltoall", "MPI_Ialltoallv"),
+        targets=("ialltoallv_counts", "wait_ragged"),
+        methods=("ialltoallv", "wait"),
+        transforms=NONBLOCKING,
+    ),
+    Operation(
+        "iragged_all_to_all",
+        family="nonblocking",
+        kind="nonblocking",
+        call=_iragged_call,
+        shape=_ragged_shape,
+        expected=_ragged,
+        mpi=("MPI_Alltoall", "MPI_Ialltoallv"),
+        targets=("iragged_all_to_all", "wait_ragged"),
+        methods=("iragged_all_to_all", "wait"),
         transforms=NONBLOCKING,
     ),
     Operation(

@@ -774,42 +774,52 @@ CASES = [
             ("freed", lambda c: c.freed.scatterv(ones(c.size), [1] * c.size), RuntimeError, FREED),
         ],
     ),
-    *cases(
-        "ragged_all_to_all",
-        [
-            (
-                "operand-str",
-                lambda c: c.jc.ragged_all_to_all("abc", ones(2), *[[0] * c.size] * 4),
-                TypeError,
-                r"^operand must be an array or a scalar, got str",
-            ),
-            (
-                "rows-differ",
-                lambda c: c.jc.ragged_all_to_all(ones(2, 3), ones(2), *[[0] * c.size] * 4),
-                ValueError,
-                r"^operand rows have shape \(3,\), output rows \(\)",
-            ),
-            (
-                "index-length",
-                lambda c: c.jc.ragged_all_to_all(ones(2), ones(2), *[[0] * (c.size + 1)] * 4),
-                ValueError,
-                r"^input_offsets has shape \(\d+,\); it needs one entry per rank",
-            ),
-            (
-                "index-float",
-                lambda c: c.jc.ragged_all_to_all(
-                    ones(2), ones(2), [0] * c.size, [0.5] * c.size, [0] * c.size, [0] * c.size
+    *(
+        case
+        for name in ("ragged_all_to_all", "iragged_all_to_all")
+        for case in cases(
+            name,
+            [
+                (
+                    "operand-str",
+                    lambda c, name=name: getattr(c.jc, name)("abc", ones(2), *[[0] * c.size] * 4),
+                    TypeError,
+                    r"^operand must be an array or a scalar, got str",
                 ),
-                TypeError,
-                r"^send_sizes must be an integer array",
-            ),
-            (
-                "freed",
-                lambda c: c.freed.ragged_all_to_all(ones(2), ones(2), *[[0] * c.size] * 4),
-                RuntimeError,
-                FREED,
-            ),
-        ],
+                (
+                    "rows-differ",
+                    lambda c, name=name: getattr(c.jc, name)(
+                        ones(2, 3), ones(2), *[[0] * c.size] * 4
+                    ),
+                    ValueError,
+                    r"^operand rows have shape \(3,\), output rows \(\)",
+                ),
+                (
+                    "index-length",
+                    lambda c, name=name: getattr(c.jc, name)(
+                        ones(2), ones(2), *[[0] * (c.size + 1)] * 4
+                    ),
+                    ValueError,
+                    r"^input_offsets has shape \(\d+,\); it needs one entry per rank",
+                ),
+                (
+                    "index-float",
+                    lambda c, name=name: getattr(c.jc, name)(
+                        ones(2), ones(2), [0] * c.size, [0.5] * c.size, [0] * c.size, [0] * c.size
+                    ),
+                    TypeError,
+                    r"^send_sizes must be an integer array",
+                ),
+                (
+                    "freed",
+                    lambda c, name=name: getattr(c.freed, name)(
+                        ones(2), ones(2), *[[0] * c.size] * 4
+                    ),
+                    RuntimeError,
+                    FREED,
+                ),
+            ],
+        )
     ),
     *cases(
         "alltoallv",
@@ -1021,15 +1031,66 @@ CASES = [
         "ialltoallv",
         [
             *x_cases(lambda c, x: c.jc.ialltoallv(x, [1] * c.size, [1] * c.size)),
-            *counts_cases(
-                lambda c, x, counts: c.jc.ialltoallv(x, counts, [1] * c.size),
-                lambda c: c.size,
-                name="sendcounts",
+            # Traced counts take the form that exchanges them (cases below).
+            *(
+                case
+                for case in counts_cases(
+                    lambda c, x, counts: c.jc.ialltoallv(x, counts, [1] * c.size),
+                    lambda c: c.size,
+                    name="sendcounts",
+                )
+                if "traced" not in case[0]
             ),
-            *counts_cases(
-                lambda c, x, counts: c.jc.ialltoallv(x, [1] * c.size, counts),
-                lambda c: c.size,
-                name="recvcounts",
+            *(
+                case
+                for case in counts_cases(
+                    lambda c, x, counts: c.jc.ialltoallv(x, [1] * c.size, counts),
+                    lambda c: c.size,
+                    name="recvcounts",
+                )
+                if "traced" not in case[0]
+            ),
+            (
+                "learned-counts-overrun",
+                lambda c: c.jc.ialltoallv(ones(c.size), [2] * c.size),
+                ValueError,
+                r"^sendcounts add up to \d+ rows, more than x's rows",
+            ),
+            (
+                "learned-counts-negative",
+                lambda c: c.jc.ialltoallv(ones(c.size), [-1] * c.size),
+                ValueError,
+                r"^sendcounts\[0\]=-1 is negative",
+            ),
+            (
+                "learned-counts-float",
+                lambda c: c.jc.ialltoallv(ones(c.size), jnp.ones(c.size)),
+                TypeError,
+                r"^sendcounts must be an integer array",
+            ),
+            (
+                "learned-counts-length",
+                lambda c: c.jc.ialltoallv(ones(c.size), [0] * (c.size + 1)),
+                ValueError,
+                r"^sendcounts has shape \(\d+,\); it needs one entry per rank",
+            ),
+            (
+                "capacity-negative",
+                lambda c: c.jc.ialltoallv(ones(c.size), [1] * c.size, capacity=-1),
+                ValueError,
+                r"^capacity=-1 is negative",
+            ),
+            (
+                "capacity-str",
+                lambda c: c.jc.ialltoallv(ones(c.size), [1] * c.size, capacity="1"),
+                TypeError,
+                r"^capacity must be",
+            ),
+            (
+                "recvcounts-over-capacity",
+                lambda c: c.jc.ialltoallv(ones(c.size), [1] * c.size, [2] * c.size, capacity=1),
+                ValueError,
+                r"^recvcounts add up to \d+ rows, more than the capacity",
             ),
             (
                 "x-rows",

@@ -7,7 +7,13 @@ nothing), eagerly and jitted, with index arrays static or computed inside
 differences; transformations against loops; and bad input on one rank
 against the errors ``docs/irregular.md`` promises, followed by a collective
 that still matches on every rank.
+
+Each test runs both forms (``FORMS``): the blocking call, and its
+nonblocking start (``iragged_all_to_all``, ``ialltoallv``) completed by a
+wait, which must give the same results and raise the same errors.
 """
+
+import os
 
 import jax
 import jax.numpy as jnp
@@ -16,8 +22,10 @@ import pytest
 from conftest import RUNTIME_ERRORS, not_reported_again, rank_data, unchanged
 from operations import ragged, ragged_model
 
+import jaxcomm
 from jaxcomm._runtime import _kernels_cpu
 
+EMULATED = os.environ.get("JAXCOMM_EMULATE_CUDA", "") not in ("", "0")
 SEEDS = range(4)
 TRAILING = [(), (3,)]
 
@@ -34,6 +42,23 @@ def _int(args, dtype=np.int32):
     return [np.asarray(a, dtype) for a in args]
 
 
+FORMS = ["blocking", "started"]
+
+
+def _ragged(jc, form):
+    """``ragged_all_to_all`` in ``form``: the method, or its start completed by a wait."""
+    if form == "blocking":
+        return jc.ragged_all_to_all
+    return lambda *args: jc.wait(jc.iragged_all_to_all(*args))
+
+
+def _alltoallv(jc, form):
+    """``alltoallv`` by this rank's counts in ``form``."""
+    if form == "blocking":
+        return jc.alltoallv
+    return lambda *args, **kwargs: jc.wait(jc.ialltoallv(*args, **kwargs))
+
+
 def _total(jc, value):
     """The sum of a scalar over the ranks (mpi4py, outside jaxcomm's ordering)."""
     return jc.comm.allreduce(float(value))
@@ -47,11 +72,12 @@ def _total(jc, value):
 @pytest.mark.parametrize("trailing", TRAILING)
 @pytest.mark.parametrize("dtype", [np.float32, np.int32, np.complex64, np.bool_])
 @pytest.mark.parametrize("mode", ["eager", "jit"])
-def test_ragged_all_to_all_matches_the_model(jc, seed, trailing, dtype, mode):
+@pytest.mark.parametrize("form", FORMS)
+def test_ragged_all_to_all_matches_the_model(jc, seed, trailing, dtype, mode, form):
     operands, outputs, args = _pattern(jc, seed, trailing, dtype)
     want = ragged_model(operands, outputs, args)[jc.rank]
     operand, output = jnp.asarray(operands[jc.rank]), jnp.asarray(outputs[jc.rank])
-    call = jc.ragged_all_to_all if mode == "eager" else jax.jit(jc.ragged_all_to_all)
+    call = _ragged(jc, form) if mode == "eager" else jax.jit(_ragged(jc, form))
     got = call(operand, output, *_int(args[jc.rank]))
     assert got.shape == want.shape and got.dtype == want.dtype
     np.testing.assert_array_equal(np.asarray(got), want)
@@ -62,7 +88,8 @@ def test_ragged_all_to_all_matches_the_model(jc, seed, trailing, dtype, mode):
 @pytest.mark.x64
 @pytest.mark.mpi
 @pytest.mark.parametrize("seed", SEEDS)
-def test_index_arrays_computed_inside_jit(jc, seed):
+@pytest.mark.parametrize("form", FORMS)
+def test_index_arrays_computed_inside_jit(jc, seed, form):
     # The index arrays are int64 data read and transformed in the jitted
     # function, so the kernel sees values XLA computed.
     operands, outputs, args = _pattern(jc, seed, (2,), np.float64)
@@ -71,7 +98,7 @@ def test_index_arrays_computed_inside_jit(jc, seed):
     @jax.jit
     def step(operand, output, packed):
         input_offsets, send_sizes, output_offsets, recv_sizes = (packed - 1)[:, ::-1]
-        return jc.ragged_all_to_all(
+        return _ragged(jc, form)(
             operand, output, input_offsets, send_sizes, output_offsets, recv_sizes
         )
 
@@ -109,7 +136,8 @@ def _alltoallv_model(size, rank, matrix, data):
 @pytest.mark.mpi
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("mode", ["eager", "jit"])
-def test_alltoallv_learns_the_counts(jc, seed, mode):
+@pytest.mark.parametrize("form", FORMS)
+def test_alltoallv_learns_the_counts(jc, seed, mode, form):
     size, rank = jc.size, jc.rank
     matrix = _counts(size, seed)
     rows = int(matrix.sum(axis=1).max()) + 1  # a padded input: the last rows are not sent
@@ -119,7 +147,7 @@ def test_alltoallv_learns_the_counts(jc, seed, mode):
     x = jnp.asarray(data(rank))
 
     def call(x, counts):
-        return jc.alltoallv(x, counts, capacity=capacity)
+        return _alltoallv(jc, form)(x, counts, capacity=capacity)
 
     for counts in (list(matrix[rank]), jnp.asarray(matrix[rank], jnp.int32)):
         y, received = (call if mode == "eager" else jax.jit(call))(x, counts)
@@ -133,19 +161,22 @@ def test_alltoallv_learns_the_counts(jc, seed, mode):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("seed", SEEDS)
-def test_alltoallv_with_recvcounts(jc, seed):
+@pytest.mark.parametrize("form", FORMS)
+def test_alltoallv_with_recvcounts(jc, seed, form):
     size, rank = jc.size, jc.rank
     matrix = _counts(size, seed)
     rows = int(matrix.sum(axis=1).max())
     data = lambda r: rank_data(r, (rows,), np.float32)  # noqa: E731
     want = _alltoallv_model(size, rank, matrix, data)
     x = jnp.asarray(data(rank))
-    # Static counts: exactly the rows received.
-    y = jc.alltoallv(x, list(matrix[rank]), list(matrix[:, rank]))
+    # Static counts: exactly the rows received (the static nonblocking form
+    # takes exactly the rows sent).
+    sent = x if form == "blocking" else x[: matrix[rank].sum()]
+    y = _alltoallv(jc, form)(sent, list(matrix[rank]), list(matrix[:, rank]))
     np.testing.assert_array_equal(np.asarray(y), want)
     # Traced counts: a static capacity, zeros after the rows received.
     capacity = int(matrix.sum(axis=0).max())
-    traced = jax.jit(lambda x, s, r: jc.alltoallv(x, s, r, capacity=capacity))
+    traced = jax.jit(lambda x, s, r: _alltoallv(jc, form)(x, s, r, capacity=capacity))
     y = traced(x, matrix[rank].astype(np.int32), matrix[:, rank].astype(np.int32))
     assert y.shape == (capacity,)
     np.testing.assert_array_equal(np.asarray(y[: len(want)]), want)
@@ -153,9 +184,10 @@ def test_alltoallv_with_recvcounts(jc, seed):
 
 
 @pytest.mark.mpi
-def test_alltoallv_rows_past_the_counts_stay_home(jc):
+@pytest.mark.parametrize("form", FORMS)
+def test_alltoallv_rows_past_the_counts_stay_home(jc, form):
     x = jnp.arange(5.0) + 10 * jc.rank
-    y, received = jc.alltoallv(x, [1] * jc.size, capacity=jc.size)
+    y, received = _alltoallv(jc, form)(x, [1] * jc.size, capacity=jc.size)
     np.testing.assert_array_equal(y, 10.0 * np.arange(jc.size) + jc.rank)
     np.testing.assert_array_equal(received, np.ones(jc.size))
 
@@ -163,19 +195,20 @@ def test_alltoallv_rows_past_the_counts_stay_home(jc):
 # Transformations ------------------------------------------------------------------
 
 
-def _ragged_fn(jc, args):
+def _ragged_fn(jc, args, form="blocking"):
     indices = [jnp.asarray(a, jnp.int32) for a in args[jc.rank]]
-    return lambda operand, output: jc.ragged_all_to_all(operand, output, *indices)
+    return lambda operand, output: _ragged(jc, form)(operand, output, *indices)
 
 
 @pytest.mark.x64
 @pytest.mark.mpi
 @pytest.mark.parametrize("seed", SEEDS)
-def test_ragged_jvp_and_transpose_against_the_model(jc, seed):
+@pytest.mark.parametrize("form", FORMS)
+def test_ragged_jvp_and_transpose_against_the_model(jc, seed, form):
     operands, outputs, args = _pattern(jc, seed, (2,), np.float64)
     t_operands = [rank_data(r + 20, o.shape, np.float64) for r, o in enumerate(operands)]
     t_outputs = [rank_data(r + 30, o.shape, np.float64) for r, o in enumerate(outputs)]
-    f = _ragged_fn(jc, args)
+    f = _ragged_fn(jc, args, form)
     primals = (operands[jc.rank], outputs[jc.rank])
     tangents = (t_operands[jc.rank] * 0.5, t_outputs[jc.rank] * 0.25)
     y, dy = jax.jit(lambda p, t: jax.jvp(f, p, t))(primals, tangents)
@@ -197,9 +230,10 @@ def test_ragged_jvp_and_transpose_against_the_model(jc, seed):
 @pytest.mark.x64
 @pytest.mark.mpi
 @pytest.mark.parametrize("seed", SEEDS)
-def test_grad_against_finite_differences(jc, seed):
+@pytest.mark.parametrize("form", FORMS)
+def test_grad_against_finite_differences(jc, seed, form):
     operands, outputs, args = _pattern(jc, seed, (), np.float64)
-    f = _ragged_fn(jc, args)
+    f = _ragged_fn(jc, args, form)
     weights = rank_data(jc.rank + 5, outputs[jc.rank].shape, np.float64)
 
     def loss(operand, output):
@@ -220,7 +254,8 @@ def test_grad_against_finite_differences(jc, seed):
 @pytest.mark.mpi
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("learn", [True, False])
-def test_alltoallv_grad_is_the_reverse_exchange(jc, seed, learn):
+@pytest.mark.parametrize("form", FORMS)
+def test_alltoallv_grad_is_the_reverse_exchange(jc, seed, learn, form):
     size, rank = jc.size, jc.rank
     matrix = _counts(size, seed)
     rows = int(matrix.sum(axis=1).max()) + 1
@@ -231,7 +266,7 @@ def test_alltoallv_grad_is_the_reverse_exchange(jc, seed, learn):
     recv = None if learn else jnp.asarray(matrix[:, rank], jnp.int32)
 
     def loss(x):
-        y = jc.alltoallv(x, send, recv, capacity=capacity)
+        y = _alltoallv(jc, form)(x, send, recv, capacity=capacity)
         return jnp.sum((y[0] if learn else y) * w)
 
     grad = jax.jit(jax.grad(loss))(x)
@@ -246,9 +281,10 @@ def test_alltoallv_grad_is_the_reverse_exchange(jc, seed, learn):
 
 
 @pytest.mark.mpi
-def test_vmap_shared_and_batched_index_arrays(jc):
+@pytest.mark.parametrize("form", FORMS)
+def test_vmap_shared_and_batched_index_arrays(jc, form):
     operands, outputs, args = _pattern(jc, 1, (2,))
-    f = _ragged_fn(jc, args)
+    f = _ragged_fn(jc, args, form)
     xs = jnp.stack([jnp.asarray(operands[jc.rank]) * (b + 1) for b in range(3)])
     os = jnp.stack([jnp.asarray(outputs[jc.rank]) - b for b in range(3)])
     looped = jnp.stack([f(x, o) for x, o in zip(xs, os)])
@@ -256,6 +292,24 @@ def test_vmap_shared_and_batched_index_arrays(jc):
     np.testing.assert_array_equal(
         jax.jit(jax.vmap(f, in_axes=(1, 0)))(xs.swapaxes(0, 1), os), looped
     )
+    # Only one side batched: the other is broadcast.
+    np.testing.assert_array_equal(
+        jax.jit(jax.vmap(f, in_axes=(None, 0)))(xs[0], os),
+        jnp.stack([f(xs[0], o) for o in os]),
+    )
+    np.testing.assert_array_equal(
+        jax.vmap(f, in_axes=(0, None))(xs, os[0]), jnp.stack([f(x, os[0]) for x in xs])
+    )
+    if form == "started":
+        # One request moves one exchange: members with patterns of their own
+        # are refused, before any MPI call, on every rank alike.
+        batched = jnp.stack([jnp.asarray(args[jc.rank][0], jnp.int32)] * 2)
+        with pytest.raises(NotImplementedError, match="index arrays that differ"):
+            jax.vmap(lambda x, o, i: jc.wait(jc.iragged_all_to_all(x, o, i, *args[jc.rank][1:])))(
+                xs[:2], os[:2], batched
+            )
+        _still_matched(jc)
+        return
     # Each member its own pattern: one exchange per member.
     patterns = [ragged(jc.size, seed)[2][jc.rank] for seed in (5, 6)]
     rows = max(ragged(jc.size, seed)[0] for seed in (5, 6))
@@ -270,7 +324,8 @@ def test_vmap_shared_and_batched_index_arrays(jc):
 
 
 @pytest.mark.mpi
-def test_migration_in_fori_loop_and_cond(jc):
+@pytest.mark.parametrize("form", FORMS)
+def test_migration_in_fori_loop_and_cond(jc, form):
     """A new exchange pattern each step, counts computed in the loop; totals are conserved."""
     size, rank = jc.size, jc.rank
     capacity = 4 * size + 4
@@ -281,7 +336,7 @@ def test_migration_in_fori_loop_and_cond(jc):
         dest = jnp.where(live, (x.astype(jnp.int32) + i) % size, size)
         order = jnp.argsort(dest, stable=True)
         counts = jnp.sum(dest[None, :] == jnp.arange(size)[:, None], axis=1).astype(jnp.int32)
-        y, received = jc.alltoallv(x[order], counts, capacity=capacity)
+        y, received = _alltoallv(jc, form)(x[order], counts, capacity=capacity)
         kept = jax.lax.cond(i % 2 == 0, lambda y: y, lambda y: y * 1, y)
         return kept, jnp.sum(received).astype(jnp.int32)
 
@@ -301,17 +356,87 @@ def test_migration_in_fori_loop_and_cond(jc):
 
 
 @pytest.mark.mpi
-def test_large_count_path(jc):
+@pytest.mark.parametrize("form", FORMS)
+def test_large_count_path(jc, form):
     # Buffers past the (lowered) cap take MPI_Alltoallw on every rank.
     operands, outputs, args = _pattern(jc, 2, (3,))
     want = ragged_model(operands, outputs, args)[jc.rank]
     previous = _kernels_cpu.max_count()
     _kernels_cpu.set_max_count(5)
     try:
-        got = jc.ragged_all_to_all(operands[jc.rank], outputs[jc.rank], *_int(args[jc.rank]))
+        got = _ragged(jc, form)(operands[jc.rank], outputs[jc.rank], *_int(args[jc.rank]))
     finally:
         _kernels_cpu.set_max_count(previous)
     np.testing.assert_array_equal(np.asarray(got), want)
+
+
+def _work(a):
+    return jax.lax.fori_loop(0, 8, lambda i, m: jnp.tanh(m @ m) * 0.5, a)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("op", ["iragged_all_to_all", "ialltoallv"])
+def test_interior_runs_between_the_start_and_the_wait(jc, op):
+    """The rows travel while the step computes: start, the interior's loop, then the wait."""
+    operands, outputs, args = _pattern(jc, 3, (2,))
+    matrix = _counts(jc.size, 3)
+    a = jnp.full((32, 32), 0.01, jnp.float32)
+
+    def program(operand, output, indices, a):
+        if op == "iragged_all_to_all":
+            request = jc.iragged_all_to_all(operand, output, *indices)
+        else:
+            request = jc.ialltoallv(operand, indices[0], indices[1], capacity=output.shape[0])
+        interior = jc.during([request], _work, a)
+        return jc.wait(request), interior
+
+    if op == "iragged_all_to_all":
+        indices = [jnp.asarray(i, jnp.int32) for i in args[jc.rank]]
+        want = ragged_model(operands, outputs, args)[jc.rank]
+        operand, output = operands[jc.rank], outputs[jc.rank]
+    else:
+        indices = [jnp.asarray(matrix[jc.rank], jnp.int32), jnp.asarray(matrix[:, jc.rank])]
+        data = lambda r: rank_data(r, (int(matrix.sum(axis=1).max()), 2), np.float32)  # noqa: E731
+        got = _alltoallv_model(jc.size, jc.rank, matrix, data)
+        operand = data(jc.rank)
+        output = np.zeros((int(matrix.sum(axis=0).max()) + 1, 2), np.float32)
+        want = np.concatenate([got, output[len(got) :]])
+    y, interior = jax.jit(program)(operand, output, indices, a)
+    np.testing.assert_array_equal(np.asarray(y), want)
+    np.testing.assert_allclose(interior, _work(a), rtol=1e-6)
+    text = jax.jit(program).lower(operand, output, indices, a).compile().as_text()
+    start = "iragged_all_to_all" if op == "iragged_all_to_all" else "ialltoallv_counts"
+    order = [text.index(f'"jaxcomm_{start}"'), text.index(" while(")]
+    order.append(text.index('"jaxcomm_wait_ragged"'))
+    assert order == sorted(order), order
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(not EMULATED, reason="needs the CUDA kernels (JAXCOMM_EMULATE_CUDA=1)")
+def test_gpu_staging_of_a_started_exchange_is_held_until_the_wait(jc):
+    # On the staging path MPI moves the rows through pinned host copies of the
+    # operand and the result (which starts as the output), held by the request
+    # until its wait; fresh pinned memory holds a byte pattern, so rows the
+    # exchange does not write show whether the output was loaded.
+    kernels = jaxcomm._runtime.cuda_kernels
+    operands, outputs, args = _pattern(jc, 2, (3,))
+    want = ragged_model(operands, outputs, args)[jc.rank]
+    saved = jaxcomm._gpu._override
+    try:
+        jaxcomm.set_cuda_aware(False)
+        held = kernels.staging_held()
+        request = jc.iragged_all_to_all(operands[jc.rank], outputs[jc.rank], *_int(args[jc.rank]))
+        jax.block_until_ready(request._id)
+        assert kernels.staging_held() == held + 2
+        np.testing.assert_array_equal(np.asarray(jc.wait(request)), want)
+        assert kernels.staging_held() == held
+        jaxcomm.set_cuda_aware(True)
+        request = jc.iragged_all_to_all(operands[jc.rank], outputs[jc.rank], *_int(args[jc.rank]))
+        jax.block_until_ready(request._id)
+        assert kernels.staging_held() == held
+        np.testing.assert_array_equal(np.asarray(jc.wait(request)), want)
+    finally:
+        jaxcomm._gpu.apply_data_path(*(saved or (None, "")))
 
 
 # Bad input -------------------------------------------------------------------------
@@ -343,11 +468,12 @@ LOCAL_ERRORS = {
 @pytest.mark.mpi
 @pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
 @pytest.mark.parametrize("case", sorted(LOCAL_ERRORS))
-def test_one_ranks_bad_arguments_fail_every_rank_before_anything_moves(jc, case, jit):
+@pytest.mark.parametrize("form", FORMS)
+def test_one_ranks_bad_arguments_fail_every_rank_before_anything_moves(jc, case, jit, form):
     index, value, reason = LOCAL_ERRORS[case]
     operand, output, mine = _spoiled(jc, index, value)
     last = jc.size - 1
-    call = jax.jit(jc.ragged_all_to_all) if jit else jc.ragged_all_to_all
+    call = jax.jit(_ragged(jc, form)) if jit else _ragged(jc, form)
     if jc.rank == last:
         match = rf"ragged_all_to_all on rank {last}: .*{reason}.*nothing was exchanged"
     else:
@@ -359,7 +485,8 @@ def test_one_ranks_bad_arguments_fail_every_rank_before_anything_moves(jc, case,
 
 
 @pytest.mark.mpi
-def test_recv_sizes_that_disagree_fail_both_ends_only(jc):
+@pytest.mark.parametrize("form", FORMS)
+def test_recv_sizes_that_disagree_fail_both_ends_only(jc, form):
     operands, outputs, args = _pattern(jc, 0)
     mine = [np.array(a, np.int32) for a in args[jc.rank]]
     last = jc.size - 1
@@ -370,23 +497,24 @@ def test_recv_sizes_that_disagree_fail_both_ends_only(jc):
         with pytest.raises(
             RUNTIME_ERRORS, match=rf"ragged_all_to_all on rank {jc.rank}: .*{match}"
         ):
-            jax.block_until_ready(jc.ragged_all_to_all(operands[jc.rank], outputs[jc.rank], *mine))
+            jax.block_until_ready(_ragged(jc, form)(operands[jc.rank], outputs[jc.rank], *mine))
         not_reported_again()
     else:
-        got = jc.ragged_all_to_all(operands[jc.rank], outputs[jc.rank], *mine)
+        got = _ragged(jc, form)(operands[jc.rank], outputs[jc.rank], *mine)
         np.testing.assert_array_equal(got, ragged_model(operands, outputs, args)[jc.rank])
     _still_matched(jc)
 
 
 @pytest.mark.mpi
-def test_overlapping_received_slices_fail_the_receiver(jc):
+@pytest.mark.parametrize("form", FORMS)
+def test_overlapping_received_slices_fail_the_receiver(jc, form):
     # Every rank writes its slice for rank 0 at row 0 of rank 0's result.
     x = jnp.ones((1, 2)) * jc.rank
     sizes = np.zeros(jc.size, np.int32)
     sizes[0] = 1
     recv = np.full(jc.size, 1 if jc.rank == 0 else 0, np.int32)
     zeros = np.zeros(jc.size, np.int32)
-    call = lambda: jc.ragged_all_to_all(x, jnp.zeros((1, 2)), zeros, sizes, zeros, recv)  # noqa: E731
+    call = lambda: _ragged(jc, form)(x, jnp.zeros((1, 2)), zeros, sizes, zeros, recv)  # noqa: E731
     if jc.rank == 0 and jc.size > 1:
         with pytest.raises(RUNTIME_ERRORS, match="rank 0: the received blocks of peers 0 and 1"):
             jax.block_until_ready(call())
@@ -397,10 +525,11 @@ def test_overlapping_received_slices_fail_the_receiver(jc):
 
 
 @pytest.mark.mpi
-def test_capacity_overflow_fails_the_receiver_only(jc):
+@pytest.mark.parametrize("form", FORMS)
+def test_capacity_overflow_fails_the_receiver_only(jc, form):
     # Every rank sends one row to rank 0, whose capacity holds size - 1.
     counts = jnp.asarray([1] + [0] * (jc.size - 1), jnp.int32)
-    step = jax.jit(lambda x, c: jc.alltoallv(x, c, capacity=jc.size - 1))
+    step = jax.jit(lambda x, c: _alltoallv(jc, form)(x, c, capacity=jc.size - 1))
     if jc.rank == 0:
         with pytest.raises(RUNTIME_ERRORS, match="alltoallv on rank 0: ranks 0 to .* capacity of"):
             jax.block_until_ready(step(jnp.ones(2), counts))
@@ -412,11 +541,12 @@ def test_capacity_overflow_fails_the_receiver_only(jc):
 
 
 @pytest.mark.mpi
-def test_traced_counts_that_overrun_x_fail_every_rank(jc):
+@pytest.mark.parametrize("form", FORMS)
+def test_traced_counts_that_overrun_x_fail_every_rank(jc, form):
     counts = np.zeros(jc.size, np.int32)
     if jc.rank == 0:
         counts[-1] = 3
-    step = jax.jit(lambda x, c: jc.alltoallv(x, c))
+    step = jax.jit(lambda x, c: _alltoallv(jc, form)(x, c))
     with pytest.raises(RUNTIME_ERRORS, match=rf"alltoallv on rank {jc.rank}: "):
         jax.block_until_ready(step(jnp.ones(2), counts))
     not_reported_again()
@@ -424,12 +554,13 @@ def test_traced_counts_that_overrun_x_fail_every_rank(jc):
 
 
 @pytest.mark.mpi
-def test_transpose_of_overlapping_sends_is_refused(jc):
+@pytest.mark.parametrize("form", FORMS)
+def test_transpose_of_overlapping_sends_is_refused(jc, form):
     # Rank r sends its one row to every rank: the transpose would have to add.
     x = jnp.ones((1, 2))
     ones = np.ones(jc.size, np.int32)
     zeros = np.zeros(jc.size, np.int32)
-    f = lambda x: jc.ragged_all_to_all(  # noqa: E731
+    f = lambda x: _ragged(jc, form)(  # noqa: E731
         x, jnp.zeros((jc.size, 2)), zeros, ones, np.full(jc.size, jc.rank, np.int32), ones
     )
     np.testing.assert_array_equal(f(x), np.ones((jc.size, 2)))

@@ -116,6 +116,27 @@ def test_a_rank_that_never_joins_a_jaxcomm_s_creation_is_diagnosed(tmp_path, how
 
 
 @spawns_own_mpi
+def test_ragged_start_hang_names_the_start(tmp_path):
+    # Rank 1 never starts the exchange: rank 0 waits in the start's header
+    # exchange, which the watchdog names with the start's call site.
+    body = """
+    if jc.rank == 0:
+        zeros = jnp.zeros(2, jnp.int32)
+        start = jax.jit(lambda x: jc.wait(jc.iragged_all_to_all(x, x, zeros, zeros, zeros, zeros)))
+        start(x).block_until_ready()
+    else:
+        time.sleep(60)
+    """
+    done, seconds, script = _run_job(tmp_path, body, JAXCOMM_TIMEOUT="2")
+    assert done.returncode != 0
+    line = _line_of(script, "jc.iragged_all_to_all(")
+    assert "jaxcomm watchdog: rank 0 has waited" in done.stderr, done.stderr
+    assert "iragged_all_to_all" in done.stderr, done.stderr
+    assert f"{script}:{line}" in done.stderr, done.stderr
+    assert seconds < 45, seconds
+
+
+@spawns_own_mpi
 def test_collective_hang_inside_a_loop(tmp_path):
     # Rank 1 leaves the loop early: rank 0 waits in the loop's last allreduce.
     body = """

@@ -8,11 +8,13 @@ progress on its own (see docs/nonblocking.md):
     XLA_FLAGS=--xla_cpu_multi_thread_eigen=false MPICH_ASYNC_PROGRESS=1 \\
         mpiexec -n 2 python -m jaxcomm.bench.overlap
 
-For each message size and each operation (a ring ``isend``/``irecv``, and
-``iallreduce``), every rank times, as medians of ``--repeats`` runs of one
+For each message size and each operation (a ring ``isend``/``irecv``,
+``iallreduce``, and ``iragged_all_to_all`` of an equal share of the message
+to every rank), every rank times, as medians of ``--repeats`` runs of one
 jitted function each, after a barrier:
 
-- message: the blocking operation alone (``sendrecv`` / ``allreduce``);
+- message: the blocking operation alone (``sendrecv`` / ``allreduce`` /
+  ``ragged_all_to_all``);
 - compute: an XLA computation alone, a loop of small matrix products whose
   length is calibrated to take about as long as the message;
 - blocking: the blocking operation and the computation, in one function
@@ -52,11 +54,21 @@ def neighbours(jc):
     return (jc.rank - 1) % jc.size, (jc.rank + 1) % jc.size
 
 
+def shares(jc, x):
+    """``ragged_all_to_all``'s arguments but the operand: x's rows in equal blocks, one per rank."""
+    block = x.shape[0] // jc.size
+    blocks = np.arange(jc.size, dtype=np.int32) * block
+    sizes = np.full(jc.size, block, np.int32)
+    return jnp.zeros_like(x), blocks, sizes, np.full(jc.size, jc.rank * block, np.int32), sizes
+
+
 def message(jc, op):
-    """The blocking operation ``op`` ("ring" or "allreduce") on x."""
+    """The blocking operation ``op`` ("ring", "allreduce" or "ragged") on x."""
     if op == "ring":
         left, right = neighbours(jc)
         return lambda x: jc.sendrecv(x, x, source=left, dest=right)
+    if op == "ragged":
+        return lambda x: jc.ragged_all_to_all(x, *shares(jc, x))
     return jc.allreduce
 
 
@@ -65,6 +77,8 @@ def start(jc, op, x):
     if op == "ring":
         left, right = neighbours(jc)
         return [jc.irecv(x, source=left), jc.isend(x, right)]
+    if op == "ragged":
+        return [jc.iragged_all_to_all(x, *shares(jc, x))]
     return [jc.iallreduce(x)]
 
 
@@ -122,7 +136,10 @@ def main():
     parser.add_argument("--mib", type=int, nargs="+", default=[16, 64])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument(
-        "--ops", nargs="+", default=["ring", "allreduce"], choices=["ring", "allreduce"]
+        "--ops",
+        nargs="+",
+        default=["ring", "allreduce"],
+        choices=["ring", "allreduce", "ragged"],
     )
     args = parser.parse_args()
     world = MPI.COMM_WORLD

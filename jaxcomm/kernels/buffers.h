@@ -116,6 +116,23 @@ auto WaitExchangeBuffers(Binding&& binding) {
   ffi::Token, ffi::AnyBuffer, ffi::AnyBuffer, ffi::AnyBuffer, ffi::Result<ffi::Token>, \
       ffi::Result<ffi::AnyBuffer>
 
+// A wait that also takes the index arrays of an exchange whose counts are
+// operands (wait_ragged), between the send and the receive buffer.
+template <typename Binding>
+auto WaitRaggedBuffers(Binding&& binding) {
+  return std::forward<Binding>(binding)
+      .template Arg<ffi::Token>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Ret<ffi::Token>()
+      .template Ret<ffi::AnyBuffer>();
+}
+#define JAXCOMM_WaitRagged_PARAMS                                             \
+  ffi::Token, ffi::AnyBuffer, ffi::AnyBuffer, ffi::AnyBuffer, ffi::AnyBuffer, \
+      ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer>
+
 // Exchanges whose counts are operands (gather.cc: ragged_all_to_all and
 // alltoallv with this rank's counts): the token, the operand, the output and
 // the index arrays (input_offsets, send_sizes, output_offsets, recv_sizes
@@ -129,6 +146,24 @@ auto RaggedBuffers(Binding&& binding) {
   return WaitExchangeBuffers(std::forward<Binding>(binding)).template Ret<ffi::AnyBuffer>();
 }
 #define JAXCOMM_Ragged_PARAMS JAXCOMM_WaitExchange_PARAMS, ffi::Result<ffi::AnyBuffer>
+
+// Their starts (nonblocking.cc): as Ragged, with the request handle out
+// before the output.
+template <typename Binding>
+auto StartRaggedBuffers(Binding&& binding) {
+  return std::forward<Binding>(binding)
+      .template Arg<ffi::Token>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Ret<ffi::Token>()
+      .template Ret<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>();
+}
+#define JAXCOMM_StartRagged_PARAMS                                                     \
+  ffi::Token, ffi::AnyBuffer, ffi::AnyBuffer, ffi::AnyBuffer, ffi::Result<ffi::Token>, \
+      ffi::Result<ffi::AnyBuffer>, ffi::Result<ffi::AnyBuffer>, ffi::Result<ffi::AnyBuffer>
 
 // A fence: the token and any arrays in (only waited for), the token and an
 // int32 scalar out.
@@ -154,9 +189,11 @@ auto FenceBuffers(Binding&& binding) {
 #define JAXCOMM_Ragged_ON_COMM true
 #define JAXCOMM_Start_ON_COMM true
 #define JAXCOMM_StartReceive_ON_COMM true
+#define JAXCOMM_StartRagged_ON_COMM true
 #define JAXCOMM_WaitSend_ON_COMM false
 #define JAXCOMM_WaitReceive_ON_COMM false
 #define JAXCOMM_WaitExchange_ON_COMM false
+#define JAXCOMM_WaitRagged_ON_COMM false
 #define JAXCOMM_Fence_ON_COMM false
 
 }  // namespace jaxcomm

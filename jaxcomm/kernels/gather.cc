@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common.h"
+#include "exchange.h"
 
 namespace jaxcomm {
 namespace {
@@ -101,51 +102,36 @@ ffi::Error CheckRows(const Call& call, ffi::Span<const int64_t> counts, const ff
   return CheckOutput(call, x, y, own * row, own_rows);
 }
 
-// MPI_Alltoallw arguments for blocks of any length at any offset: a non-empty
-// block is one element of a derived datatype that starts at the block's
-// offset, so every int count is 0 or 1 and every int displacement 0.
-class PeerBlocks {
- public:
-  PeerBlocks() = default;
-  PeerBlocks(const PeerBlocks&) = delete;
-  PeerBlocks& operator=(const PeerBlocks&) = delete;
-  ~PeerBlocks() {
-    for (MPI_Datatype& t : owned_) {
-      if (t != MPI_DATATYPE_NULL) MPI_Type_free(&t);
-    }
+}  // namespace
+
+PeerBlocks::~PeerBlocks() {
+  for (MPI_Datatype& t : owned_) {
+    if (t != MPI_DATATYPE_NULL) MPI_Type_free(&t);
   }
+}
 
-  // Appends the next peer's block: `count` elements of `base`, starting
-  // `offset` elements into the buffer.
-  ffi::Error Add(MPI_Datatype base, size_t offset, size_t count, MPI_Comm comm) {
-    MPI_Datatype type = base;
-    if (count > 0) {
-      LargeType span;
-      JAXCOMM_RETURN_IF_ERROR(LargeType::Make(base, count, comm, &span));
-      MPI_Aint lb, extent;
-      JAXCOMM_MPI_CHECK(comm, MPI_Type_get_extent, base, &lb, &extent);
-      const int length = span.count();
-      const MPI_Aint displacement = static_cast<MPI_Aint>(offset) * extent;
-      owned_.push_back(MPI_DATATYPE_NULL);
-      JAXCOMM_MPI_CHECK(comm, MPI_Type_create_hindexed, 1, &length, &displacement, span.type(),
-                        &owned_.back());
-      JAXCOMM_MPI_CHECK(comm, MPI_Type_commit, &owned_.back());
-      type = owned_.back();
-    }
-    counts_.push_back(count > 0 ? 1 : 0);
-    displs_.push_back(0);
-    types_.push_back(type);
-    return ffi::Error::Success();
+ffi::Error PeerBlocks::Add(MPI_Datatype base, size_t offset, size_t count, MPI_Comm comm) {
+  MPI_Datatype type = base;
+  if (count > 0) {
+    LargeType span;
+    JAXCOMM_RETURN_IF_ERROR(LargeType::Make(base, count, comm, &span));
+    MPI_Aint lb, extent;
+    JAXCOMM_MPI_CHECK(comm, MPI_Type_get_extent, base, &lb, &extent);
+    const int length = span.count();
+    const MPI_Aint displacement = static_cast<MPI_Aint>(offset) * extent;
+    owned_.push_back(MPI_DATATYPE_NULL);
+    JAXCOMM_MPI_CHECK(comm, MPI_Type_create_hindexed, 1, &length, &displacement, span.type(),
+                      &owned_.back());
+    JAXCOMM_MPI_CHECK(comm, MPI_Type_commit, &owned_.back());
+    type = owned_.back();
   }
+  counts_.push_back(count > 0 ? 1 : 0);
+  displs_.push_back(0);
+  types_.push_back(type);
+  return ffi::Error::Success();
+}
 
-  const int* counts() const { return counts_.data(); }
-  const int* displs() const { return displs_.data(); }
-  const MPI_Datatype* types() const { return types_.data(); }
-
- private:
-  std::vector<int> counts_, displs_;
-  std::vector<MPI_Datatype> types_, owned_;
-};
+namespace {
 
 // The *v ops' fallback past MaxCount(): one MPI_Alltoallw, whose per-peer
 // datatypes carry the offsets as MPI_Aint. It stays a collective, so unlike
@@ -478,16 +464,6 @@ constexpr int64_t kFlagInvalid = 1;
 constexpr int64_t kFlagLarge = 2;
 constexpr int64_t kUnknown = -1;
 
-// The buffers and the mode of one exchange.
-struct Exchange {
-  const ffi::AnyBuffer& operand;
-  const ffi::AnyBuffer& output;
-  const ffi::AnyBuffer& indices;  // [4, size]
-  bool reverse;
-  bool packed;
-  bool check_sizes;
-};
-
 // Why the buffers cannot make this exchange, or "" (the same on every rank
 // that passes the shapes the Python layer checks).
 std::string ShapeError(const Call& call, const Exchange& e, const ffi::AnyBuffer& y,
@@ -599,17 +575,10 @@ std::string LocalError(const Exchange& e, const std::vector<int64_t>* index, siz
   return "";
 }
 
-// MPI arguments of one side of the exchange, in elements.
-struct Side {
-  std::vector<size_t> counts, displs;
-  void Clear() {
-    counts.clear();
-    displs.clear();
-  }
-};
+}  // namespace
 
 ffi::Error RunExchange(const Call& call, Memory& memory, const Exchange& e, ffi::AnyBuffer& y,
-                       ffi::AnyBuffer& info) {
+                       ffi::AnyBuffer& info, ExchangeMover& mover) {
   const int64_t modes[3] = {e.reverse, e.packed, e.check_sizes};
   JAXCOMM_RETURN_IF_ERROR(call.Announce(
       Collective::OfType(e.operand.element_type()).Agreed(ffi::Span<const int64_t>(modes, 3))));
@@ -626,13 +595,7 @@ ffi::Error RunExchange(const Call& call, Memory& memory, const Exchange& e, ffi:
   void *in = nullptr, *out = nullptr, *info_data = nullptr;
   const void* index_data = nullptr;
   if (shaped) {
-    JAXCOMM_RETURN_IF_ERROR(memory.Read(e.operand, &in));
-    if (SameBuffer(e.output, y)) {
-      JAXCOMM_RETURN_IF_ERROR(memory.InPlace(y, &out));
-    } else {
-      JAXCOMM_RETURN_IF_ERROR(memory.Output(y, &out));
-      JAXCOMM_RETURN_IF_ERROR(memory.Preload(y, 0, e.output));
-    }
+    JAXCOMM_RETURN_IF_ERROR(mover.Buffers(e, y, &in, &out));
     JAXCOMM_RETURN_IF_ERROR(memory.HostInput(e.indices, &index_data));
     JAXCOMM_RETURN_IF_ERROR(memory.HostOutput(info, &info_data));
   }
@@ -714,12 +677,10 @@ ffi::Error RunExchange(const Call& call, Memory& memory, const Exchange& e, ffi:
 
   // A failed learned side moves through zeroed scratch memory, packed, so
   // that the peers still get and send exactly what they announced.
-  thread_local std::vector<char> scratch;
   void* learned_data = e.reverse ? in : out;
   const size_t width = ffi::ByteWidth(e.operand.element_type());
   if (!learned_error.empty()) {
-    scratch.assign(static_cast<size_t>(packed_offset) * row * width + 1, 0);
-    learned_data = scratch.data();
+    learned_data = mover.Scratch(static_cast<size_t>(packed_offset) * row * width + 1);
     for (int p = 0, at = 0; p < size; at += rows[p], ++p) offsets[p] = at;
   }
   thread_local Side local_side, learned_side;
@@ -731,41 +692,74 @@ ffi::Error RunExchange(const Call& call, Memory& memory, const Exchange& e, ffi:
     learned_side.counts.push_back(static_cast<size_t>(rows[p]) * row);
     learned_side.displs.push_back(static_cast<size_t>(offsets[p]) * row);
   }
-  const Side& send = e.reverse ? learned_side : local_side;
-  const Side& recv = e.reverse ? local_side : learned_side;
-  void* send_data = e.reverse ? learned_data : in;
-  void* recv_data = e.reverse ? out : learned_data;
   MPI_Datatype dtype;
   JAXCOMM_RETURN_IF_ERROR(MpiDatatype(e.operand.element_type(), &dtype));
-  if (flags & kFlagLarge) {
-    PeerBlocks send_blocks, recv_blocks;
-    for (int p = 0; p < size; ++p) {
-      JAXCOMM_RETURN_IF_ERROR(send_blocks.Add(dtype, send.displs[p], send.counts[p], call.comm()));
-      JAXCOMM_RETURN_IF_ERROR(recv_blocks.Add(dtype, recv.displs[p], recv.counts[p], call.comm()));
-    }
-    JAXCOMM_RETURN_IF_ERROR(Alltoallw(call, e.operand, send_data, send_blocks, recv_data,
-                                      recv_blocks, e.operand.element_count()));
-  } else {
-    thread_local std::vector<int> ints;
-    ints.resize(4 * static_cast<size_t>(size));
-    for (int p = 0; p < size; ++p) {
-      ints[p] = static_cast<int>(send.counts[p]);
-      ints[size + p] = static_cast<int>(send.displs[p]);
-      ints[2 * size + p] = static_cast<int>(recv.counts[p]);
-      ints[3 * size + p] = static_cast<int>(recv.displs[p]);
-    }
-    call.Log([&] {
-      size_t sent = 0;
-      for (size_t c : send.counts) sent += c;
-      return "MPI_Alltoallv " + Elements(sent, e.operand.element_type());
-    });
-    JAXCOMM_MPI_CHECK(call, MPI_Alltoallv, send_data, ints.data(), ints.data() + size, dtype,
-                      recv_data, ints.data() + 2 * size, ints.data() + 3 * size, dtype,
-                      call.comm());
-  }
-  if (!learned_error.empty()) return call.Invalid(learned_error);
-  return memory.Finish();
+  return mover.Move(Rows{e.reverse ? learned_data : in, e.reverse ? learned_side : local_side,
+                         e.reverse ? out : learned_data, e.reverse ? local_side : learned_side,
+                         dtype, (flags & kFlagLarge) != 0, learned_error});
 }
+
+namespace {
+
+// The blocking forms: the output's buffer in place where XLA gave it to the
+// result, and one MPI_Alltoallv (MPI_Alltoallw past MaxCount()).
+class BlockingMove final : public ExchangeMover {
+ public:
+  BlockingMove(const Call& call, Memory& memory, const ffi::AnyBuffer& operand)
+      : call_(call), memory_(memory), operand_(operand) {}
+
+  ffi::Error Buffers(const Exchange& e, ffi::AnyBuffer& y, void** in, void** out) override {
+    JAXCOMM_RETURN_IF_ERROR(memory_.Read(e.operand, in));
+    if (SameBuffer(e.output, y)) return memory_.InPlace(y, out);
+    JAXCOMM_RETURN_IF_ERROR(memory_.Output(y, out));
+    return memory_.Preload(y, 0, e.output);
+  }
+
+  void* Scratch(size_t bytes) override {
+    thread_local std::vector<char> scratch;
+    scratch.assign(bytes, 0);
+    return scratch.data();
+  }
+
+  ffi::Error Move(const Rows& r) override {
+    const int size = call_.size();
+    if (r.large) {
+      PeerBlocks send_blocks, recv_blocks;
+      for (int p = 0; p < size; ++p) {
+        JAXCOMM_RETURN_IF_ERROR(
+            send_blocks.Add(r.dtype, r.send.displs[p], r.send.counts[p], call_.comm()));
+        JAXCOMM_RETURN_IF_ERROR(
+            recv_blocks.Add(r.dtype, r.recv.displs[p], r.recv.counts[p], call_.comm()));
+      }
+      JAXCOMM_RETURN_IF_ERROR(Alltoallw(call_, operand_, r.send_data, send_blocks, r.recv_data,
+                                        recv_blocks, operand_.element_count()));
+    } else {
+      thread_local std::vector<int> ints;
+      ints.resize(4 * static_cast<size_t>(size));
+      for (int p = 0; p < size; ++p) {
+        ints[p] = static_cast<int>(r.send.counts[p]);
+        ints[size + p] = static_cast<int>(r.send.displs[p]);
+        ints[2 * size + p] = static_cast<int>(r.recv.counts[p]);
+        ints[3 * size + p] = static_cast<int>(r.recv.displs[p]);
+      }
+      call_.Log([&] {
+        size_t sent = 0;
+        for (size_t c : r.send.counts) sent += c;
+        return "MPI_Alltoallv " + Elements(sent, operand_.element_type());
+      });
+      JAXCOMM_MPI_CHECK(call_, MPI_Alltoallv, r.send_data, ints.data(), ints.data() + size, r.dtype,
+                        r.recv_data, ints.data() + 2 * size, ints.data() + 3 * size, r.dtype,
+                        call_.comm());
+    }
+    if (!r.learned_error.empty()) return call_.Invalid(r.learned_error);
+    return memory_.Finish();
+  }
+
+ private:
+  const Call& call_;
+  Memory& memory_;
+  const ffi::AnyBuffer& operand_;
+};
 
 }  // namespace
 
@@ -774,7 +768,8 @@ ffi::Error RaggedAllToAllImpl(const Call& call, Memory& memory, ffi::Token, ffi:
                               ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> y,
                               ffi::Result<ffi::AnyBuffer> info, int64_t reverse) {
   const Exchange e{operand, output, indices, reverse != 0, false, true};
-  return RunExchange(call, memory, e, *y, *info);
+  BlockingMove mover(call, memory, operand);
+  return RunExchange(call, memory, e, *y, *info, mover);
 }
 
 // The indices of alltoallv: each block's start and rows, unused offsets and
@@ -785,7 +780,8 @@ ffi::Error AlltoallvCountsImpl(const Call& call, Memory& memory, ffi::Token, ffi
                                ffi::Result<ffi::AnyBuffer> info, int64_t reverse,
                                int64_t check_sizes) {
   const Exchange e{x, output, indices, reverse != 0, true, check_sizes != 0};
-  return RunExchange(call, memory, e, *y, *info);
+  BlockingMove mover(call, memory, x);
+  return RunExchange(call, memory, e, *y, *info, mover);
 }
 
 }  // namespace jaxcomm

@@ -1,7 +1,9 @@
 // Nonblocking operations: MPI_Isend, MPI_Irecv, MPI_Iallreduce, MPI_Ireduce,
 // MPI_Iscan, MPI_Ibcast, MPI_Iallgather, MPI_Igather, MPI_Iscatter, MPI_Ialltoall,
-// MPI_Ialltoallv, MPI_Ineighbor_alltoall, MPI_Ineighbor_allgather, and the
-// MPI_Wait that completes each.
+// MPI_Ialltoallv, MPI_Ineighbor_alltoall, MPI_Ineighbor_allgather, the
+// exchanges whose counts are operands (iragged_all_to_all, ialltoallv with
+// this rank's counts: the header step of gather.cc, then MPI_Ialltoallv), and
+// the MPI_Wait that completes each.
 //
 // A start handler makes the MPI call and writes a request handle: the bits
 // of two int32 (slot, serial) in a float32[2] (a float type, so that a
@@ -37,6 +39,7 @@
 #include <vector>
 
 #include "common.h"
+#include "exchange.h"
 #include "monitor.h"
 #include "neighbor.h"
 #include "reduce_ops.h"
@@ -85,6 +88,11 @@ struct Slot {
   std::vector<int> counts;
   std::vector<MPI_Aint> displs;
   std::vector<MPI_Datatype> types;
+  // An exchange whose counts are operands: the zeroed memory a wrong learned
+  // side moves through, and why it is wrong, which the wait raises once the
+  // rows have moved ("" when nothing is).
+  std::vector<char> scratch;
+  std::string error;
 };
 
 struct Table {
@@ -256,6 +264,7 @@ class Start {
     s.send = Held{};
     s.recv = Held{};
     s.counts.clear();
+    s.error.clear();
     ffi::Error written = WriteHandle(memory_, handle, index_, serial);
     if (written.failure()) {
       Release(index_);
@@ -734,6 +743,112 @@ ffi::Error IalltoallvImpl(const Call& call, Memory& memory, ffi::Token, ffi::Any
   return start.Started();
 }
 
+namespace {
+
+// The started forms of the exchanges whose counts are operands: the request
+// holds the operand and the result (which starts as the output's copy) until
+// the wait, and the rows move by MPI_Ialltoallv (MPI_Ialltoallw past
+// MaxCount()), whose arrays the slot keeps. A wrong learned side is raised
+// by the wait.
+class StartedMove final : public ExchangeMover {
+ public:
+  StartedMove(const Call& call, Memory& memory, ffi::AnyBuffer& handle)
+      : call_(call), memory_(memory), handle_(handle), start_(call, memory, Kind::kCollective) {}
+
+  ffi::Error Buffers(const Exchange& e, ffi::AnyBuffer& y, void** in, void** out) override {
+    JAXCOMM_RETURN_IF_ERROR(start_.Begin(kNoPeer, 0, e.operand, handle_));
+    const void* held;
+    JAXCOMM_RETURN_IF_ERROR(start_.HoldInput(e.operand, &held));
+    *in = const_cast<void*>(held);
+    JAXCOMM_RETURN_IF_ERROR(start_.HoldOutput(y, out));
+    return memory_.Preload(y, 0, e.output);
+  }
+
+  void* Scratch(size_t bytes) override {
+    start_.slot().scratch.assign(bytes, 0);
+    return start_.slot().scratch.data();
+  }
+
+  ffi::Error Move(const Rows& r) override {
+    Slot& slot = start_.slot();
+    slot.error = r.learned_error;
+    const size_t size = static_cast<size_t>(call_.size());
+    std::vector<int>& ints = slot.counts;
+    ints.resize(4 * size);
+    int rc;
+    if (r.large) {
+      // Every int count is 0 or 1 and every displacement 0; the datatypes,
+      // freed when this returns, carry the offsets.
+      PeerBlocks send_blocks, recv_blocks;
+      for (size_t p = 0; p < size; ++p) {
+        JAXCOMM_RETURN_IF_ERROR(
+            send_blocks.Add(r.dtype, r.send.displs[p], r.send.counts[p], call_.comm()));
+        JAXCOMM_RETURN_IF_ERROR(
+            recv_blocks.Add(r.dtype, r.recv.displs[p], r.recv.counts[p], call_.comm()));
+      }
+      std::copy(send_blocks.counts(), send_blocks.counts() + size, ints.begin());
+      std::copy(recv_blocks.counts(), recv_blocks.counts() + size, ints.begin() + 2 * size);
+      std::fill(ints.begin() + size, ints.begin() + 2 * size, 0);
+      std::fill(ints.begin() + 3 * size, ints.end(), 0);
+      slot.types.assign(send_blocks.types(), send_blocks.types() + size);
+      slot.types.insert(slot.types.end(), recv_blocks.types(), recv_blocks.types() + size);
+      call_.Log([&] { return "MPI_Ialltoallw " + Sent(r); });
+      rc = MPI_Ialltoallw(r.send_data, &ints[0], &ints[size], &slot.types[0], r.recv_data,
+                          &ints[2 * size], &ints[3 * size], &slot.types[size], call_.comm(),
+                          start_.request());
+      if (rc != MPI_SUCCESS) return MpiFailure("MPI_Ialltoallw", rc, call_);
+    } else {
+      for (size_t p = 0; p < size; ++p) {
+        ints[p] = static_cast<int>(r.send.counts[p]);
+        ints[size + p] = static_cast<int>(r.send.displs[p]);
+        ints[2 * size + p] = static_cast<int>(r.recv.counts[p]);
+        ints[3 * size + p] = static_cast<int>(r.recv.displs[p]);
+      }
+      call_.Log([&] { return "MPI_Ialltoallv " + Sent(r); });
+      rc =
+          MPI_Ialltoallv(NotNull(r.send_data), &ints[0], &ints[size], r.dtype, NotNull(r.recv_data),
+                         &ints[2 * size], &ints[3 * size], r.dtype, call_.comm(), start_.request());
+      if (rc != MPI_SUCCESS) return MpiFailure("MPI_Ialltoallv", rc, call_);
+    }
+    return start_.Started();
+  }
+
+ private:
+  std::string Sent(const Rows& r) {
+    size_t sent = 0;
+    for (size_t c : r.send.counts) sent += c;
+    return Elements(sent, start_.slot().dtype);
+  }
+
+  const Call& call_;
+  Memory& memory_;
+  ffi::AnyBuffer& handle_;
+  Start start_;
+};
+
+}  // namespace
+
+ffi::Error IraggedAllToAllImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffer operand,
+                               ffi::AnyBuffer output, ffi::AnyBuffer indices,
+                               ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> handle,
+                               ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> info,
+                               int64_t reverse) {
+  const Exchange e{operand, output, indices, reverse != 0, false, true};
+  StartedMove mover(call, memory, *handle);
+  return RunExchange(call, memory, e, *y, *info, mover);
+}
+
+// As AlltoallvCountsImpl (gather.cc), started.
+ffi::Error IalltoallvCountsImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffer x,
+                                ffi::AnyBuffer output, ffi::AnyBuffer indices,
+                                ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> handle,
+                                ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> info,
+                                int64_t reverse, int64_t check_sizes) {
+  const Exchange e{x, output, indices, reverse != 0, true, check_sizes != 0};
+  StartedMove mover(call, memory, *handle);
+  return RunExchange(call, memory, e, *y, *info, mover);
+}
+
 // Waits -----------------------------------------------------------------------
 
 namespace {
@@ -799,6 +914,7 @@ ffi::Error Complete(const Call& call, Memory& memory, const ffi::AnyBuffer& hand
     JAXCOMM_MPI_CHECK(comm, MPI_Wait, &slot.signature, MPI_STATUS_IGNORE);
   }
   if (rc != MPI_SUCCESS) return MpiFailure("MPI_Wait", rc, comm);
+  if (!slot.error.empty()) return Invalid(slot.op, comm, slot.error);
   if (send != nullptr && send->size_bytes() > 0 && send->untyped_data() != slot.send.buffer) {
     return Moved(slot, "send");
   }
@@ -844,6 +960,13 @@ ffi::Error WaitRecvImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBu
 ffi::Error WaitExchangeImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffer handle,
                             ffi::AnyBuffer x, ffi::AnyBuffer y, ffi::Result<ffi::Token>,
                             ffi::Result<ffi::AnyBuffer> y_out) {
+  return Complete(call, memory, handle, &x, &y, &*y_out);
+}
+
+// The index arrays only ride along: the derivative rules read them here.
+ffi::Error WaitRaggedImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffer handle,
+                          ffi::AnyBuffer x, ffi::AnyBuffer, ffi::AnyBuffer y,
+                          ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> y_out) {
   return Complete(call, memory, handle, &x, &y, &*y_out);
 }
 

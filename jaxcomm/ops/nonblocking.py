@@ -3,13 +3,25 @@
 A start (``isend_p``, ``irecv_p``, ``iallreduce_p``, ``ireduce_p``,
 ``iscan_p``, ``ibcast_p``, ``iallgather_p``, ``igather_p``, ``iscatter_p``,
 ``ialltoall_p``, ``ialltoallv_p``, ``ineighbor_alltoall_p``,
-``ineighbor_allgather_p``) makes the ``MPI_I*`` call and returns a request id (a
-slot of the kernels' request table and its serial, as the bits of a
-float32[2]) and, where MPI fills one, the receive buffer. A wait
-(``wait_send_p``, ``wait_recv_p``, ``wait_exchange_p``) takes the request id and
-every buffer the operation uses, calls ``MPI_Wait`` and returns the receive
-buffer aliased in place. Both carry jaxcomm's ordered effect, so starts and
-waits run in program order with every other jaxcomm call. Because the wait
+``ineighbor_allgather_p``, ``iragged_all_to_all_p``, ``ialltoallv_counts_p``)
+makes the ``MPI_I*`` call and returns a request id (a slot of the kernels'
+request table and its serial, as the bits of a float32[2]) and, where MPI
+fills one, the receive buffer. A wait (``wait_send_p``, ``wait_recv_p``,
+``wait_exchange_p``, ``wait_ragged_p``) takes the request id and every buffer
+the operation uses, calls ``MPI_Wait`` and returns the receive buffer aliased
+in place.
+
+The exchanges whose counts are operands (``iragged_all_to_all_p``,
+``ialltoallv_counts_p``: the nonblocking ``ragged_all_to_all`` and
+``alltoallv`` with this rank's counts) take the operand, the output and the
+index arrays, as their blocking forms (``ragged.py``). Their start makes the
+blocking form's header exchange (an ``MPI_Alltoall``, short) and its checks,
+then starts the rows' ``MPI_Ialltoallv``; it also returns what the headers
+told it (the blocking form's second result). Their wait (``wait_ragged_p``)
+takes the index arrays too, which only ride along for the derivative rules.
+
+Starts and waits carry jaxcomm's ordered effect, so they run in program
+order with every other jaxcomm call. Because the wait
 takes the send buffer, XLA keeps it alive and unmodified until then; because
 the result comes out of the wait, aliased to the buffer MPI fills, nothing
 reads it earlier and no data moves. The wait checks that it was handed the
@@ -54,6 +66,7 @@ from .neighbor import (
     zero_from_nowhere,
 )
 from .p2p import recv, send, wildcard
+from .ragged import alltoallv_counts, counts_indices, output_cotangent, ragged_all_to_all
 from .reduction import allreduce, reduce, scan
 
 
@@ -97,6 +110,14 @@ def _neighbor_gather_start(aval, *, handle):
     return [_request_id_aval(), jax.core.ShapedArray((indegree(handle), *aval.shape), aval.dtype)]
 
 
+def _exchange_start(operand, output, indices, **_):
+    return [
+        _request_id_aval(),
+        jax.core.ShapedArray(output.shape, output.dtype),
+        jax.core.ShapedArray((2, indices.shape[1]), indices.dtype),
+    ]
+
+
 def _received(request_id, *buffers, **_):
     y = buffers[-1]
     return [jax.core.ShapedArray(y.shape, y.dtype)]
@@ -128,6 +149,15 @@ ineighbor_alltoall_p = comm_primitive(
 ineighbor_allgather_p = comm_primitive(
     "ineighbor_allgather", _neighbor_gather_start, "jaxcomm_ineighbor_allgather", ("handle",)
 )
+iragged_all_to_all_p = comm_primitive(
+    "iragged_all_to_all", _exchange_start, "jaxcomm_iragged_all_to_all", ("handle", "reverse")
+)
+ialltoallv_counts_p = comm_primitive(
+    "ialltoallv_counts",
+    _exchange_start,
+    "jaxcomm_ialltoallv_counts",
+    ("handle", "reverse", "check_sizes"),
+)
 
 # Operands (request_id, send) / (request_id, receive) / (request_id, send, receive); the
 # result takes the receive buffer's place.
@@ -142,6 +172,10 @@ wait_exchange_p = comm_primitive(
     ("handle",),
     aliases={2: 0},
     root_only="wait",
+)
+# Operands (request_id, send, index arrays, receive).
+wait_ragged_p = comm_primitive(
+    "wait_ragged", _received, "jaxcomm_wait_ragged", ("handle",), aliases={3: 0}
 )
 # JaxComm.during: operands waited for, an int32 1 out (no MPI call).
 fence_p = comm_primitive(
@@ -163,16 +197,20 @@ class Wait:
         prim: the primitive.
         sends: it takes the send buffer, which MPI reads until the wait.
         receives: it takes the receive buffer, last, and returns it filled.
+        indexed: it takes the index arrays of an exchange whose counts are
+            operands, after the send buffer.
     """
 
     prim: Primitive
     sends: bool
     receives: bool
+    indexed: bool = False
 
 
 WAIT_SEND = Wait(wait_send_p, sends=True, receives=False)
 WAIT_RECV = Wait(wait_recv_p, sends=False, receives=True)
 WAIT_EXCHANGE = Wait(wait_exchange_p, sends=True, receives=True)
+WAIT_RAGGED = Wait(wait_ragged_p, sends=True, receives=True, indexed=True)
 
 
 @dataclass(frozen=True)
@@ -245,6 +283,9 @@ class Operation:
         finish: ``(y, handle) -> y`` applied to what the wait returns
             (the neighbourhood collectives zero the blocks from
             ``MPI.PROC_NULL``, which MPI leaves unwritten).
+        ragged: an exchange whose counts are operands: its start takes
+            (operand, output, index arrays) and also returns what it learned
+            (``ragged.py``), and its wait is ``WAIT_RAGGED``.
     """
 
     start: Primitive
@@ -256,6 +297,7 @@ class Operation:
     sum_only: bool = False
     from_wildcard: Callable[[dict], bool] | None = None
     finish: Callable[[jax.Array, int], jax.Array] | None = None
+    ragged: bool = False
 
     @property
     def name(self) -> str:
@@ -269,6 +311,10 @@ def _same(params):
 
 def _swapped(params):
     return dict(sendcounts=params["recvcounts"], recvcounts=params["sendcounts"])
+
+
+def _reversed(params):
+    return {**params, "reverse": 1 - params["reverse"]}
 
 
 # By name (the start primitive's, and the JaxComm method's). Columns: start,
@@ -323,11 +369,27 @@ OPERATIONS = {
             Blocking(),
             finish=zero_from_nowhere,
         ),
+        Operation(
+            iragged_all_to_all_p,
+            WAIT_RAGGED,
+            ragged_all_to_all,
+            behind_rows,
+            Reverse("iragged_all_to_all", _reversed),
+            ragged=True,
+        ),
+        Operation(
+            ialltoallv_counts_p,
+            WAIT_RAGGED,
+            alltoallv_counts,
+            behind_rows,
+            Reverse("ialltoallv_counts", _reversed),
+            ragged=True,
+        ),
     )
 }
 
 STARTS = tuple(operation.start for operation in OPERATIONS.values())
-_WAITS = {wait.prim: wait for wait in (WAIT_SEND, WAIT_RECV, WAIT_EXCHANGE)}
+_WAITS = {wait.prim: wait for wait in (WAIT_SEND, WAIT_RECV, WAIT_EXCHANGE, WAIT_RAGGED)}
 WAITS = tuple(_WAITS)
 
 
@@ -351,6 +413,7 @@ class Request:
         "_id",
         "_send",
         "_recv",
+        "_learned",
         "_handle",
         "_waited",
         "_traced",
@@ -358,13 +421,17 @@ class Request:
         "__weakref__",
     )
 
-    def __init__(self, op, wait, start, request_id, sent, received, handle):
+    def __init__(self, op, wait, start, request_id, sent, received, handle, learned=None):
         self._op = op
         self._wait = wait
         self._start = start
         self._id = request_id
+        # The buffers the wait takes before the receive buffer: the send
+        # buffer and, for an exchange whose counts are operands, the index arrays.
         self._send = sent
         self._recv = received
+        # Returned by the wait beside the result, where the caller asked.
+        self._learned = learned
         self._handle = handle
         self._waited = False
         self._traced = True
@@ -425,12 +492,15 @@ def _describe(prim, params):
     return (prim.name, tuple(sorted((k, v) for k, v in params.items() if k != "handle")))
 
 
-def start(prim, x, **params):
+def start(prim, x, *extras, learned=False, **params):
     """Bind the start primitive ``prim`` on ``x``.
 
     Args:
         prim: one of ``STARTS``.
         x: the operand (the send buffer, or for ``irecv`` the template).
+        *extras: an exchange's output and index arrays (``Operation.ragged``).
+        learned: the wait returns ``(y, rows)``, with the rows received from
+            each rank that an exchange's start learned.
         **params: the primitive's params.
 
     Returns:
@@ -442,9 +512,9 @@ def start(prim, x, **params):
         # A constant: XLA may give each use of a literal its own copy, but
         # the start and the wait must see the same buffer.
         x = jax.lax.optimization_barrier(x)
-    outs = prim.bind(x, **params)
+    outs = prim.bind(x, *extras, **params)
     request_id = outs[0]
-    sent = x if operation.wait.sends else None
+    sent = ((x,) if operation.wait.sends else ()) + (extras[-1:] if operation.wait.indexed else ())
     received = outs[1] if operation.wait.receives else None
     request = Request(
         prim.name,
@@ -454,12 +524,35 @@ def start(prim, x, **params):
         sent,
         received,
         params["handle"],
+        outs[2][1] if learned else None,
     )
     request._traced = tracing
     if not tracing:
         _eager_requests.add(request)
         request._finalizer = weakref.finalize(request, _orphaned, (request_id, sent, received))
     return request
+
+
+def start_counts(x, output, sendcounts, recvcounts, *, handle):
+    """Start ``ialltoallv_counts_p``: rows of ``x`` in blocks of ``sendcounts``, packed into ``output``.
+
+    ``recvcounts`` (or None: learned, and the wait returns them beside the
+    rows) are checked against what arrives, as ``ragged.alltoallv_counts``.
+
+    Returns:
+        The :class:`Request`.
+    """
+    indices, check = counts_indices(sendcounts, recvcounts)
+    return start(
+        ialltoallv_counts_p,
+        x,
+        output,
+        indices,
+        learned=not check,
+        reverse=0,
+        check_sizes=int(check),
+        handle=handle,
+    )
 
 
 def wait(request):
@@ -495,16 +588,17 @@ def wait(request):
     if request._finalizer is not None:
         request._finalizer.detach()
         _eager_requests.discard(request)
-    buffers = [b for b in (request._send, request._recv) if b is not None]
+    buffers = [*request._send, *((request._recv,) if request._recv is not None else ())]
     wait = request._wait
     outs = wait.prim.bind(request._id, *buffers, handle=request._handle, start=request._start)
     # The request no longer holds the buffers: MPI is done with them.
-    request._send = request._recv = None
+    request._send, request._recv = (), None
     if not wait.receives:
         return None
     (y,) = outs
     finish = OPERATIONS[request.op].finish
-    return y if finish is None else finish(y, request._handle)
+    y = y if finish is None else finish(y, request._handle)
+    return y if request._learned is None else (y, request._learned)
 
 
 def during(requests, fn, *args, **kwargs):
@@ -675,19 +769,35 @@ def _sent_from(x):
 
 
 def _start_batched(operation, axis_data, args, dims, **params):
-    (x,), (dim,) = args, dims
+    (x, *extras), (dim, *extra_dims) = args, dims
     prim = operation.start
-    if dim is None:
+    in_axis, out_axis = operation.layout(**params)
+    if operation.ragged:
+        if extra_dims[1] is not None:
+            # One request moves one exchange: members with index arrays of
+            # their own would need one each.
+            raise NotImplementedError(
+                f"jaxcomm: vmap of {operation.name} over index arrays that differ between "
+                "batch members; batch only the operand and output, or use the blocking "
+                f"{operation.blocking.__name__}"
+            )
+        # The operand or the output is batched: every row of both holds the
+        # whole batch, as in the blocking form.
+        extras[0] = placed(extras[0], extra_dims[0], in_axis, axis_data.size)
+        moved = placed(x, dim, in_axis, axis_data.size)
+    elif dim is None:
         moved, out_axis = x, None
     else:
-        in_axis, out_axis = operation.layout(**params)
         moved = placed(x, dim, in_axis, axis_data.size)
     if operation.wait.sends:
         moved = _sent_from(moved)
-    outs = prim.bind(moved, **params)
+    outs = prim.bind(moved, *extras, **params)
     if moved is not x and operation.wait.sends:
         _moved_sends.setdefault(id(x), []).append((x, outs[0], moved))
-    return outs, [None] + [out_axis] * (len(outs) - 1)
+    out_dims = [None] + [out_axis] * (len(outs) - 1)
+    if operation.ragged:
+        out_dims[2] = None  # what it learned, the same for the whole batch
+    return outs, out_dims
 
 
 def _moved_send(request_id, x):
@@ -738,9 +848,14 @@ for _wait in _WAITS.values():
 # Replicated collectives (iallreduce with SUM, ibcast, iallgather) transpose
 # locally, like their blocking forms (Replicated, _adjoint.py): their cotangent
 # needs no message. ireduce and iscan transpose as reduce and scan do
-# (Blocking); igather and iscatter transpose into each other (Reverse). A reduction with MAX, MIN or PROD needs the reduced value
-# for its tangent, so its wait's rule computes the tangent with the blocking
-# collectives, after the primal wait. Rules run on every rank (_compat.py).
+# (Blocking); igather and iscatter transpose into each other (Reverse). A
+# reduction with MAX, MIN or PROD needs the reduced value for its tangent, so
+# its wait's rule computes the tangent with the blocking collectives, after
+# the primal wait. The exchanges whose counts are operands (ragged) reverse
+# as their blocking forms do, started by the wait's transpose, which also
+# gives the output's cotangent to the receive buffer; their index arrays ride
+# with the wait, so that its transpose has them. Rules run on every rank
+# (_compat.py).
 
 # id(request_id) -> (request_id, buffers that go with it).
 _companions = {}
@@ -796,25 +911,33 @@ def _has_tangent(operation, x, params):
     return not _tangent_by_wait(operation, params)
 
 
-def _tangent_start(operation, t, handle, params):
-    t = ad.instantiate_zeros(t)
+def _tangent_start(operation, ts, extras, handle, params):
+    t = ad.instantiate_zeros(ts[0])
+    if operation.ragged:
+        # The same exchange of the operand's and the output's tangents.
+        output, indices = ad.instantiate_zeros(ts[1]), extras[1]
+        touts = operation.start.bind(t, output, indices, handle=derivative_comm(handle), **params)
+        _keep(touts[0], t, indices)
+        return [*touts[:2], ad.Zero(jax.typeof(touts[2]).to_tangent_aval())]
     touts = operation.start.bind(t, handle=derivative_comm(handle), **params)
     # The tangent wait must get the very buffer the tangent start sent from.
     _keep(touts[0], *((t,) if operation.wait.sends else ()))
     return touts
 
 
-def _start_linearize(operation, nonzeros, x, *, handle, **params):
+def _start_linearize(operation, nonzeros, x, *extras, handle, **params):
     # Checked first: a refusal must come before any MPI call.
     tangent = _has_tangent(operation, x, params)
-    outs = operation.start.bind(x, handle=handle, **params)
+    outs = operation.start.bind(x, *extras, handle=handle, **params)
     if not tangent:
-        return outs, [False] * len(outs), [], lambda residuals, t: _zeros(outs)
+        return outs, [False] * len(outs), [], lambda residuals, *ts: _zeros(outs)
+    # What an exchange learned is integers.
+    out_nonzeros = [True, True, False] if operation.ragged else [True] * len(outs)
     return (
         outs,
-        [True] * len(outs),
+        out_nonzeros,
         [],
-        lambda residuals, t: _tangent_start(operation, t, handle, params),
+        lambda residuals, *ts: _tangent_start(operation, ts, extras, handle, params),
     )
 
 
@@ -858,7 +981,7 @@ def _wait_linearize(wait, nonzeros, request_id, *buffers, handle, start):
     return outs, [True] * len(outs), residuals, linearized
 
 
-def _start_transpose(operation, cts, x, *, handle, **params):
+def _start_transpose(operation, cts, x, *extras, handle, **params):
     transpose = operation.transpose
     if isinstance(transpose, Replicated):
         # The wait's rule handed the cotangent of the result over as the
@@ -879,6 +1002,15 @@ def _start_transpose(operation, cts, x, *, handle, **params):
     outs = reverse.wait.prim.bind(cts[0], *_take(cts[0]), handle=handle, start=described)
     if not reverse.wait.receives:
         return [None]
+    if operation.ragged:
+        # The output's cotangent came from the wait's transpose, as the
+        # receive buffer's.
+        output = extras[0]
+        return [
+            outs[0] if ad.is_undefined_primal(x) else None,
+            cts[1] if ad.is_undefined_primal(output) else None,
+            None,
+        ]
     return [outs[0] if reverse.finish is None else reverse.finish(outs[0], handle)]
 
 
@@ -888,6 +1020,8 @@ def _wait_transpose(wait, cts, request_id, *buffers, handle, start):
     if not isinstance(transpose, Reverse):
         return [None] * len(buffers) + [cts[0]]
     reverse = OPERATIONS[transpose.op]
+    if operation.ragged:
+        return _exchange_wait_transpose(reverse, transpose, cts, buffers, handle, params)
     if reverse.wait.sends:
         # The cotangent of what arrived goes back.
         operand = _sendable(cts[0], buffers[-1].aval)
@@ -899,6 +1033,29 @@ def _wait_transpose(wait, cts, request_id, *buffers, handle, start):
     received = (outs[1],) if reverse.wait.receives else ()
     _keep(outs[0], *sent, *received)
     return [outs[0]] + [None] * len(buffers)
+
+
+def _aval(x):
+    return x.aval if ad.is_undefined_primal(x) else jax.typeof(x)
+
+
+def _exchange_wait_transpose(reverse, transpose, cts, buffers, handle, params):
+    """The wait's transpose of an exchange whose counts are operands.
+
+    Starts the reversed exchange of the result's cotangent back to where the
+    rows were read, and gives the output's cotangent (the result's, with
+    the rows the exchange wrote zeroed) to the receive buffer, whose
+    cotangent the start's transpose takes.
+    """
+    operand, indices, received = buffers
+    ct = _sendable(cts[0], _aval(received))
+    zeros = batched_alike(_compat.transpose_zeros(_aval(operand)))
+    outs = reverse.start.bind(
+        ct, zeros, indices, handle=transpose.comm(handle), **transpose.params(params)
+    )
+    _keep(outs[0], ct, indices, outs[1])
+    output_ct = output_cotangent(ct, indices, outs[2], params["reverse"])
+    return [outs[0], None, None, output_ct]
 
 
 def _jvp_of(linearize, primals, tangents, **params):

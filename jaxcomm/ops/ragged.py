@@ -67,11 +67,7 @@ def alltoallv_counts(x, output, sendcounts, recvcounts, *, handle):
     Returns:
         The output and the rows received from each rank.
     """
-    starts = jnp.cumsum(sendcounts) - sendcounts
-    check = recvcounts is not None
-    if not check:
-        recvcounts = jnp.zeros_like(sendcounts)
-    indices = jnp.stack([starts, sendcounts, jnp.zeros_like(sendcounts), recvcounts])
+    indices, check = counts_indices(sendcounts, recvcounts)
     y, info = alltoallv_counts_p.bind(
         x,
         output,
@@ -81,6 +77,19 @@ def alltoallv_counts(x, output, sendcounts, recvcounts, *, handle):
         check_sizes=int(check),
     )
     return y, info[1]
+
+
+def counts_indices(sendcounts, recvcounts):
+    """The index arrays of ``alltoallv_counts_p`` for this rank's counts, and whether it checks ``recvcounts``.
+
+    Each block starts where the one before ends; ``recvcounts`` (None:
+    learned, not checked) are the rows expected from each rank.
+    """
+    starts = jnp.cumsum(sendcounts) - sendcounts
+    check = recvcounts is not None
+    if not check:
+        recvcounts = jnp.zeros_like(sendcounts)
+    return jnp.stack([starts, sendcounts, jnp.zeros_like(sendcounts), recvcounts]), check
 
 
 # vmap -----------------------------------------------------------------------------
@@ -134,6 +143,18 @@ def _zero_rows(ct, offsets, rows):
     return jnp.where(covered.reshape((n,) + (1,) * (ct.ndim - 1)), jnp.zeros_like(ct), ct)
 
 
+def output_cotangent(ct, indices, info, reverse):
+    """The cotangent of an exchange's output: the result's ``ct`` with the rows it wrote zeroed.
+
+    ``info`` is what the reversed exchange, run on the same ``indices``, learned.
+    """
+    if reverse:
+        # The reversed exchange wrote this rank's own blocks.
+        return _zero_rows(ct, indices[0], indices[1])
+    # The forward exchange wrote where the reversed one read.
+    return _zero_rows(ct, info[0], info[1])
+
+
 def _transpose(prim, cts, operand, output, indices, *, handle, reverse, **params):
     ct = batched_alike(ad.instantiate_zeros(cts[0]))
     aval = operand.aval if ad.is_undefined_primal(operand) else jax.core.get_aval(operand)
@@ -143,12 +164,7 @@ def _transpose(prim, cts, operand, output, indices, *, handle, reverse, **params
     )
     output_t = None
     if ad.is_undefined_primal(output):
-        if reverse:
-            # The reversed exchange wrote this rank's own blocks.
-            output_t = _zero_rows(ct, indices[0], indices[1])
-        else:
-            # The forward exchange wrote where the reversed one read.
-            output_t = _zero_rows(ct, info[0], info[1])
+        output_t = output_cotangent(ct, indices, info, reverse)
     if not ad.is_undefined_primal(operand):
         operand_t = None
     return [operand_t, output_t, None]
