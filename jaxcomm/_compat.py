@@ -258,10 +258,12 @@ def device_count(axis_context):
     mesh = getattr(axis_context, "mesh", None)
     if mesh is not None:
         return mesh.size
-    axis_env = getattr(axis_context, "axis_env", None)
-    if axis_env is not None:
-        return axis_env.nreps
-    return axis_context.num_devices
+    # Before axis_env: jax 0.6's ShardingContext (a jit over sharded arrays)
+    # has both, and its axis_env counts one replica whatever the devices.
+    num_devices = getattr(axis_context, "num_devices", None)
+    if num_devices is not None:
+        return num_devices
+    return axis_context.axis_env.nreps
 
 
 def local_device_count(module_context):

@@ -269,7 +269,9 @@ class JaxComm:
         the mesh's order only: pass them in that order).
         Inside a ``shard_map`` with ``check_vma`` on (the default), results
         carry the same varying axes as JAX's collectives', and their gradients
-        equal JAX's.
+        equal JAX's; with ``check_vma=False`` they transpose as JAX's
+        collectives do there (an ``allreduce`` to an ``allreduce``), so
+        gradients equal JAX's too.
 
         Processes are matched to mesh devices through ``jax.process_index()``,
         which needs not equal the MPI rank (an ``MPI_Allgather`` of it over

@@ -56,9 +56,13 @@ def ring(axes, mesh):
 def pairs(axes, jc, ring_jc, mesh):
     n, perm = ring(axes, mesh)
     r = ring_jc.rank
+    psum = lambda v: jax.lax.psum(v, axes)
+    gather = lambda v: jax.lax.all_gather(v, axes)
     return {
-        "allreduce": (lambda v: jax.lax.psum(v, axes), jc.allreduce),
-        "allgather": (lambda v: jax.lax.all_gather(v, axes), jc.allgather),
+        "allreduce": (psum, jc.allreduce),
+        "allgather": (gather, jc.allgather),
+        "iallreduce": (psum, lambda v: jc.wait(jc.iallreduce(v))),
+        "iallgather": (gather, lambda v: jc.wait(jc.iallgather(v))),
         "sendrecv": (
             lambda v: jax.lax.ppermute(v, ring_jc.mesh_axes, perm),
             lambda v: ring_jc.sendrecv(v, v, source=(r - 1) % n, dest=(r + 1) % n),
@@ -97,12 +101,18 @@ for layout, mesh in layouts.items():
         # ppermute takes several axes in the mesh's order only (jax 0.12
         # refuses others; earlier versions number positions in that order anyway).
         ring_jc = JaxComm.for_mesh(mesh, tuple(a for a in names if a in axes))
-        for op, (theirs, ours) in pairs(axes, jc, ring_jc, mesh).items():
+        # With check_vma off, JAX takes every value for a per-device one and
+        # its collectives transpose exactly (psum to psum): so do jaxcomm's.
+        for op, (theirs, ours), check_vma in (
+            (op, fns, check_vma)
+            for op, fns in pairs(axes, jc, ring_jc, mesh).items()
+            for check_vma in (True, False)
+        ):
             runs = {}
             for name, fn in (("jax", theirs), ("jaxcomm", ours)):
                 f = jax.jit(jax.shard_map(
                     lambda v, fn=fn: fn(v).reshape(-1, 3), mesh=mesh, in_specs=every,
-                    out_specs=every,
+                    out_specs=every, check_vma=check_vma,
                 ))
                 w_shape = jax.eval_shape(f, x).shape
                 w = jax.make_array_from_callback(
@@ -111,47 +121,81 @@ for layout, mesh in layouts.items():
                 )
                 loss = lambda v, w, f=f: jnp.sum(jnp.sin(f(v)) * w)
                 runs[name] = (f(x), jax.jit(jax.grad(loss))(x, w))
-            check((layout, axes, op), runs["jax"][0], runs["jaxcomm"][0])
-            check((layout, axes, op, "grad"), runs["jax"][1], runs["jaxcomm"][1])
+            check((layout, axes, op, check_vma), runs["jax"][0], runs["jaxcomm"][0])
+            check((layout, axes, op, check_vma, "grad"), runs["jax"][1], runs["jaxcomm"][1])
         ok.append(f"{layout} {axes}")
         jc.free()
         ring_jc.free()
 
 # A replicated result leaves shard_map with out_specs P(), as psum's does, and
-# differentiates as psum does, also of a value that does not vary.
+# differentiates as psum does, also of a value that does not vary; with
+# check_vma off, shard_map divides its cotangent among the devices.
 mesh = layouts["1d"]
 jc = JaxComm.for_mesh(mesh, "x")
 world_jc = JaxComm(world)
 x = jax.make_array_from_callback(
     (size, 2), NamedSharding(mesh, P("x")), lambda i: np.arange(2.0 * size).reshape(size, 2)[i]
 )
-for name, total in (
-    ("jax", lambda v: jax.lax.psum(v, "x")),
-    ("for_mesh", jc.allreduce),
-    ("world", world_jc.allreduce),
-):
-    f = jax.jit(jax.shard_map(
-        lambda v, t=total: t(jnp.sum(v ** 2)) + t(jnp.float32(3.0)) * jnp.sum(t(v)),
-        mesh=mesh, in_specs=P("x"), out_specs=P(),
-    ))
-    result = f(x)
-    grad = jax.jit(jax.grad(lambda v, f=f: f(v)))(x)
-    if name == "jax":
-        expected = (result, grad)
-    else:
-        check(name, result, expected[0])
-        check(name + " grad", grad, expected[1])
+for check_vma in (True, False):
+    for name, total in (
+        ("jax", lambda v: jax.lax.psum(v, "x")),
+        ("for_mesh", jc.allreduce),
+        ("world", world_jc.allreduce),
+        ("nonblocking", lambda v: jc.wait(jc.iallreduce(v))),
+    ):
+        f = jax.jit(jax.shard_map(
+            lambda v, t=total: t(jnp.sum(v ** 2)) + t(jnp.float32(3.0)) * jnp.sum(t(v)),
+            mesh=mesh, in_specs=P("x"), out_specs=P(), check_vma=check_vma,
+        ))
+        result = f(x)
+        grad = jax.jit(jax.grad(lambda v, f=f: f(v)))(x)
+        if name == "jax":
+            expected = (result, grad)
+        else:
+            check((name, check_vma), result, expected[0])
+            check((name, check_vma, "grad"), grad, expected[1])
 ok.append("replicated")
 
-# With check_vma off, values carry no varying axes; results are still JAX's.
-unchecked = {
-    name: jax.jit(jax.shard_map(
-        lambda v, t=t: t(v) * 2, mesh=mesh, in_specs=P("x"), out_specs=P(), check_vma=False
-    ))(x)
-    for name, t in (("jax", lambda v: jax.lax.psum(v, "x")), ("jaxcomm", jc.allreduce))
-}
-check("check_vma=False", unchecked["jax"], unchecked["jaxcomm"])
-ok.append("unchecked")
+# JAX's collectives and jaxcomm's calls that do not depend on each other, in
+# one program, run back to back: XLA picks their order, the same program on
+# every process, and they must meet without deadlock and add up right.
+steps, n = 6, size
+ids = np.arange(4.0 * size).reshape(size, 4)
+state = jax.make_array_from_callback((size, 4), NamedSharding(mesh, P("x")), lambda i: ids[i])
+
+
+def mixed(u):
+    r = jc.rank
+    mean = jax.lax.psum(u[:, 0], "x") / n  # a chain of psums
+    total = jc.allreduce(u[:, 1]) / n  # a chain of jaxcomm allreduces
+    right = u[:, 2]  # a ring shifted by ppermute
+    left = u[:, 3]  # a ring shifted the other way by sendrecv
+
+    def step(carry, _):
+        mean, total, right, left = carry
+        return (
+            jax.lax.psum(mean, "x") / n + 1,
+            jc.allreduce(total) / n - 1,
+            jax.lax.ppermute(right, "x", [(i, (i + 1) % n) for i in range(n)]),
+            jc.sendrecv(left, left, source=(r + 1) % n, dest=(r - 1) % n),
+        ), None
+
+    carry, _ = jax.lax.scan(step, (mean, total, right, left), None, length=steps)
+    return jnp.stack(carry, axis=1)
+
+
+program = jax.jit(jax.shard_map(mixed, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+runs = [program(state + 100 * i) for i in range(10)]
+for i, out in enumerate(runs):
+    start = ids + 100 * i
+    want = [
+        start[:, 0].mean() + steps,
+        start[:, 1].mean() - steps,
+        start[(jc.rank - steps) % n, 2],
+        start[(jc.rank + steps) % n, 3],
+    ]
+    check(("mixed", i), out, jnp.asarray(want, jnp.float32)[None])
+ok.append("mixed")
 
 # Refusals, raised on every rank while compiling, before any MPI call.
 def refused(error, text, run):
@@ -204,7 +248,7 @@ if world.rank == 0:
 def test_shard_map_collectives_match_jax(tmp_path, ranks):
     done, _ = run_job(tmp_path, _JOB, ranks=ranks, limit=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
-    expected = ["1d ('x',)", "replicated", "unchecked", "refusals", "order"]
+    expected = ["1d ('x',)", "replicated", "mixed", "refusals", "order"]
     if ranks == 4:
         expected += ["2d ('x',)", "2d ('y',)", "2d ('x', 'y')", "2d ('y', 'x')"]
     for case in expected:

@@ -280,9 +280,39 @@ def typed_outputs(outs, avals, handle, replicated):
     return [_compat.with_varying(like, out, varying) for out in outs]
 
 
+# The nonblocking starts whose wait returns a replicated result (iallreduce...):
+# their waits are typed as the blocking collectives are.
+replicated_starts = set()
+
+
 def _typed(abstract_eval, *avals, **params):
     outs = abstract_eval(*avals, **params)
-    return typed_outputs(outs, avals, params.get("handle"), params.get("replicated", False))
+    replicated = params.get("replicated", False) or (
+        params.get("start", ("",))[0] in replicated_starts
+    )
+    return typed_outputs(outs, avals, params.get("handle"), replicated)
+
+
+def per_device_values():
+    """Whether JAX takes values for per-device ones now: in a ``shard_map`` with ``check_vma`` off."""
+    return bool(_compat.context_manual_axes()) and not _compat.checking_vma()
+
+
+def replicated_operand(x, handle, replicated):
+    """``x`` and the ``replicated`` param a replicated collective binds with.
+
+    With ``replicated`` (a user's ``allreduce``, ``bcast``, ``allgather``...),
+    the result is one value under jaxcomm's convention, typed inside a
+    ``shard_map`` with ``check_vma`` on as :func:`vary_over_comm` says. Inside a
+    ``shard_map`` with ``check_vma`` off, JAX takes every value for a
+    per-device one: its collectives transpose exactly (``psum`` to ``psum``)
+    and ``shard_map`` divides the cotangent of a replicated output by the
+    number of devices, so a jaxcomm collective there transposes exactly too
+    (``replicated=False``), and its gradients are JAX's.
+    """
+    if not replicated or per_device_values():
+        return x, False
+    return vary_over_comm(x, handle), True
 
 
 def vary_over_comm(x, handle):
@@ -299,6 +329,14 @@ def vary_over_comm(x, handle):
         return x
     missing = tuple(a for a in manual if a in axes and a not in _compat.varying(jax.typeof(x)))
     return _compat.pvary(x, missing) if missing else x
+
+
+def vary_like(ct, aval):
+    """The cotangent ``ct`` typed as varying over what ``aval``, its primal's, varies over."""
+    if type(ct) is ad.Zero:
+        return ct
+    missing = _compat.varying(aval) - _compat.varying(jax.typeof(ct))
+    return _compat.pvary(ct, sorted(missing)) if missing else ct
 
 
 def _placeholder(aval):

@@ -3,7 +3,7 @@
 import jax.numpy as jnp
 
 from ._adjoint import register
-from ._base import comm_primitive, same_as_input, vary_over_comm
+from ._base import comm_primitive, replicated_operand, same_as_input
 from ._batching import batch_whole, flat
 
 # MPI_Bcast works in place: with the input's buffer the root sends from where
@@ -17,8 +17,7 @@ def bcast(x, *, root, handle, replicated=True):
     ``replicated`` picks the transpose (see ``_crossing.py``); it does not
     change what the call computes.
     """
-    if replicated:
-        x = vary_over_comm(x, handle)
+    x, replicated = replicated_operand(x, handle, replicated)
     (y,) = bcast_p.bind(x, root=root, handle=handle, replicated=replicated)
     return y
 

@@ -9,7 +9,7 @@ and scale them by the elements of one row.
 import jax
 
 from ._adjoint import register
-from ._base import comm_primitive, def_linear, rank_of, same_as_input, vary_over_comm
+from ._base import comm_primitive, def_linear, rank_of, replicated_operand, same_as_input
 from ._batching import batch_whole, behind_rows, split, stacked
 
 
@@ -76,8 +76,7 @@ def allgather(x, *, size, tiled, handle, replicated=True):
 
     ``replicated`` picks the transpose (see ``_crossing.py``).
     """
-    if replicated:
-        x = vary_over_comm(x, handle)
+    x, replicated = replicated_operand(x, handle, replicated)
     (y,) = allgather_p.bind(x, size=size, tiled=tiled, handle=handle, replicated=replicated)
     return y
 
@@ -105,8 +104,7 @@ def allgatherv(x, *, counts, handle, replicated=True):
 
     ``replicated`` picks the transpose (see ``_crossing.py``).
     """
-    if replicated:
-        x = vary_over_comm(x, handle)
+    x, replicated = replicated_operand(x, handle, replicated)
     (y,) = allgatherv_p.bind(x, counts=counts, handle=handle, replicated=replicated)
     return y
 

@@ -52,7 +52,18 @@ from jax.interpreters import ad
 
 from .. import _compat, _runtime
 from ._adjoint import replicated_adjoint
-from ._base import SUM, comm_primitive, derivative_comm, no_output, not_differentiable, op_name
+from ._base import (
+    SUM,
+    comm_primitive,
+    derivative_comm,
+    no_output,
+    not_differentiable,
+    op_name,
+    per_device_values,
+    replicated_starts,
+    vary_like,
+    vary_over_comm,
+)
 from ._batching import batched_alike, behind_rows, flat, placed, split, stacked
 from ._crossing import contribution
 from .bcast import bcast
@@ -389,6 +400,9 @@ OPERATIONS = {
 }
 
 STARTS = tuple(operation.start for operation in OPERATIONS.values())
+replicated_starts.update(
+    name for name, operation in OPERATIONS.items() if isinstance(operation.transpose, Replicated)
+)
 _WAITS = {wait.prim: wait for wait in (WAIT_SEND, WAIT_RECV, WAIT_EXCHANGE, WAIT_RAGGED)}
 WAITS = tuple(_WAITS)
 
@@ -507,6 +521,8 @@ def start(prim, x, *extras, learned=False, **params):
         The :class:`Request`.
     """
     operation = OPERATIONS[prim.name]
+    if isinstance(operation.transpose, Replicated):
+        x = vary_over_comm(x, params["handle"])
     tracing = _compat.tracing()
     if tracing and not isinstance(x, jax.core.Tracer):
         # A constant: XLA may give each use of a literal its own copy, but
@@ -983,14 +999,16 @@ def _wait_linearize(wait, nonzeros, request_id, *buffers, handle, start):
 
 def _start_transpose(operation, cts, x, *extras, handle, **params):
     transpose = operation.transpose
-    if isinstance(transpose, Replicated):
+    if isinstance(transpose, Replicated) and not per_device_values():
         # The wait's rule handed the cotangent of the result over as the
         # receive buffer's.
         ct = ad.instantiate_zeros(cts[1])
         local = {name: params[name] for name in transpose.params}
         kind = operation.blocking.__name__
         return [replicated_adjoint(ct, kind=kind, handle=handle, **local)]
-    if isinstance(transpose, Blocking):
+    if isinstance(transpose, (Blocking, Replicated)):
+        # A replicated one among per-device values transposes exactly, as
+        # its blocking form does there (replicated_operand).
         ct = ad.instantiate_zeros(cts[1])
         blocking = partial(operation.blocking, handle=handle, **params)
         aval = jax.ShapeDtypeStruct(x.aval.shape, x.aval.dtype)
@@ -1018,7 +1036,8 @@ def _wait_transpose(wait, cts, request_id, *buffers, handle, start):
     operation, params = OPERATIONS[start[0]], dict(start[1])
     transpose = operation.transpose
     if not isinstance(transpose, Reverse):
-        return [None] * len(buffers) + [cts[0]]
+        # To the start's receive buffer, which varies where a replicated result does not.
+        return [None] * len(buffers) + [vary_like(cts[0], buffers[-1].aval)]
     reverse = OPERATIONS[transpose.op]
     if operation.ragged:
         return _exchange_wait_transpose(reverse, transpose, cts, buffers, handle, params)

@@ -13,8 +13,8 @@ from ._base import (
     linear_jvp,
     not_differentiable,
     op_name,
+    replicated_operand,
     same_as_input,
-    vary_over_comm,
 )
 from ._batching import batch_whole, flat, split
 
@@ -49,8 +49,7 @@ def allreduce(x, *, op, handle, replicated=True):
     value (the user's allreduce), or per-rank values (an allreduce bound by a
     transpose), which transpose exactly, to another such allreduce.
     """
-    if replicated:
-        x = vary_over_comm(x, handle)
+    x, replicated = replicated_operand(x, handle, replicated)
     (y,) = allreduce_p.bind(x, op=op, handle=handle, replicated=replicated)
     return y
 
