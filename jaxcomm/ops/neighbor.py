@@ -133,9 +133,13 @@ def neighbor_alltoallv(x, output, sendcounts, recvcounts, *, handle):
         The output and the rows received from each source.
     """
     check = recvcounts is not None
-    if not check:
-        recvcounts = jnp.zeros(indegree(handle), sendcounts.dtype)
-    counts = jnp.concatenate([sendcounts, recvcounts.astype(sendcounts.dtype)])
+    if check:
+        counts = jnp.concatenate([sendcounts, recvcounts.astype(sendcounts.dtype)])
+    else:
+        # Padded, not concatenated with a constant: XLA:CPU of jaxlib 0.6.2
+        # aborts compiling a concatenate of a constant that feeds this call
+        # ("Could not convert JSON string to proto").
+        counts = jnp.pad(sendcounts, (0, indegree(handle)))
     return neighbor_alltoallv_p.bind(x, output, counts, handle=handle, check_sizes=int(check))
 
 
