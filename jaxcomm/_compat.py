@@ -507,8 +507,14 @@ def transpose_zeros(aval):
     return _zeros_from(seed, aval)
 
 
-_BACKWARD_PASS = "backward_pass3" if hasattr(_ad, "backward_pass3") else "backward_pass"
-setattr(_ad, _BACKWARD_PASS, _seeding(getattr(_ad, _BACKWARD_PASS)))
+# jax 0.8 and newer run every backward pass in ``backward_pass3``
+# (``backward_pass`` calls it); jax 0.6 has only ``backward_pass``; jax 0.7
+# has both, separate, and ``jax.linear_transpose`` runs ``backward_pass``.
+_BACKWARD_PASSES = [name for name in ("backward_pass3", "backward_pass") if hasattr(_ad, name)]
+if len(_BACKWARD_PASSES) == 2 and "backward_pass3" in _ad.backward_pass.__code__.co_names:
+    _BACKWARD_PASSES.remove("backward_pass")
+for _name in _BACKWARD_PASSES:
+    setattr(_ad, _name, _seeding(getattr(_ad, _name)))
 
 
 def _structured_residuals():
