@@ -136,7 +136,15 @@ def call_site(ctx) -> str:
     library and jaxcomm, as ``"file:line (function)"``.
     """
     if hasattr(ctx, "traceback"):
-        return _site(ctx.traceback)
+        site = _site(ctx.traceback)
+        if site == _UNKNOWN_SITE:
+            # jax 0.9 gives a rule only its equation's traceback, which ends
+            # where the enclosing function was traced (a jitted function that
+            # an eager call goes through, _eager.py); jax 0.10 and newer
+            # append the traceback the enclosing jaxpr is lowered under, where
+            # this finds nothing more.
+            site = _site(_outer_traceback.get())
+        return site
     # jax 0.6 has no ``ctx.traceback``: it lowers each equation inside a user
     # context that holds the equation's traceback.
     return current_site()
@@ -169,7 +177,13 @@ def _site(traceback):
         if name.startswith(_PACKAGE_DIR) or not _source_info.is_user_filename(name):
             continue
         return f"{name}:{frame.line_num} ({frame.function_name})"
-    return "an unknown call site"
+    return _UNKNOWN_SITE
+
+
+_UNKNOWN_SITE = "an unknown call site"
+
+# The ``outer_traceback`` of the jaxpr being lowered (``_checked_jaxpr_subcomp``).
+_outer_traceback = contextvars.ContextVar("jaxcomm_outer_traceback", default=None)
 
 
 def def_effectful_abstract_eval(prim, abstract_eval):
@@ -507,8 +521,14 @@ def transpose_zeros(aval):
     return _zeros_from(seed, aval)
 
 
-_BACKWARD_PASS = "backward_pass3" if hasattr(_ad, "backward_pass3") else "backward_pass"
-setattr(_ad, _BACKWARD_PASS, _seeding(getattr(_ad, _BACKWARD_PASS)))
+# jax 0.8 and newer run every backward pass in ``backward_pass3``
+# (``backward_pass`` calls it); jax 0.6 has only ``backward_pass``; jax 0.7
+# has both, separate, and ``jax.linear_transpose`` runs ``backward_pass``.
+_BACKWARD_PASSES = [name for name in ("backward_pass3", "backward_pass") if hasattr(_ad, name)]
+if len(_BACKWARD_PASSES) == 2 and "backward_pass3" in _ad.backward_pass.__code__.co_names:
+    _BACKWARD_PASSES.remove("backward_pass")
+for _name in _BACKWARD_PASSES:
+    setattr(_ad, _name, _seeding(getattr(_ad, _name)))
 
 
 def _structured_residuals():
@@ -716,7 +736,11 @@ _lower_jaxpr = getattr(_mlir, "jaxpr_subcomp", None)
 def _checked_jaxpr_subcomp(ctx, jaxpr, *args, **kwargs):
     for check in jaxpr_checks:
         check(jaxpr)
-    return _lower_jaxpr(ctx, jaxpr, *args, **kwargs)
+    token = _outer_traceback.set(kwargs.get("outer_traceback"))
+    try:
+        return _lower_jaxpr(ctx, jaxpr, *args, **kwargs)
+    finally:
+        _outer_traceback.reset(token)
 
 
 # Without it (a jax that lowers otherwise) the checks run only where Python
