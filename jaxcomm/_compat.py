@@ -63,6 +63,8 @@ try:
     from jax._src.interpreters import batching as _batching
     from jax._src.interpreters import mlir as _mlir
     from jax._src.interpreters import pxla as _pxla
+    from jax._src.lib import version as _jaxlib_version
+    from jax._src.lib.mlir.dialects import hlo as _hlo
 
     abstract_token = _core.abstract_token
     apply_primitive = _dispatch.apply_primitive
@@ -210,7 +212,20 @@ def ordered_token(ctx):
 
 def set_ordered_token(ctx, token):
     """Hand the token a lowering produced on to the next jaxcomm call."""
+    if _TOKEN_THROUGH_AFTER_ALL:
+        token = _hlo.after_all([token, token])
     ctx.set_tokens_out(_TokenSet({mpi_effect: token}))
+
+
+# XLA:CPU of jaxlib 0.6 emits a dot that it lowers to LLVM IR (a small product
+# or a matrix-vector one) only after reading the backend config of its
+# computation's root as a JSON proto, and aborts the process when that fails.
+# The root is a jaxcomm call whenever a computation returns exactly the token
+# and results of one (a jitted ``jc.allreduce(A @ x)``), and a typed FFI call's
+# attributes are not JSON. Taking the token through an ``after_all`` keeps
+# every jaxcomm call off the root at no cost at run time; jaxlib 0.7 and newer
+# no longer read the root, so they get the token as it is.
+_TOKEN_THROUGH_AFTER_ALL = _jaxlib_version < (0, 7)
 
 
 def register_uncached_lowering(prim, rule, platform):

@@ -1,6 +1,10 @@
 """What jaxcomm does on a jax it was not tested with: it still imports, keeps every
-MPI call in program order, and names what it skipped in one warning."""
+MPI call in program order, and names what it skipped in one warning. And a
+program shape that one tested jax's compiler could not take."""
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 from conftest import run_job, spawns_own_mpi
 
@@ -61,3 +65,32 @@ def test_a_jax_without_what_ordering_rests_on_is_refused_at_import(tmp_path, int
     done, _ = run_job(tmp_path, NEWER_JAX, internal, ranks=1, limit=180)
     assert done.returncode != 0
     assert "ImportError: jaxcomm orders MPI calls with JAX internals that jax 0.99.0" in done.stderr
+
+
+@pytest.mark.parametrize("op", ["allreduce", "bcast", "allgather", "sendrecv"])
+@pytest.mark.parametrize("shape", [(4, 4), (4, 4, 3)], ids=["matvec", "tensordot"])
+def test_a_product_feeding_a_call_whose_results_are_returned_compiles(jc, op, shape):
+    # XLA:CPU of jaxlib 0.6 read the backend config of the computation's root
+    # while emitting a small or matrix-vector product, and aborted the process
+    # when the root was a jaxcomm call (returning exactly its results makes it
+    # the root on jax 0.6 to 0.9, where the token is returned too).
+    a = jnp.arange(np.prod(shape), dtype=jnp.float32).reshape(shape) + jc.rank
+    x = jnp.ones(shape[1], jnp.float32)
+    calls = {
+        "allreduce": lambda y: jc.allreduce(y),
+        "bcast": lambda y: jc.bcast(y, 0),
+        "allgather": lambda y: jc.allgather(y),
+        "sendrecv": lambda y: jc.sendrecv(y, y, (jc.rank - 1) % jc.size, (jc.rank + 1) % jc.size),
+    }
+    got = jax.jit(lambda a, x: calls[op](jnp.tensordot(x, a, axes=(0, 1))))(a, x)
+    products = [
+        np.tensordot(np.ones(shape[1]), np.arange(np.prod(shape)).reshape(shape) + r, axes=(0, 1))
+        for r in range(jc.size)
+    ]
+    want = {
+        "allreduce": sum(products),
+        "bcast": products[0],
+        "allgather": np.stack(products),
+        "sendrecv": products[(jc.rank - 1) % jc.size],
+    }[op]
+    np.testing.assert_allclose(got, want)
