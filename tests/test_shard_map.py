@@ -58,8 +58,13 @@ def pairs(axes, jc, ring_jc, mesh):
     r = ring_jc.rank
     psum = lambda v: jax.lax.psum(v, axes)
     gather = lambda v: jax.lax.all_gather(v, axes)
+    # A broadcast from the last rank: JAX's all_gather keeps root's block.
+    root = n - 1
+    from_root = lambda v: jax.lax.all_gather(v, axes)[root]
     return {
         "allreduce": (psum, jc.allreduce),
+        "bcast": (from_root, lambda v: jc.bcast(v, root=root)),
+        "ibcast": (from_root, lambda v: jc.wait(jc.ibcast(v, root=root))),
         "allgather": (gather, jc.allgather),
         "iallreduce": (psum, lambda v: jc.wait(jc.iallreduce(v))),
         "iallgather": (gather, lambda v: jc.wait(jc.iallgather(v))),

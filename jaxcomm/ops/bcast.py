@@ -33,7 +33,15 @@ batch_whole(bcast_p, flat)
 
 
 def _root_keeps(ct, rank, *, root):
-    return ct if rank == root else jnp.zeros_like(ct)
+    if rank == root:
+        return ct
+    # Zeros that still read ct, so that every process's program uses ct alike:
+    # inside shard_map with check_vma, ct is the psum JAX writes for the
+    # transpose of its cast to varying, and plain zeros let XLA drop that psum
+    # as dead code on the other ranks only, leaving root to wait in it for
+    # ever. XLA does not fold ct * 0 for floats (NaN * 0 is NaN); the where
+    # makes the zeros exact for every ct.
+    return jnp.where(jnp.isfinite(ct), ct * 0, jnp.zeros_like(ct))
 
 
 register(
