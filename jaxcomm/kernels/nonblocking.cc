@@ -780,12 +780,7 @@ class StartedMove final : public ExchangeMover {
       // Every int count is 0 or 1 and every displacement 0; the datatypes,
       // freed when this returns, carry the offsets.
       PeerBlocks send_blocks, recv_blocks;
-      for (size_t p = 0; p < size; ++p) {
-        JAXCOMM_RETURN_IF_ERROR(
-            send_blocks.Add(r.dtype, r.send.displs[p], r.send.counts[p], call_.comm()));
-        JAXCOMM_RETURN_IF_ERROR(
-            recv_blocks.Add(r.dtype, r.recv.displs[p], r.recv.counts[p], call_.comm()));
-      }
+      JAXCOMM_RETURN_IF_ERROR(RowBlocks(r, call_.comm(), send_blocks, recv_blocks));
       std::copy(send_blocks.counts(), send_blocks.counts() + size, ints.begin());
       std::copy(recv_blocks.counts(), recv_blocks.counts() + size, ints.begin() + 2 * size);
       std::fill(ints.begin() + size, ints.begin() + 2 * size, 0);
@@ -798,12 +793,7 @@ class StartedMove final : public ExchangeMover {
                           start_.request());
       if (rc != MPI_SUCCESS) return MpiFailure("MPI_Ialltoallw", rc, call_);
     } else {
-      for (size_t p = 0; p < size; ++p) {
-        ints[p] = static_cast<int>(r.send.counts[p]);
-        ints[size + p] = static_cast<int>(r.send.displs[p]);
-        ints[2 * size + p] = static_cast<int>(r.recv.counts[p]);
-        ints[3 * size + p] = static_cast<int>(r.recv.displs[p]);
-      }
+      r.IntArguments(ints);
       call_.Log([&] { return "MPI_Ialltoallv " + Sent(r); });
       rc =
           MPI_Ialltoallv(NotNull(r.send_data), &ints[0], &ints[size], r.dtype, NotNull(r.recv_data),
