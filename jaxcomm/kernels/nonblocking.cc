@@ -2,8 +2,9 @@
 // MPI_Iscan, MPI_Ibcast, MPI_Iallgather, MPI_Igather, MPI_Iscatter, MPI_Ialltoall,
 // MPI_Ialltoallv, MPI_Ineighbor_alltoall, MPI_Ineighbor_allgather, the
 // exchanges whose counts are operands (iragged_all_to_all, ialltoallv with
-// this rank's counts: the header step of gather.cc, then MPI_Ialltoallv), and
-// the MPI_Wait that completes each.
+// this rank's counts: the header step of gather.cc, then MPI_Ialltoallv;
+// ineighbor_alltoallv: neighbor.cc's, then MPI_Ineighbor_alltoallv), and the
+// MPI_Wait that completes each.
 //
 // A start handler makes the MPI call and writes a request handle: the bits
 // of two int32 (slot, serial) in a float32[2] (a float type, so that a
@@ -837,6 +838,99 @@ ffi::Error IalltoallvCountsImpl(const Call& call, Memory& memory, ffi::Token, ff
   const Exchange e{x, output, indices, reverse != 0, true, check_sizes != 0};
   StartedMove mover(call, memory, *handle);
   return RunExchange(call, memory, e, *y, *info, mover);
+}
+
+namespace {
+
+// neighbor_alltoallv started: the header exchange and the checks of the
+// blocking form (neighbor.cc), then MPI_Ineighbor_alltoallv, whose arrays the
+// slot keeps (MPI_Ineighbor_alltoallw, with the receive order fixed, where
+// the library mismatches the blocks of duplicate Cartesian edges:
+// NeighborReceiveOrder). A call that fails waits for its rows first, so that
+// it fails at the start, as the blocking form does, with no request left.
+class StartedNeighborMove final : public NeighborMover {
+ public:
+  StartedNeighborMove(const Call& call, Memory& memory, ffi::AnyBuffer& handle)
+      : call_(call), memory_(memory), handle_(handle), start_(call, memory, Kind::kCollective) {}
+
+  ffi::Error Buffers(const ffi::AnyBuffer& x, const ffi::AnyBuffer& output, ffi::AnyBuffer& y,
+                     bool shaped, void** in, void** out) override {
+    JAXCOMM_RETURN_IF_ERROR(start_.Begin(kNoPeer, 0, x, handle_));
+    if (!shaped) return ffi::Error::Success();
+    const void* held;
+    JAXCOMM_RETURN_IF_ERROR(start_.HoldInput(x, &held));
+    *in = const_cast<void*>(held);
+    JAXCOMM_RETURN_IF_ERROR(start_.HoldOutput(y, out));
+    return memory_.Preload(y, 0, output);
+  }
+
+  void* Scratch(size_t bytes) override {
+    start_.slot().scratch.assign(bytes + 1, 0);
+    return start_.slot().scratch.data();
+  }
+
+  ffi::Error Move(const NeighborRows& r) override {
+    std::vector<int> order;
+    JAXCOMM_RETURN_IF_ERROR(NeighborReceiveOrder(call_, &order));
+    Slot& slot = start_.slot();
+    const size_t n_out = r.outdegree, n_in = r.indegree;
+    call_.Log([&] { return "MPI_Ineighbor_alltoallv " + Elements(r.sent, r.dtype); });
+    int rc;
+    if (order.empty()) {
+      slot.counts.assign(r.ints, r.ints + 2 * (n_out + n_in));
+      const int* ints = slot.counts.data();
+      rc = MPI_Ineighbor_alltoallv(r.in, ints, ints + n_out, r.row, r.out, ints + 2 * n_out,
+                                   ints + 2 * n_out + n_in, r.row, call_.comm(), start_.request());
+      if (rc != MPI_SUCCESS) return MpiFailure("MPI_Ineighbor_alltoallv", rc, call_);
+      return ffi::Error::Success();
+    }
+    // Incoming block s lands where block order[s] belongs, with its count.
+    slot.counts.resize(n_out + n_in);
+    slot.displs.resize(n_out + n_in);
+    slot.types.assign(n_out + n_in, r.row);
+    const MPI_Aint row_bytes = static_cast<MPI_Aint>(r.row_bytes);
+    for (size_t j = 0; j < n_out; ++j) {
+      slot.counts[j] = r.send_counts()[j];
+      slot.displs[j] = r.send_displs()[j] * row_bytes;
+    }
+    for (size_t s = 0; s < n_in; ++s) {
+      slot.counts[n_out + s] = r.recv_counts()[order[s]];
+      slot.displs[n_out + s] = r.recv_displs()[order[s]] * row_bytes;
+    }
+    rc = MPI_Ineighbor_alltoallw(r.in, slot.counts.data(), slot.displs.data(), slot.types.data(),
+                                 r.out, slot.counts.data() + n_out, slot.displs.data() + n_out,
+                                 slot.types.data() + n_out, call_.comm(), start_.request());
+    if (rc != MPI_SUCCESS) return MpiFailure("MPI_Ineighbor_alltoallw", rc, call_);
+    return ffi::Error::Success();
+  }
+
+  ffi::Error Fail(ffi::Error error) override {
+    JAXCOMM_MPI_CHECK(call_, MPI_Wait, start_.request(), MPI_STATUS_IGNORE);
+    return error;
+  }
+
+  ffi::Error Finish() override { return start_.Started(); }
+
+ private:
+  const Call& call_;
+  Memory& memory_;
+  ffi::AnyBuffer& handle_;
+  Start start_;
+};
+
+}  // namespace
+
+// As NeighborAlltoallvImpl (neighbor.cc), started; `reverse`: the counts are
+// the forward exchange's, receive counts first (the transpose's).
+ffi::Error IneighborAlltoallvImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffer x,
+                                  ffi::AnyBuffer output, ffi::AnyBuffer counts,
+                                  ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> handle,
+                                  ffi::Result<ffi::AnyBuffer> y,
+                                  ffi::Result<ffi::AnyBuffer> received, int64_t reverse,
+                                  int64_t check_sizes) {
+  StartedNeighborMove mover(call, memory, *handle);
+  return RunNeighborAlltoallv(call, memory, x, output, counts, *y, *received, check_sizes != 0,
+                              reverse != 0, mover);
 }
 
 // Waits -----------------------------------------------------------------------
