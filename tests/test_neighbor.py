@@ -153,8 +153,8 @@ def graphs(jc):
 
 
 # Block widths (float32) on either side of the kernel's 64 KiB point-to-point
-# limit: small blocks go as MPI_Isend/MPI_Irecv per edge, large ones to MPI's
-# neighbourhood collective.
+# limit: small blocks go as MPI_Isend/MPI_Irecv per edge (one MPI_Sendrecv for
+# one edge each way), large ones to MPI's neighbourhood collective.
 WIDTHS = [3, 17000]
 
 
@@ -289,9 +289,35 @@ def test_small_blocks_go_per_edge_and_large_ones_to_mpi_s_collective(
     ]
     want_gathered = model_alltoall(gathered, sources, destinations)[jc.rank]
     np.testing.assert_array_equal(np.asarray(got_gathered), want_gathered)
-    per_edge = width * 4 <= 64 * 1024
+    # One edge each way: one MPI_Sendrecv; on every rank: at every size.
+    one_each = len(sources[jc.rank]) == 1 and len(destinations[jc.rank]) == 1
+    everywhere = all(len(s) == 1 and len(d) == 1 for s, d in zip(sources, destinations))
+    per_edge = width * 4 <= 64 * 1024 or everywhere
+    how = "as MPI_Sendrecv" if one_each else "as MPI_Isend and MPI_Irecv per edge"
     assert len(lines) == 2
-    assert all(line.endswith("as MPI_Isend and MPI_Irecv per edge") == per_edge for line in lines)
+    assert all(line.endswith(how) == per_edge for line in lines)
+    assert not any(line.endswith("per edge" if one_each else "MPI_Sendrecv") for line in lines)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("width", WIDTHS)
+def test_one_neighbour_each_way_is_one_sendrecv_at_every_size(jc, ring, width, capfd):
+    # On a ring graph every rank has one source and one destination.
+    behind = (jc.rank - 1) % jc.size
+    x = jnp.asarray(rank_data(jc.rank, (1, width), np.float32))
+    capfd.readouterr()
+    with mpi_debug():
+        got = jax.block_until_ready(jax.jit(ring.neighbor_alltoall)(x))
+        y, received = jax.block_until_ready(ring.neighbor_alltoallv(x, [1]))
+    lines = [line for line in capfd.readouterr().err.splitlines() if " | MPI_Neighbor_" in line]
+    np.testing.assert_array_equal(got, rank_data(behind, (1, width), np.float32))
+    np.testing.assert_array_equal(y, rank_data(behind, (1, width), np.float32))
+    np.testing.assert_array_equal(received, [1])
+    # neighbor_alltoall, then neighbor_alltoallv's header and its rows (MPI's call).
+    assert len(lines) == 3
+    assert lines[0].endswith("as MPI_Sendrecv") and lines[1].endswith("as MPI_Sendrecv")
+    assert "MPI_Neighbor_alltoallv " in lines[2]
+    _still_matched(jc)
 
 
 @pytest.mark.mpi

@@ -227,11 +227,13 @@ std::string CountsError(const std::vector<int64_t>& sendcounts,
 }
 
 // Blocks of up to this many bytes go by point-to-point messages, one
-// MPI_Irecv and one MPI_Isend per edge and one MPI_Waitall, instead of
+// MPI_Irecv and one MPI_Isend per edge and one MPI_Waitall (one MPI_Sendrecv
+// where a rank has one edge each way), instead of
 // MPI_Neighbor_alltoall or MPI_Neighbor_allgather: MPICH makes those a
 // nonblocking schedule and waits for it, which costs about a microsecond a
 // call, more than a loop of sendrecvs costs on one or two neighbours. Larger
-// blocks go to MPI's own collective. Block sizes match on every rank, so
+// blocks go to MPI's own collective, but where every rank has one edge each
+// way (MPI_Sendrecv, at every size). Block sizes match on every rank, so
 // every rank takes the same path.
 constexpr size_t kPointToPointBytes = size_t{64} << 10;
 
@@ -246,7 +248,17 @@ constexpr size_t kPointToPointBytes = size_t{64} << 10;
 struct Edges {
   MPI_Comm comm = MPI_COMM_NULL;
   std::vector<int> sources, destinations, receive_tags, send_tags;
+  // Every rank of the communicator has one source and one destination.
+  bool one_edge_everywhere = false;
 };
+
+// Whether the edges go as one MPI_Sendrecv: one source and one destination,
+// where MPI_Sendrecv costs less than MPI_Irecv, MPI_Isend and MPI_Waitall
+// (the one-neighbour exchange of a two-rank ring), and is the very call a
+// loop of sendrecvs makes.
+bool OneEdgeEachWay(const Edges& edges) {
+  return edges.sources.size() == 1 && edges.destinations.size() == 1;
+}
 
 int DeleteEdges(MPI_Comm, int, void* value, void*) {
   auto* edges = static_cast<Edges*>(value);
@@ -304,6 +316,9 @@ ffi::Error EdgesOf(const Call& call, const Edges** found) {
     edges->send_tags.assign(outdegree, 0);
   }
   JAXCOMM_MPI_CHECK(call, MPI_Comm_dup, call.comm(), &edges->comm);
+  int one = OneEdgeEachWay(*edges), everywhere = 0;
+  JAXCOMM_MPI_CHECK(call, MPI_Allreduce, &one, &everywhere, 1, MPI_INT, MPI_LAND, edges->comm);
+  edges->one_edge_everywhere = everywhere != 0;
   JAXCOMM_MPI_CHECK(call, MPI_Comm_set_attr, call.comm(), keyval, edges.get());
   *found = edges.release();
   return ffi::Error::Success();
@@ -314,6 +329,12 @@ ffi::Error EdgesOf(const Call& call, const Edges** found) {
 // `block_bytes` apart; blocks from MPI_PROC_NULL are left as they are.
 ffi::Error ExchangeBlocks(const Call& call, const Edges& edges, const void* in, size_t in_stride,
                           void* out, size_t block_bytes, int count, MPI_Datatype type) {
+  if (OneEdgeEachWay(edges)) {
+    JAXCOMM_MPI_CHECK(call, MPI_Sendrecv, in, count, type, edges.destinations[0],
+                      edges.send_tags[0], out, count, type, edges.sources[0], edges.receive_tags[0],
+                      edges.comm, MPI_STATUS_IGNORE);
+    return ffi::Error::Success();
+  }
   thread_local std::vector<MPI_Request> requests;
   const size_t n_in = edges.sources.size(), n_out = edges.destinations.size();
   requests.assign(n_in + n_out, MPI_REQUEST_NULL);
@@ -336,12 +357,13 @@ template <typename Collective>
 ffi::Error NeighborBlocks(const Call& call, const char* function, const void* in, size_t in_stride,
                           void* out, size_t block_bytes, int count, MPI_Datatype type,
                           size_t elements, ffi::DataType dtype, Collective collective) {
-  if (block_bytes <= kPointToPointBytes) {
-    const Edges* edges;
-    JAXCOMM_RETURN_IF_ERROR(EdgesOf(call, &edges));
+  const Edges* edges;
+  JAXCOMM_RETURN_IF_ERROR(EdgesOf(call, &edges));
+  if (block_bytes <= kPointToPointBytes || edges->one_edge_everywhere) {
     call.Log([&] {
       return std::string(function) + " " + Elements(elements, dtype) +
-             ", as MPI_Isend and MPI_Irecv per edge";
+             (OneEdgeEachWay(*edges) ? ", as MPI_Sendrecv"
+                                     : ", as MPI_Isend and MPI_Irecv per edge");
     });
     return ExchangeBlocks(call, *edges, in, in_stride, out, block_bytes, count, type);
   }
