@@ -8,6 +8,7 @@ Eager calls go through cached jitted functions (``jaxcomm._eager``).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import jax
@@ -1991,7 +1992,7 @@ class JaxComm:
         handle, sources, destinations = self._topology()
         lengths = {"sendcounts": len(destinations), "recvcounts": len(sources)}
         return _counted_exchange(
-            nonblocking.start_neighbor_counts,
+            partial(nonblocking.start_counts, neighbors=True),
             held(x, "x"),
             sendcounts,
             recvcounts,

@@ -282,6 +282,23 @@ class Start {
     return memory_.HoldOutput(y, data, &slot_->recv);
   }
 
+  // An exchange's buffers: MPI reads `x` through `in` and writes `y`, which
+  // starts as the output's copy, through `out`.
+  ffi::Error HoldExchange(const ffi::AnyBuffer& x, const ffi::AnyBuffer& output, ffi::AnyBuffer& y,
+                          void** in, void** out) {
+    const void* held;
+    JAXCOMM_RETURN_IF_ERROR(HoldInput(x, &held));
+    *in = const_cast<void*>(held);
+    JAXCOMM_RETURN_IF_ERROR(HoldOutput(y, out));
+    return memory_.Preload(y, 0, output);
+  }
+
+  // `bytes` of zeroed memory the slot keeps until the wait.
+  void* Scratch(size_t bytes) {
+    slot_->scratch.assign(bytes + 1, 0);
+    return slot_->scratch.data();
+  }
+
   Slot& slot() { return *slot_; }
   MPI_Request* request() { return &slot_->data; }
 
@@ -754,21 +771,14 @@ namespace {
 class StartedMove final : public ExchangeMover {
  public:
   StartedMove(const Call& call, Memory& memory, ffi::AnyBuffer& handle)
-      : call_(call), memory_(memory), handle_(handle), start_(call, memory, Kind::kCollective) {}
+      : call_(call), handle_(handle), start_(call, memory, Kind::kCollective) {}
 
   ffi::Error Buffers(const Exchange& e, ffi::AnyBuffer& y, void** in, void** out) override {
     JAXCOMM_RETURN_IF_ERROR(start_.Begin(kNoPeer, 0, e.operand, handle_));
-    const void* held;
-    JAXCOMM_RETURN_IF_ERROR(start_.HoldInput(e.operand, &held));
-    *in = const_cast<void*>(held);
-    JAXCOMM_RETURN_IF_ERROR(start_.HoldOutput(y, out));
-    return memory_.Preload(y, 0, e.output);
+    return start_.HoldExchange(e.operand, e.output, y, in, out);
   }
 
-  void* Scratch(size_t bytes) override {
-    start_.slot().scratch.assign(bytes, 0);
-    return start_.slot().scratch.data();
-  }
+  void* Scratch(size_t bytes) override { return start_.Scratch(bytes); }
 
   ffi::Error Move(const Rows& r) override {
     Slot& slot = start_.slot();
@@ -812,7 +822,6 @@ class StartedMove final : public ExchangeMover {
   }
 
   const Call& call_;
-  Memory& memory_;
   ffi::AnyBuffer& handle_;
   Start start_;
 };
@@ -851,23 +860,16 @@ namespace {
 class StartedNeighborMove final : public NeighborMover {
  public:
   StartedNeighborMove(const Call& call, Memory& memory, ffi::AnyBuffer& handle)
-      : call_(call), memory_(memory), handle_(handle), start_(call, memory, Kind::kCollective) {}
+      : call_(call), handle_(handle), start_(call, memory, Kind::kCollective) {}
 
   ffi::Error Buffers(const ffi::AnyBuffer& x, const ffi::AnyBuffer& output, ffi::AnyBuffer& y,
                      bool shaped, void** in, void** out) override {
     JAXCOMM_RETURN_IF_ERROR(start_.Begin(kNoPeer, 0, x, handle_));
     if (!shaped) return ffi::Error::Success();
-    const void* held;
-    JAXCOMM_RETURN_IF_ERROR(start_.HoldInput(x, &held));
-    *in = const_cast<void*>(held);
-    JAXCOMM_RETURN_IF_ERROR(start_.HoldOutput(y, out));
-    return memory_.Preload(y, 0, output);
+    return start_.HoldExchange(x, output, y, in, out);
   }
 
-  void* Scratch(size_t bytes) override {
-    start_.slot().scratch.assign(bytes + 1, 0);
-    return start_.slot().scratch.data();
-  }
+  void* Scratch(size_t bytes) override { return start_.Scratch(bytes); }
 
   ffi::Error Move(const NeighborRows& r) override {
     std::vector<int> order;
@@ -913,7 +915,6 @@ class StartedNeighborMove final : public NeighborMover {
 
  private:
   const Call& call_;
-  Memory& memory_;
   ffi::AnyBuffer& handle_;
   Start start_;
 };

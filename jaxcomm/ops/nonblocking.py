@@ -620,43 +620,29 @@ def start(prim, x, *extras, learned=False, **params):
     return request
 
 
-def start_counts(x, output, sendcounts, recvcounts, *, handle):
+def start_counts(x, output, sendcounts, recvcounts, *, handle, neighbors=False):
     """Start ``ialltoallv_counts_p``: rows of ``x`` in blocks of ``sendcounts``, packed into ``output``.
 
     ``recvcounts`` (or None: learned, and the wait returns them beside the
     rows) are checked against what arrives, as ``ragged.alltoallv_counts``.
+    With ``neighbors``, start ``ineighbor_alltoallv_p`` instead: one block
+    per destination, as ``neighbor.neighbor_alltoallv``.
 
     Returns:
         The :class:`Request`.
     """
-    indices, check = counts_indices(sendcounts, recvcounts)
+    if neighbors:
+        prim, (indices, check) = (
+            ineighbor_alltoallv_p,
+            neighbor_counts(sendcounts, recvcounts, handle),
+        )
+    else:
+        prim, (indices, check) = ialltoallv_counts_p, counts_indices(sendcounts, recvcounts)
     return start(
-        ialltoallv_counts_p,
+        prim,
         x,
         output,
         indices,
-        learned=not check,
-        reverse=0,
-        check_sizes=int(check),
-        handle=handle,
-    )
-
-
-def start_neighbor_counts(x, output, sendcounts, recvcounts, *, handle):
-    """Start ``ineighbor_alltoallv_p``: rows of ``x`` in blocks of ``sendcounts``, packed into ``output``.
-
-    ``recvcounts`` (or None: learned, and the wait returns them beside the
-    rows) are checked against what arrives, as ``neighbor.neighbor_alltoallv``.
-
-    Returns:
-        The :class:`Request`.
-    """
-    counts, check = neighbor_counts(sendcounts, recvcounts, handle)
-    return start(
-        ineighbor_alltoallv_p,
-        x,
-        output,
-        counts,
         learned=not check,
         reverse=0,
         check_sizes=int(check),
