@@ -8,6 +8,7 @@ Eager calls go through cached jitted functions (``jaxcomm._eager``).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import jax
@@ -1932,6 +1933,75 @@ class JaxComm:
         """
         handle, _, _ = self._topology()
         return nonblocking.start(nonblocking.ineighbor_allgather_p, held(x, "x"), handle=handle)
+
+    def ineighbor_alltoallv(
+        self,
+        x: ArrayLike,
+        sendcounts: Any,
+        recvcounts: Any = None,
+        *,
+        capacity: int | None = None,
+    ) -> Request:
+        """Start sending blocks of rows of different sizes to the destinations; see :meth:`wait`.
+
+        The nonblocking :meth:`neighbor_alltoallv`, with the same arguments,
+        checks and neighbours' order; its wait returns what
+        :meth:`neighbor_alltoallv` returns: ``(y, recvcounts)`` without
+        ``recvcounts`` (learned), else ``y``. The start makes the blocking
+        form's header exchange (one ``MPI_Neighbor_alltoall`` of a small
+        header per edge: the rows of each block) and its checks, then starts
+        the rows' ``MPI_Ineighbor_alltoallv``, which the wait completes: only
+        the rows travel while the caller computes. The counts may be static
+        or traced. Works eagerly and under ``jit``, in loops and
+        conditionals, under ``vmap`` (counts shared by the batch);
+        differentiable in ``x`` (transposed by the reverse exchange, a
+        request on the reverse graph).
+
+        Args:
+            x: array of rows, at least ``sum(sendcounts)`` of them; the row
+                shape and dtype must match on every rank.
+            sendcounts: rows for each destination, ``outdegree`` entries.
+            recvcounts: rows from each source, ``indegree`` entries, or None.
+            capacity: static number of rows of the result (default as
+                :meth:`neighbor_alltoallv`'s).
+
+        Returns:
+            A :class:`jaxcomm.Request`; its wait returns the received rows
+            (and the counts received, without ``recvcounts``).
+
+        Raises:
+            TypeError: for a communicator without a topology, a non-array
+                ``x`` or non-integer counts.
+            ValueError: on this rank, before any MPI call, as
+                :meth:`neighbor_alltoallv`.
+            RuntimeError: raised by the start (``XlaRuntimeError``) where
+                :meth:`neighbor_alltoallv` raises, on the same ranks: the
+                rows still move (a failing rank receives into scratch memory
+                and waits for them), so no neighbour waits and no request is
+                left under way.
+
+        Example:
+            Ghost rows on a ring, ``k`` computed in the step, while the
+            interior is updated:
+
+            >>> ring = JaxComm.from_graph([(jc.rank - 1) % jc.size], [(jc.rank + 1) % jc.size])
+            >>> request = ring.ineighbor_alltoallv(rows[::-1], jnp.array([k]), capacity=8)
+            >>> interior = update(rows)  # while the ghosts travel
+            >>> ghosts, got = ring.wait(request)
+        """
+        handle, sources, destinations = self._topology()
+        lengths = {"sendcounts": len(destinations), "recvcounts": len(sources)}
+        return _counted_exchange(
+            partial(nonblocking.start_counts, neighbors=True),
+            held(x, "x"),
+            sendcounts,
+            recvcounts,
+            capacity,
+            lengths,
+            "neighbour",
+            handle,
+            started=True,
+        )
 
     def ialltoallv(
         self,

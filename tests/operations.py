@@ -400,6 +400,17 @@ def _neighbor_alltoallv_call(jc, x):
     return jc.neighbor_alltoallv(x, [1, 2], [2, 1])
 
 
+def _ineighbor_alltoallv_call(jc, x):
+    return jc.wait(jc.ineighbor_alltoallv(x, [1, 2], [2, 1]))
+
+
+def _ineighbor_alltoallv_learned(jc, x):
+    # Counts computed inside the function (traced under jit), the receive
+    # counts learned.
+    y, received = jc.wait(jc.ineighbor_alltoallv(x, jax.numpy.array([1, 2]), capacity=3))
+    return y
+
+
 def _neighbor_alltoallv_shape(size, rank):
     return (3, ROWS)
 
@@ -1081,6 +1092,32 @@ OPERATIONS = (
         mpi=("MPI_Ineighbor_alltoall",),
         targets=("ineighbor_alltoall", "wait_exchange"),
         methods=("ineighbor_alltoall", "wait"),
+        transforms=NONBLOCKING,
+        grid=True,
+    ),
+    Operation(
+        "ineighbor_alltoallv",
+        family="nonblocking",
+        kind="nonblocking",
+        call=_ineighbor_alltoallv_call,
+        shape=_neighbor_alltoallv_shape,
+        expected=_neighbor_alltoallv,
+        mpi=("MPI_Neighbor_alltoall", "MPI_Ineighbor_alltoallv"),
+        targets=("ineighbor_alltoallv", "wait_ragged"),
+        methods=("ineighbor_alltoallv", "wait"),
+        transforms=NONBLOCKING,
+        grid=True,
+    ),
+    Operation(
+        "ineighbor_alltoallv-learned",
+        family="nonblocking",
+        kind="nonblocking",
+        call=_ineighbor_alltoallv_learned,
+        shape=_neighbor_alltoallv_shape,
+        expected=_neighbor_alltoallv,
+        mpi=("MPI_Neighbor_alltoall", "MPI_Ineighbor_alltoallv"),
+        targets=("ineighbor_alltoallv", "wait_ragged"),
+        methods=("ineighbor_alltoallv", "wait"),
         transforms=NONBLOCKING,
         grid=True,
     ),

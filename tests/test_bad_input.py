@@ -1242,71 +1242,75 @@ CASES = [
             ("freed", lambda c: c.freed_grid.neighbor_allgather(ones(2)), RuntimeError, FREED),
         ],
     ),
-    *cases(
-        "neighbor_alltoallv",
-        [
-            *x_cases(lambda c, x: c.grid.neighbor_alltoallv(x, [0, 0])),
-            (
-                "sendcounts-length",
-                lambda c: c.grid.neighbor_alltoallv(ones(4), [1, 1, 1]),
-                ValueError,
-                r"^sendcounts has shape \(3,\); it needs one entry per neighbour, shape \(2,\)",
-            ),
-            (
-                "recvcounts-length",
-                lambda c: c.grid.neighbor_alltoallv(ones(4), [1, 1], [1]),
-                ValueError,
-                r"^recvcounts has shape \(1,\); it needs one entry per neighbour, shape \(2,\)",
-            ),
-            (
-                "sendcounts-float",
-                lambda c: c.grid.neighbor_alltoallv(ones(4), [1.0, 1.0]),
-                TypeError,
-                r"^sendcounts must be an integer array, got float",
-            ),
-            (
-                "sendcounts-negative",
-                lambda c: c.grid.neighbor_alltoallv(ones(4), [-1, 1]),
-                ValueError,
-                r"^sendcounts\[0\]=-1 is negative",
-            ),
-            (
-                "sendcounts-overrun-x",
-                lambda c: c.grid.neighbor_alltoallv(ones(4), [3, 2]),
-                ValueError,
-                r"^sendcounts add up to 5 rows, more than x's rows \(4\)",
-            ),
-            (
-                "recvcounts-over-capacity",
-                lambda c: c.grid.neighbor_alltoallv(ones(4), [1, 1], [2, 2], capacity=3),
-                ValueError,
-                r"^recvcounts add up to 4 rows, more than the capacity \(3\)",
-            ),
-            (
-                "capacity-negative",
-                lambda c: c.grid.neighbor_alltoallv(ones(4), [1, 1], capacity=-1),
-                ValueError,
-                r"^capacity=-1 is negative",
-            ),
-            (
-                "x-0-d",
-                lambda c: c.grid.neighbor_alltoallv(ones(), [0, 0]),
-                ValueError,
-                r"^x must have a leading axis of rows",
-            ),
-            (
-                "no-topology",
-                lambda c: c.jc.neighbor_alltoallv(ones(1), []),
-                TypeError,
-                r"^this JaxComm has no neighbours",
-            ),
-            (
-                "freed",
-                lambda c: c.freed_grid.neighbor_alltoallv(ones(2), [1, 1]),
-                RuntimeError,
-                FREED,
-            ),
-        ],
+    *(
+        case
+        for name in ("neighbor_alltoallv", "ineighbor_alltoallv")
+        for case in cases(
+            name,
+            [
+                *x_cases(lambda c, x, name=name: getattr(c.grid, name)(x, [0, 0])),
+                (
+                    "sendcounts-length",
+                    lambda c, name=name: getattr(c.grid, name)(ones(4), [1, 1, 1]),
+                    ValueError,
+                    r"^sendcounts has shape \(3,\); it needs one entry per neighbour, shape \(2,\)",
+                ),
+                (
+                    "recvcounts-length",
+                    lambda c, name=name: getattr(c.grid, name)(ones(4), [1, 1], [1]),
+                    ValueError,
+                    r"^recvcounts has shape \(1,\); it needs one entry per neighbour, shape \(2,\)",
+                ),
+                (
+                    "sendcounts-float",
+                    lambda c, name=name: getattr(c.grid, name)(ones(4), [1.0, 1.0]),
+                    TypeError,
+                    r"^sendcounts must be an integer array, got float",
+                ),
+                (
+                    "sendcounts-negative",
+                    lambda c, name=name: getattr(c.grid, name)(ones(4), [-1, 1]),
+                    ValueError,
+                    r"^sendcounts\[0\]=-1 is negative",
+                ),
+                (
+                    "sendcounts-overrun-x",
+                    lambda c, name=name: getattr(c.grid, name)(ones(4), [3, 2]),
+                    ValueError,
+                    r"^sendcounts add up to 5 rows, more than x's rows \(4\)",
+                ),
+                (
+                    "recvcounts-over-capacity",
+                    lambda c, name=name: getattr(c.grid, name)(ones(4), [1, 1], [2, 2], capacity=3),
+                    ValueError,
+                    r"^recvcounts add up to 4 rows, more than the capacity \(3\)",
+                ),
+                (
+                    "capacity-negative",
+                    lambda c, name=name: getattr(c.grid, name)(ones(4), [1, 1], capacity=-1),
+                    ValueError,
+                    r"^capacity=-1 is negative",
+                ),
+                (
+                    "x-0-d",
+                    lambda c, name=name: getattr(c.grid, name)(ones(), [0, 0]),
+                    ValueError,
+                    r"^x must have a leading axis of rows",
+                ),
+                (
+                    "no-topology",
+                    lambda c, name=name: getattr(c.jc, name)(ones(1), []),
+                    TypeError,
+                    r"^this JaxComm has no neighbours",
+                ),
+                (
+                    "freed",
+                    lambda c, name=name: getattr(c.freed_grid, name)(ones(2), [1, 1]),
+                    RuntimeError,
+                    FREED,
+                ),
+            ],
+        )
     ),
     *(
         case
@@ -1630,6 +1634,7 @@ TRACEABLE = frozenset(
         "neighbor_alltoallv",
         "ineighbor_alltoall",
         "ineighbor_allgather",
+        "ineighbor_alltoallv",
     ]
 )
 

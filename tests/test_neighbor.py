@@ -11,6 +11,7 @@ promise, followed by a collective that still matches on every rank.
 """
 
 import itertools
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -152,8 +153,8 @@ def graphs(jc):
 
 
 # Block widths (float32) on either side of the kernel's 64 KiB point-to-point
-# limit: small blocks go as MPI_Isend/MPI_Irecv per edge, large ones to MPI's
-# neighbourhood collective.
+# limit: small blocks go as MPI_Isend/MPI_Irecv per edge (one MPI_Sendrecv for
+# one edge each way), large ones to MPI's neighbourhood collective.
 WIDTHS = [3, 17000]
 
 
@@ -183,6 +184,18 @@ def _total(jc, value):
 
 def _still_matched(jc):
     np.testing.assert_array_equal(jc.allreduce(jnp.ones(2)), np.full(2, jc.size))
+
+
+# neighbor_alltoallv, blocking or started and waited at once (ineighbor_alltoallv):
+# the wait returns what the blocking call returns.
+STARTED = pytest.mark.parametrize("started", [False, True], ids=["blocking", "started"])
+
+
+def alltoallv_of(g, started):
+    """``g.neighbor_alltoallv``, or ``ineighbor_alltoallv`` and its wait."""
+    if not started:
+        return g.neighbor_alltoallv
+    return lambda *args, **kwargs: g.wait(g.ineighbor_alltoallv(*args, **kwargs))
 
 
 # Construction -------------------------------------------------------------------------
@@ -276,9 +289,35 @@ def test_small_blocks_go_per_edge_and_large_ones_to_mpi_s_collective(
     ]
     want_gathered = model_alltoall(gathered, sources, destinations)[jc.rank]
     np.testing.assert_array_equal(np.asarray(got_gathered), want_gathered)
-    per_edge = width * 4 <= 64 * 1024
+    # One edge each way: one MPI_Sendrecv; on every rank: at every size.
+    one_each = len(sources[jc.rank]) == 1 and len(destinations[jc.rank]) == 1
+    everywhere = all(len(s) == 1 and len(d) == 1 for s, d in zip(sources, destinations))
+    per_edge = width * 4 <= 64 * 1024 or everywhere
+    how = "as MPI_Sendrecv" if one_each else "as MPI_Isend and MPI_Irecv per edge"
     assert len(lines) == 2
-    assert all(line.endswith("as MPI_Isend and MPI_Irecv per edge") == per_edge for line in lines)
+    assert all(line.endswith(how) == per_edge for line in lines)
+    assert not any(line.endswith("per edge" if one_each else "MPI_Sendrecv") for line in lines)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("width", WIDTHS)
+def test_one_neighbour_each_way_is_one_sendrecv_at_every_size(jc, ring, width, capfd):
+    # On a ring graph every rank has one source and one destination.
+    behind = (jc.rank - 1) % jc.size
+    x = jnp.asarray(rank_data(jc.rank, (1, width), np.float32))
+    capfd.readouterr()
+    with mpi_debug():
+        got = jax.block_until_ready(jax.jit(ring.neighbor_alltoall)(x))
+        y, received = jax.block_until_ready(ring.neighbor_alltoallv(x, [1]))
+    lines = [line for line in capfd.readouterr().err.splitlines() if " | MPI_Neighbor_" in line]
+    np.testing.assert_array_equal(got, rank_data(behind, (1, width), np.float32))
+    np.testing.assert_array_equal(y, rank_data(behind, (1, width), np.float32))
+    np.testing.assert_array_equal(received, [1])
+    # neighbor_alltoall, then neighbor_alltoallv's header and its rows (MPI's call).
+    assert len(lines) == 3
+    assert lines[0].endswith("as MPI_Sendrecv") and lines[1].endswith("as MPI_Sendrecv")
+    assert "MPI_Neighbor_alltoallv " in lines[2]
+    _still_matched(jc)
 
 
 @pytest.mark.mpi
@@ -306,8 +345,10 @@ def _counts(destinations, seed):
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("form", ["learned", "recvcounts", "static"])
 @pytest.mark.parametrize("mode", ["eager", "jit"])
-def test_alltoallv_matches_the_model(jc, graphs, seed, form, mode):
+@STARTED
+def test_alltoallv_matches_the_model(jc, graphs, seed, form, mode, started):
     g, sources, destinations = graphs[seed]
+    exchange = alltoallv_of(g, started)
     sendcounts = _counts(destinations, seed)
     rows = max(int(c.sum()) for c in sendcounts) + 1
     xs = [rank_data(r, (rows, 2), np.float32) for r in range(jc.size)]
@@ -317,18 +358,20 @@ def test_alltoallv_matches_the_model(jc, graphs, seed, form, mode):
 
     def call(x, send):
         if form == "learned":
-            return g.neighbor_alltoallv(x, send, capacity=capacity)
+            return exchange(x, send, capacity=capacity)
         if form == "recvcounts":
-            return g.neighbor_alltoallv(x, send, counts[jc.rank], capacity=capacity)
-        return g.neighbor_alltoallv(x, send.tolist(), counts[jc.rank].tolist(), capacity=capacity)
+            return exchange(x, send, counts[jc.rank], capacity=capacity)
+        return exchange(x, send.tolist(), counts[jc.rank].tolist(), capacity=capacity)
 
+    x = jnp.asarray(xs[jc.rank])
     if mode == "jit":
         if form == "static":
-            got = jax.jit(lambda x: call(x, send))(xs[jc.rank])
+            got = jax.jit(lambda x: call(x, send))(x)
         else:
-            got = jax.jit(call)(xs[jc.rank], send)
+            got = jax.jit(call)(x, send)
     else:
-        got = call(xs[jc.rank], send)
+        got = call(x, send)
+    unchanged(x, xs[jc.rank])
     if form == "learned":
         got, received = got
         np.testing.assert_array_equal(received, counts[jc.rank])
@@ -337,15 +380,17 @@ def test_alltoallv_matches_the_model(jc, graphs, seed, form, mode):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("seed", SEEDS)
-def test_alltoallv_counts_computed_inside_jit(jc, graphs, seed):
+@STARTED
+def test_alltoallv_counts_computed_inside_jit(jc, graphs, seed, started):
     g, sources, destinations = graphs[seed]
+    exchange = alltoallv_of(g, started)
     sendcounts = _counts(destinations, seed)
     xs = [rank_data(r, (12, 2), np.float32) for r in range(jc.size)]
     ys, counts = model_alltoallv(xs, sendcounts, sources, destinations, 12)
 
     @jax.jit
     def step(x, shifted):
-        y, received = g.neighbor_alltoallv(x, shifted - 1)
+        y, received = exchange(x, shifted - 1)
         return y, received
 
     y, received = step(xs[jc.rank], jnp.asarray(sendcounts[jc.rank]) + 1)
@@ -377,7 +422,11 @@ def test_cartesian_halo_in_one_call(jc, grids, name, mode, width):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("name", sorted(GRIDS))
-def test_cartesian_alltoallv(jc, grids, name):
+@pytest.mark.parametrize("mode", ["eager", "jit"])
+@STARTED
+def test_cartesian_alltoallv(jc, grids, name, mode, started):
+    # On a ring of 1 or 2 ranks both neighbours are one process: the blocks
+    # of the two directions (of different sizes) must not swap.
     grid = grids[name]
     dims, periods = GRIDS[name](jc.size)
     lists = grid_lists(dims, periods)
@@ -386,7 +435,10 @@ def test_cartesian_alltoallv(jc, grids, name):
         np.array([(r + k) % 3 for k in range(2 * len(dims))], np.int32) for r in range(jc.size)
     ]
     xs = [rank_data(r, (8, 2), np.float32) for r in range(jc.size)]
-    y, received = grid.neighbor_alltoallv(xs[grid.rank], sendcounts[grid.rank], capacity=8)
+    exchange = partial(alltoallv_of(grid, started), capacity=8)
+    if mode == "jit":
+        exchange = jax.jit(exchange)
+    y, received = exchange(xs[grid.rank], sendcounts[grid.rank])
     want_counts = [
         0 if s == MPI.PROC_NULL else int(sendcounts[s][k ^ 1])
         for k, s in enumerate(lists[grid.rank])
@@ -456,8 +508,10 @@ def test_allgather_grad_sums_what_comes_back(jc, graphs, seed):
 @pytest.mark.mpi
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("learn", [True, False])
-def test_alltoallv_grad_is_the_reverse_exchange(jc, graphs, seed, learn):
+@STARTED
+def test_alltoallv_grad_is_the_reverse_exchange(jc, graphs, seed, learn, started):
     g, sources, destinations = graphs[seed]
+    exchange = alltoallv_of(g, started)
     sendcounts = _counts(destinations, seed)
     rows, capacity = 10, 11
     xs = [rank_data(r, (rows, 2), np.float64) for r in range(jc.size)]
@@ -467,7 +521,7 @@ def test_alltoallv_grad_is_the_reverse_exchange(jc, graphs, seed, learn):
     weights = [rank_data(r + 7, (capacity, 2), np.float64) for r in range(jc.size)]
 
     def loss(x):
-        y = g.neighbor_alltoallv(x, send, recv, capacity=capacity)
+        y = exchange(x, send, recv, capacity=capacity)
         return jnp.sum(jnp.sin(y[0] if learn else y) * weights[jc.rank])
 
     x = jnp.asarray(xs[jc.rank]) * 0.3
@@ -589,14 +643,18 @@ def test_wrong_arguments_raise_before_mpi(jc, graphs, ring, jit):
         ([5], "sendcounts add up to 5 rows, more than x's 4"),
     ],
 )
-def test_traced_counts_that_are_bad_fail_this_rank_and_its_destinations(jc, ring, counts, reason):
-    step = jax.jit(lambda x, c: ring.neighbor_alltoallv(x, c))
+@STARTED
+def test_traced_counts_that_are_bad_fail_this_rank_and_its_destinations(
+    jc, ring, counts, reason, started
+):
+    step = jax.jit(alltoallv_of(ring, started))
+    op = "ineighbor_alltoallv" if started else "neighbor_alltoallv"
     # Only rank 0's counts are bad; rank 1 (its destination) fails naming it.
     mine = jnp.asarray(counts if jc.rank == 0 else [1], jnp.int32)
     if jc.rank == 0:
-        match = rf"neighbor_alltoallv on rank 0: {reason}; nothing was sent"
+        match = rf"{op} on rank 0: {reason}; nothing was sent"
     elif jc.rank == 1 % jc.size:
-        match = "neighbor_alltoallv on rank 1: the arguments of source 0 are invalid"
+        match = f"{op} on rank 1: the arguments of source 0 are invalid"
     if jc.rank in (0, 1 % jc.size):
         with pytest.raises(RUNTIME_ERRORS, match=match):
             jax.block_until_ready(step(jnp.ones((4, 2)), mine))
@@ -608,18 +666,20 @@ def test_traced_counts_that_are_bad_fail_this_rank_and_its_destinations(jc, ring
 
 
 @pytest.mark.mpi
-def test_capacity_overflow_and_wrong_recvcounts_fail_the_receiver(jc, ring):
+@STARTED
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_capacity_overflow_and_wrong_recvcounts_fail_the_receiver(jc, ring, started, jit):
     x = jnp.ones((4, 2))
+    exchange = alltoallv_of(ring, started)
+    maybe_jit = jax.jit if jit else (lambda f: f)
     with pytest.raises(
         RUNTIME_ERRORS, match="sources 0 to 0 send 3 rows, more than the capacity of 2"
     ):
-        jax.block_until_ready(
-            jax.jit(lambda x, c: ring.neighbor_alltoallv(x, c, capacity=2))(x, jnp.array([3]))
-        )
+        jax.block_until_ready(maybe_jit(lambda x, c: exchange(x, c, capacity=2))(x, jnp.array([3])))
     not_reported_again()
     with pytest.raises(RUNTIME_ERRORS, match=r"recvcounts\[0\] = 2, but source 0 sends 3 rows"):
         jax.block_until_ready(
-            jax.jit(lambda x, c, r: ring.neighbor_alltoallv(x, c, r, capacity=4))(
+            maybe_jit(lambda x, c, r: exchange(x, c, r, capacity=4))(
                 x, jnp.array([3]), jnp.array([2])
             )
         )
@@ -627,14 +687,15 @@ def test_capacity_overflow_and_wrong_recvcounts_fail_the_receiver(jc, ring):
     with pytest.raises(
         RUNTIME_ERRORS, match=r"recvcounts add up to 5 rows, more than the capacity of 4"
     ):
+        # Traced: static recvcounts this large are refused before any MPI call.
         jax.block_until_ready(
-            jax.jit(lambda x, c, r: ring.neighbor_alltoallv(x, c, r, capacity=4))(
+            jax.jit(lambda x, c, r: exchange(x, c, r, capacity=4))(
                 x, jnp.array([3]), jnp.array([5])
             )
         )
     not_reported_again()
     # Nothing past the capacity was written: the next exchange is right.
-    y = ring.neighbor_alltoallv(x * jc.rank, [2], [2], capacity=4)
+    y = exchange(x * jc.rank, [2], [2], capacity=4)
     np.testing.assert_array_equal(
         y, np.concatenate([np.full((2, 2), (jc.rank - 1) % jc.size), np.zeros((2, 2))])
     )
@@ -709,3 +770,66 @@ def test_nonblocking_halo_and_its_grad_on_a_grid(jc, grids, name):
     blocking = jax.grad(lambda x: jnp.sum(grid.neighbor_alltoall(x) * w))(x)
     nonblocking = jax.jit(jax.grad(lambda x: jnp.sum(grid.wait(grid.ineighbor_alltoall(x)) * w)))(x)
     np.testing.assert_allclose(nonblocking, blocking)
+
+
+@pytest.mark.x64
+@pytest.mark.mpi
+@pytest.mark.parametrize("seed", SEEDS)
+def test_nonblocking_alltoallv_transformations_match_the_blocking_form(jc, graphs, seed):
+    g, sources, destinations = graphs[seed]
+    send = jnp.asarray(_counts(destinations, seed)[jc.rank])
+    x = jnp.asarray(rank_data(jc.rank, (10, 2), np.float64))
+    t = jnp.asarray(rank_data(jc.rank + 3, (10, 2), np.float64))
+
+    def started(x):
+        return g.wait(g.ineighbor_alltoallv(x, send, capacity=11))
+
+    def blocking(x):
+        return g.neighbor_alltoallv(x, send, capacity=11)
+
+    # jvp: the tangent is the same exchange of the tangent.
+    (y, received), (dy, _) = jax.jit(lambda x, t: jax.jvp(started, (x,), (t,)))(x, t)
+    np.testing.assert_array_equal(y, blocking(x)[0])
+    np.testing.assert_array_equal(received, blocking(x)[1])
+    np.testing.assert_array_equal(dy, blocking(t)[0])
+    # linear_transpose: the reverse exchange, a request on the reverse graph.
+    ct = jnp.asarray(rank_data(jc.rank + 5, (11, 2), np.float64))
+    first = lambda f: lambda x: f(x)[0]  # noqa: E731
+    aval = jax.ShapeDtypeStruct(x.shape, x.dtype)
+    (got,) = jax.jit(lambda c: jax.linear_transpose(first(started), aval)(c))(ct)
+    (want,) = jax.linear_transpose(first(blocking), aval)(ct)
+    np.testing.assert_array_equal(got, want)
+
+    # vmap with counts shared by the batch; counts per member are refused.
+    batch = jnp.stack([x, 2 * x, 3 * x])
+    got = jax.jit(jax.vmap(lambda x: started(x)[0]))(batch)
+    for b in range(3):
+        np.testing.assert_array_equal(got[b], blocking(batch[b])[0])
+    with pytest.raises(NotImplementedError, match="index arrays that differ between batch"):
+        jax.vmap(lambda x, c: g.wait(g.ineighbor_alltoallv(x, c, capacity=11)))(
+            batch, jnp.stack([send] * 3)
+        )
+
+    # scan, fori_loop and cond, with checkpointed gradients.
+    def body(c, _):
+        return c + jnp.sin(started(c)[0][:10]), None
+
+    def body_blocking(c, _):
+        return c + jnp.sin(blocking(c)[0][:10]), None
+
+    def scanned(step):
+        return lambda v: jnp.sum(jax.lax.scan(jax.checkpoint(step), v, None, length=3)[0] ** 2)
+
+    np.testing.assert_allclose(
+        jax.jit(jax.grad(scanned(body)))(x), jax.grad(scanned(body_blocking))(x), rtol=1e-12
+    )
+    looped = jax.jit(lambda v: jax.lax.fori_loop(0, 3, lambda i, c: body(c, i)[0], v))(x)
+    np.testing.assert_allclose(looped, jax.lax.scan(body_blocking, x, None, length=3)[0])
+    branch = jax.jit(
+        lambda v, p: jax.lax.cond(
+            p, lambda v: started(v)[0], lambda v: v[:1] * 0 + jnp.zeros((11, 2)), v
+        )
+    )
+    np.testing.assert_array_equal(branch(x, True), blocking(x)[0])
+    np.testing.assert_array_equal(branch(x, False), np.zeros((11, 2)))
+    _still_matched(jc)

@@ -7,7 +7,9 @@ before and after it; one neighbour on 2 ranks, itself on 1), the ghost or
 halo exchange of a partitioned mesh, in a jitted ``fori_loop``:
 
 - neighbor: ``JaxComm.from_graph(peers, peers).neighbor_alltoall(x)``, one
-  ``MPI_Neighbor_alltoall`` per step;
+  ``MPI_Neighbor_alltoall`` per step (which jaxcomm makes one ``MPI_Sendrecv``
+  where every rank has one neighbour, and point-to-point messages per edge
+  for blocks up to 64 KiB);
 - sendrecv loop: a Python loop of blocking ``JaxComm.sendrecv``, one per
   neighbour in ascending rank order, in the same jitted loop (how a
   finite-element code such as tatva does its ghost exchange).

@@ -51,6 +51,10 @@ struct Rows {
   // Why this rank's learned side is wrong, or "": the rows still move
   // (through scratch memory), and the call fails after.
   const std::string& learned_error;
+
+  // MPI_Alltoallv's int arguments: send counts, send displacements, receive
+  // counts, receive displacements, `size` each (only when !large).
+  void IntArguments(std::vector<int>& ints) const;
 };
 
 // How an exchange reaches its buffers and moves its rows: blocking or started.
@@ -94,6 +98,9 @@ class PeerBlocks {
   std::vector<int> counts_, displs_;
   std::vector<MPI_Datatype> types_, owned_;
 };
+
+// MPI_Alltoallw's blocks for both sides of `rows` (when rows.large).
+ffi::Error RowBlocks(const Rows& rows, MPI_Comm comm, PeerBlocks& send, PeerBlocks& recv);
 
 }  // namespace jaxcomm
 

@@ -131,6 +131,25 @@ ffi::Error PeerBlocks::Add(MPI_Datatype base, size_t offset, size_t count, MPI_C
   return ffi::Error::Success();
 }
 
+ffi::Error RowBlocks(const Rows& rows, MPI_Comm comm, PeerBlocks& send, PeerBlocks& recv) {
+  for (size_t p = 0; p < rows.send.counts.size(); ++p) {
+    JAXCOMM_RETURN_IF_ERROR(send.Add(rows.dtype, rows.send.displs[p], rows.send.counts[p], comm));
+    JAXCOMM_RETURN_IF_ERROR(recv.Add(rows.dtype, rows.recv.displs[p], rows.recv.counts[p], comm));
+  }
+  return ffi::Error::Success();
+}
+
+void Rows::IntArguments(std::vector<int>& ints) const {
+  const size_t size = send.counts.size();
+  ints.resize(4 * size);
+  for (size_t p = 0; p < size; ++p) {
+    ints[p] = static_cast<int>(send.counts[p]);
+    ints[size + p] = static_cast<int>(send.displs[p]);
+    ints[2 * size + p] = static_cast<int>(recv.counts[p]);
+    ints[3 * size + p] = static_cast<int>(recv.displs[p]);
+  }
+}
+
 namespace {
 
 // The *v ops' fallback past MaxCount(): one MPI_Alltoallw, whose per-peer
@@ -725,23 +744,12 @@ class BlockingMove final : public ExchangeMover {
     const int size = call_.size();
     if (r.large) {
       PeerBlocks send_blocks, recv_blocks;
-      for (int p = 0; p < size; ++p) {
-        JAXCOMM_RETURN_IF_ERROR(
-            send_blocks.Add(r.dtype, r.send.displs[p], r.send.counts[p], call_.comm()));
-        JAXCOMM_RETURN_IF_ERROR(
-            recv_blocks.Add(r.dtype, r.recv.displs[p], r.recv.counts[p], call_.comm()));
-      }
+      JAXCOMM_RETURN_IF_ERROR(RowBlocks(r, call_.comm(), send_blocks, recv_blocks));
       JAXCOMM_RETURN_IF_ERROR(Alltoallw(call_, operand_, r.send_data, send_blocks, r.recv_data,
                                         recv_blocks, operand_.element_count()));
     } else {
       thread_local std::vector<int> ints;
-      ints.resize(4 * static_cast<size_t>(size));
-      for (int p = 0; p < size; ++p) {
-        ints[p] = static_cast<int>(r.send.counts[p]);
-        ints[size + p] = static_cast<int>(r.send.displs[p]);
-        ints[2 * size + p] = static_cast<int>(r.recv.counts[p]);
-        ints[3 * size + p] = static_cast<int>(r.recv.displs[p]);
-      }
+      r.IntArguments(ints);
       call_.Log([&] {
         size_t sent = 0;
         for (size_t c : r.send.counts) sent += c;

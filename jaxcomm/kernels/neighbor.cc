@@ -227,11 +227,13 @@ std::string CountsError(const std::vector<int64_t>& sendcounts,
 }
 
 // Blocks of up to this many bytes go by point-to-point messages, one
-// MPI_Irecv and one MPI_Isend per edge and one MPI_Waitall, instead of
+// MPI_Irecv and one MPI_Isend per edge and one MPI_Waitall (one MPI_Sendrecv
+// where a rank has one edge each way), instead of
 // MPI_Neighbor_alltoall or MPI_Neighbor_allgather: MPICH makes those a
 // nonblocking schedule and waits for it, which costs about a microsecond a
 // call, more than a loop of sendrecvs costs on one or two neighbours. Larger
-// blocks go to MPI's own collective. Block sizes match on every rank, so
+// blocks go to MPI's own collective, but where every rank has one edge each
+// way (MPI_Sendrecv, at every size). Block sizes match on every rank, so
 // every rank takes the same path.
 constexpr size_t kPointToPointBytes = size_t{64} << 10;
 
@@ -246,7 +248,17 @@ constexpr size_t kPointToPointBytes = size_t{64} << 10;
 struct Edges {
   MPI_Comm comm = MPI_COMM_NULL;
   std::vector<int> sources, destinations, receive_tags, send_tags;
+  // Every rank of the communicator has one source and one destination.
+  bool one_edge_everywhere = false;
 };
+
+// Whether the edges go as one MPI_Sendrecv: one source and one destination,
+// where MPI_Sendrecv costs less than MPI_Irecv, MPI_Isend and MPI_Waitall
+// (the one-neighbour exchange of a two-rank ring), and is the very call a
+// loop of sendrecvs makes.
+bool OneEdgeEachWay(const Edges& edges) {
+  return edges.sources.size() == 1 && edges.destinations.size() == 1;
+}
 
 int DeleteEdges(MPI_Comm, int, void* value, void*) {
   auto* edges = static_cast<Edges*>(value);
@@ -304,6 +316,9 @@ ffi::Error EdgesOf(const Call& call, const Edges** found) {
     edges->send_tags.assign(outdegree, 0);
   }
   JAXCOMM_MPI_CHECK(call, MPI_Comm_dup, call.comm(), &edges->comm);
+  int one = OneEdgeEachWay(*edges), everywhere = 0;
+  JAXCOMM_MPI_CHECK(call, MPI_Allreduce, &one, &everywhere, 1, MPI_INT, MPI_LAND, edges->comm);
+  edges->one_edge_everywhere = everywhere != 0;
   JAXCOMM_MPI_CHECK(call, MPI_Comm_set_attr, call.comm(), keyval, edges.get());
   *found = edges.release();
   return ffi::Error::Success();
@@ -314,6 +329,12 @@ ffi::Error EdgesOf(const Call& call, const Edges** found) {
 // `block_bytes` apart; blocks from MPI_PROC_NULL are left as they are.
 ffi::Error ExchangeBlocks(const Call& call, const Edges& edges, const void* in, size_t in_stride,
                           void* out, size_t block_bytes, int count, MPI_Datatype type) {
+  if (OneEdgeEachWay(edges)) {
+    JAXCOMM_MPI_CHECK(call, MPI_Sendrecv, in, count, type, edges.destinations[0],
+                      edges.send_tags[0], out, count, type, edges.sources[0], edges.receive_tags[0],
+                      edges.comm, MPI_STATUS_IGNORE);
+    return ffi::Error::Success();
+  }
   thread_local std::vector<MPI_Request> requests;
   const size_t n_in = edges.sources.size(), n_out = edges.destinations.size();
   requests.assign(n_in + n_out, MPI_REQUEST_NULL);
@@ -336,12 +357,13 @@ template <typename Collective>
 ffi::Error NeighborBlocks(const Call& call, const char* function, const void* in, size_t in_stride,
                           void* out, size_t block_bytes, int count, MPI_Datatype type,
                           size_t elements, ffi::DataType dtype, Collective collective) {
-  if (block_bytes <= kPointToPointBytes) {
-    const Edges* edges;
-    JAXCOMM_RETURN_IF_ERROR(EdgesOf(call, &edges));
+  const Edges* edges;
+  JAXCOMM_RETURN_IF_ERROR(EdgesOf(call, &edges));
+  if (block_bytes <= kPointToPointBytes || edges->one_edge_everywhere) {
     call.Log([&] {
       return std::string(function) + " " + Elements(elements, dtype) +
-             ", as MPI_Isend and MPI_Irecv per edge";
+             (OneEdgeEachWay(*edges) ? ", as MPI_Sendrecv"
+                                     : ", as MPI_Isend and MPI_Irecv per edge");
     });
     return ExchangeBlocks(call, *edges, in, in_stride, out, block_bytes, count, type);
   }
@@ -412,16 +434,16 @@ ffi::Error NeighborAllgatherImpl(const Call& call, Memory& memory, ffi::Token, f
 // rows it announced (none where its own arguments are invalid), and a rank
 // that cannot take what its sources announced (invalid arguments, rows that
 // overflow the capacity or differ from recvcounts) receives them into
-// scratch memory and fails afterwards. Its out-neighbours see an invalid
-// rank's flag and fail too, naming it.
-ffi::Error NeighborAlltoallvImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffer x,
-                                 ffi::AnyBuffer output, ffi::AnyBuffer counts,
-                                 ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> y,
-                                 ffi::Result<ffi::AnyBuffer> received, int64_t check_sizes) {
+// scratch memory and fails once they have arrived. Its out-neighbours see an
+// invalid rank's flag and fail too, naming it.
+ffi::Error RunNeighborAlltoallv(const Call& call, Memory& memory, const ffi::AnyBuffer& x,
+                                const ffi::AnyBuffer& output, const ffi::AnyBuffer& counts,
+                                ffi::AnyBuffer& y, ffi::AnyBuffer& received, bool check_sizes,
+                                bool reverse, NeighborMover& mover) {
   JAXCOMM_RETURN_IF_ERROR(call.Announce(Collective::OfType(x.element_type())));
   int indegree, outdegree;
   JAXCOMM_RETURN_IF_ERROR(NeighborDegrees(call, &indegree, &outdegree));
-  std::string local_error = CountsShapeError(x, output, counts, *y, *received, indegree, outdegree);
+  std::string local_error = CountsShapeError(x, output, counts, y, received, indegree, outdegree);
   const bool shaped = local_error.empty();
   const size_t row = shaped ? RowElements(x.dimensions()) : 0;
   const int64_t rows = shaped ? x.dimensions()[0] : 0;
@@ -429,30 +451,28 @@ ffi::Error NeighborAlltoallvImpl(const Call& call, Memory& memory, ffi::Token, f
 
   void *in = nullptr, *out = nullptr, *received_data = nullptr;
   const void* counts_data = nullptr;
+  JAXCOMM_RETURN_IF_ERROR(mover.Buffers(x, output, y, shaped, &in, &out));
   if (shaped) {
-    JAXCOMM_RETURN_IF_ERROR(memory.Read(x, &in));
-    if (SameBuffer(output, *y)) {
-      JAXCOMM_RETURN_IF_ERROR(memory.InPlace(*y, &out));
-    } else {
-      JAXCOMM_RETURN_IF_ERROR(memory.Output(*y, &out));
-      JAXCOMM_RETURN_IF_ERROR(memory.Preload(*y, 0, output));
-    }
     JAXCOMM_RETURN_IF_ERROR(memory.HostInput(counts, &counts_data));
-    JAXCOMM_RETURN_IF_ERROR(memory.HostOutput(*received, &received_data));
+    JAXCOMM_RETURN_IF_ERROR(memory.HostOutput(received, &received_data));
   }
   JAXCOMM_RETURN_IF_ERROR(memory.Ready());
 
+  // Reversed, the counts are the forward exchange's: its recvcounts (the
+  // rows to send back) come first.
+  const int send_at = reverse ? indegree : 0;
+  const int recv_at = reverse ? 0 : outdegree;
   thread_local std::vector<int64_t> sendcounts, recvcounts;
   sendcounts.assign(outdegree, 0);
   recvcounts.assign(indegree, 0);
   if (shaped) {
     for (int j = 0; j < outdegree; ++j) {
-      sendcounts[j] = IndexAt(counts_data, counts.element_type(), j);
+      sendcounts[j] = IndexAt(counts_data, counts.element_type(), send_at + j);
     }
     for (int i = 0; i < indegree; ++i) {
-      recvcounts[i] = IndexAt(counts_data, counts.element_type(), outdegree + i);
+      recvcounts[i] = IndexAt(counts_data, counts.element_type(), recv_at + i);
     }
-    local_error = CountsError(sendcounts, recvcounts, check_sizes != 0, rows, capacity);
+    local_error = CountsError(sendcounts, recvcounts, check_sizes, rows, capacity);
   }
   const bool valid = local_error.empty();
   if (!valid) sendcounts.assign(outdegree, 0);
@@ -493,18 +513,16 @@ ffi::Error NeighborAlltoallvImpl(const Call& call, Memory& memory, ffi::Token, f
   }
   if (shaped) {
     for (int i = 0; i < indegree; ++i) {
-      SetIndex(received_data, received->element_type(), i, theirs[i * kHeaderWords + kRows]);
+      SetIndex(received_data, received.element_type(), i, theirs[i * kHeaderWords + kRows]);
     }
   }
 
   RowType row_type;
   JAXCOMM_RETURN_IF_ERROR(row_type.Make(call, x.element_type(), row));
-  thread_local std::vector<char> scratch;
   void* recv_data = out;
   const bool take = valid && learned_error.empty();
   if (!take) {
-    scratch.assign(static_cast<size_t>(total) * row * ffi::ByteWidth(x.element_type()) + 1, 0);
-    recv_data = scratch.data();
+    recv_data = mover.Scratch(static_cast<size_t>(total) * row * ffi::ByteWidth(x.element_type()));
   }
   thread_local std::vector<int> ints;
   ints.assign(2 * static_cast<size_t>(outdegree + indegree) + 1, 0);
@@ -521,16 +539,70 @@ ffi::Error NeighborAlltoallvImpl(const Call& call, Memory& memory, ffi::Token, f
     rdispls[i] = at;
     at += rcounts[i];
   }
-  call.Log([&] {
-    int64_t sent = 0;
-    for (int64_t c : sendcounts) sent += c;
-    return "MPI_Neighbor_alltoallv " + Elements(sent * row, x.element_type());
-  });
-  JAXCOMM_MPI_CHECK(call, MPI_Neighbor_alltoallv, NotNull(in), scounts, sdispls, row_type.type(),
-                    NotNull(recv_data), rcounts, rdispls, row_type.type(), call.comm());
-  if (!valid) return call.Invalid(local_error + "; nothing was sent");
-  if (!learned_error.empty()) return call.Invalid(learned_error);
-  return memory.Finish();
+  int64_t sent = 0;
+  for (int64_t c : sendcounts) sent += c;
+  const NeighborRows moved{NotNull(in),
+                           NotNull(recv_data),
+                           ints.data(),
+                           outdegree,
+                           indegree,
+                           row_type.type(),
+                           row * ffi::ByteWidth(x.element_type()),
+                           static_cast<size_t>(sent) * row,
+                           x.element_type()};
+  JAXCOMM_RETURN_IF_ERROR(mover.Move(moved));
+  if (!valid) return mover.Fail(call.Invalid(local_error + "; nothing was sent"));
+  if (!learned_error.empty()) return mover.Fail(call.Invalid(learned_error));
+  return mover.Finish();
+}
+
+namespace {
+
+// The blocking form: the output's buffer in place where XLA gave it to the
+// result, and one MPI_Neighbor_alltoallv.
+class BlockingNeighborMove final : public NeighborMover {
+ public:
+  BlockingNeighborMove(const Call& call, Memory& memory) : call_(call), memory_(memory) {}
+
+  ffi::Error Buffers(const ffi::AnyBuffer& x, const ffi::AnyBuffer& output, ffi::AnyBuffer& y,
+                     bool shaped, void** in, void** out) override {
+    if (!shaped) return ffi::Error::Success();
+    JAXCOMM_RETURN_IF_ERROR(memory_.Read(x, in));
+    if (SameBuffer(output, y)) return memory_.InPlace(y, out);
+    JAXCOMM_RETURN_IF_ERROR(memory_.Output(y, out));
+    return memory_.Preload(y, 0, output);
+  }
+
+  void* Scratch(size_t bytes) override {
+    thread_local std::vector<char> scratch;
+    scratch.assign(bytes + 1, 0);
+    return scratch.data();
+  }
+
+  ffi::Error Move(const NeighborRows& r) override {
+    call_.Log([&] { return "MPI_Neighbor_alltoallv " + Elements(r.sent, r.dtype); });
+    JAXCOMM_MPI_CHECK(call_, MPI_Neighbor_alltoallv, r.in, r.send_counts(), r.send_displs(), r.row,
+                      r.out, r.recv_counts(), r.recv_displs(), r.row, call_.comm());
+    return ffi::Error::Success();
+  }
+
+  ffi::Error Fail(ffi::Error error) override { return error; }
+  ffi::Error Finish() override { return memory_.Finish(); }
+
+ private:
+  const Call& call_;
+  Memory& memory_;
+};
+
+}  // namespace
+
+ffi::Error NeighborAlltoallvImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffer x,
+                                 ffi::AnyBuffer output, ffi::AnyBuffer counts,
+                                 ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> y,
+                                 ffi::Result<ffi::AnyBuffer> received, int64_t check_sizes) {
+  BlockingNeighborMove mover(call, memory);
+  return RunNeighborAlltoallv(call, memory, x, output, counts, *y, *received, check_sizes != 0,
+                              false, mover);
 }
 
 }  // namespace jaxcomm

@@ -3,6 +3,9 @@
 #ifndef JAXCOMM_KERNELS_NEIGHBOR_H_
 #define JAXCOMM_KERNELS_NEIGHBOR_H_
 
+#include <mpi.h>
+
+#include <cstddef>
 #include <vector>
 
 #include "call.h"
@@ -40,6 +43,55 @@ ffi::Error NeighborReceiveOrder(const Call& call, std::vector<int>* order);
 // Fails unless `b` has a leading axis of `blocks` (a degree) entries.
 ffi::Error CheckBlocks(const Call& call, const char* buffer, const ffi::AnyBuffer& b, int blocks,
                        const char* degree);
+
+// The rows of a neighbor_alltoallv once its headers are exchanged and
+// checked: MPI_Neighbor_alltoallv's arguments, counts and displacements in
+// rows of `row` (`row_bytes` long).
+struct NeighborRows {
+  const void* in;
+  void* out;
+  // Send counts and displacements (outdegree each), then receive counts and
+  // displacements (indegree each).
+  const int* ints;
+  int outdegree, indegree;
+  MPI_Datatype row;
+  size_t row_bytes;
+  size_t sent;  // elements, for the log
+  ffi::DataType dtype;
+
+  const int* send_counts() const { return ints; }
+  const int* send_displs() const { return ints + outdegree; }
+  const int* recv_counts() const { return ints + 2 * outdegree; }
+  const int* recv_displs() const { return ints + 2 * outdegree + indegree; }
+};
+
+// How a neighbor_alltoallv reaches its buffers and moves its rows: blocking
+// (neighbor.cc) or started (nonblocking.cc).
+class NeighborMover {
+ public:
+  virtual ~NeighborMover() = default;
+  // The pointers MPI reads x through and writes the result `y` through
+  // (left null unless `shaped`); `y` must start as the output's copy.
+  virtual ffi::Error Buffers(const ffi::AnyBuffer& x, const ffi::AnyBuffer& output,
+                             ffi::AnyBuffer& y, bool shaped, void** in, void** out) = 0;
+  // `bytes` of memory that live until the rows have moved.
+  virtual void* Scratch(size_t bytes) = 0;
+  // Moves the rows, or starts moving them.
+  virtual ffi::Error Move(const NeighborRows& rows) = 0;
+  // After Move: the call fails with `error` once the rows have moved.
+  virtual ffi::Error Fail(ffi::Error error) = 0;
+  // After Move: the call succeeds.
+  virtual ffi::Error Finish() = 0;
+};
+
+// neighbor_alltoallv of the rows of `x` by `counts` (outdegree send counts,
+// then indegree receive counts; `reverse`: the other way round) into `y`,
+// the output's copy, with the rows received from each source written to
+// `received`: the header exchange and every check, then the rows by `mover`.
+ffi::Error RunNeighborAlltoallv(const Call& call, Memory& memory, const ffi::AnyBuffer& x,
+                                const ffi::AnyBuffer& output, const ffi::AnyBuffer& counts,
+                                ffi::AnyBuffer& y, ffi::AnyBuffer& received, bool check_sizes,
+                                bool reverse, NeighborMover& mover);
 
 // MPI refuses null buffers even where a rank has no neighbours to move them
 // to (MPICH checks the pointer before the count): a zero-length buffer of

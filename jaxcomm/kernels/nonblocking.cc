@@ -2,8 +2,9 @@
 // MPI_Iscan, MPI_Ibcast, MPI_Iallgather, MPI_Igather, MPI_Iscatter, MPI_Ialltoall,
 // MPI_Ialltoallv, MPI_Ineighbor_alltoall, MPI_Ineighbor_allgather, the
 // exchanges whose counts are operands (iragged_all_to_all, ialltoallv with
-// this rank's counts: the header step of gather.cc, then MPI_Ialltoallv), and
-// the MPI_Wait that completes each.
+// this rank's counts: the header step of gather.cc, then MPI_Ialltoallv;
+// ineighbor_alltoallv: neighbor.cc's, then MPI_Ineighbor_alltoallv), and the
+// MPI_Wait that completes each.
 //
 // A start handler makes the MPI call and writes a request handle: the bits
 // of two int32 (slot, serial) in a float32[2] (a float type, so that a
@@ -279,6 +280,23 @@ class Start {
   }
   ffi::Error HoldOutput(ffi::AnyBuffer& y, void** data) {
     return memory_.HoldOutput(y, data, &slot_->recv);
+  }
+
+  // An exchange's buffers: MPI reads `x` through `in` and writes `y`, which
+  // starts as the output's copy, through `out`.
+  ffi::Error HoldExchange(const ffi::AnyBuffer& x, const ffi::AnyBuffer& output, ffi::AnyBuffer& y,
+                          void** in, void** out) {
+    const void* held;
+    JAXCOMM_RETURN_IF_ERROR(HoldInput(x, &held));
+    *in = const_cast<void*>(held);
+    JAXCOMM_RETURN_IF_ERROR(HoldOutput(y, out));
+    return memory_.Preload(y, 0, output);
+  }
+
+  // `bytes` of zeroed memory the slot keeps until the wait.
+  void* Scratch(size_t bytes) {
+    slot_->scratch.assign(bytes + 1, 0);
+    return slot_->scratch.data();
   }
 
   Slot& slot() { return *slot_; }
@@ -753,21 +771,14 @@ namespace {
 class StartedMove final : public ExchangeMover {
  public:
   StartedMove(const Call& call, Memory& memory, ffi::AnyBuffer& handle)
-      : call_(call), memory_(memory), handle_(handle), start_(call, memory, Kind::kCollective) {}
+      : call_(call), handle_(handle), start_(call, memory, Kind::kCollective) {}
 
   ffi::Error Buffers(const Exchange& e, ffi::AnyBuffer& y, void** in, void** out) override {
     JAXCOMM_RETURN_IF_ERROR(start_.Begin(kNoPeer, 0, e.operand, handle_));
-    const void* held;
-    JAXCOMM_RETURN_IF_ERROR(start_.HoldInput(e.operand, &held));
-    *in = const_cast<void*>(held);
-    JAXCOMM_RETURN_IF_ERROR(start_.HoldOutput(y, out));
-    return memory_.Preload(y, 0, e.output);
+    return start_.HoldExchange(e.operand, e.output, y, in, out);
   }
 
-  void* Scratch(size_t bytes) override {
-    start_.slot().scratch.assign(bytes, 0);
-    return start_.slot().scratch.data();
-  }
+  void* Scratch(size_t bytes) override { return start_.Scratch(bytes); }
 
   ffi::Error Move(const Rows& r) override {
     Slot& slot = start_.slot();
@@ -780,12 +791,7 @@ class StartedMove final : public ExchangeMover {
       // Every int count is 0 or 1 and every displacement 0; the datatypes,
       // freed when this returns, carry the offsets.
       PeerBlocks send_blocks, recv_blocks;
-      for (size_t p = 0; p < size; ++p) {
-        JAXCOMM_RETURN_IF_ERROR(
-            send_blocks.Add(r.dtype, r.send.displs[p], r.send.counts[p], call_.comm()));
-        JAXCOMM_RETURN_IF_ERROR(
-            recv_blocks.Add(r.dtype, r.recv.displs[p], r.recv.counts[p], call_.comm()));
-      }
+      JAXCOMM_RETURN_IF_ERROR(RowBlocks(r, call_.comm(), send_blocks, recv_blocks));
       std::copy(send_blocks.counts(), send_blocks.counts() + size, ints.begin());
       std::copy(recv_blocks.counts(), recv_blocks.counts() + size, ints.begin() + 2 * size);
       std::fill(ints.begin() + size, ints.begin() + 2 * size, 0);
@@ -798,12 +804,7 @@ class StartedMove final : public ExchangeMover {
                           start_.request());
       if (rc != MPI_SUCCESS) return MpiFailure("MPI_Ialltoallw", rc, call_);
     } else {
-      for (size_t p = 0; p < size; ++p) {
-        ints[p] = static_cast<int>(r.send.counts[p]);
-        ints[size + p] = static_cast<int>(r.send.displs[p]);
-        ints[2 * size + p] = static_cast<int>(r.recv.counts[p]);
-        ints[3 * size + p] = static_cast<int>(r.recv.displs[p]);
-      }
+      r.IntArguments(ints);
       call_.Log([&] { return "MPI_Ialltoallv " + Sent(r); });
       rc =
           MPI_Ialltoallv(NotNull(r.send_data), &ints[0], &ints[size], r.dtype, NotNull(r.recv_data),
@@ -821,7 +822,6 @@ class StartedMove final : public ExchangeMover {
   }
 
   const Call& call_;
-  Memory& memory_;
   ffi::AnyBuffer& handle_;
   Start start_;
 };
@@ -847,6 +847,91 @@ ffi::Error IalltoallvCountsImpl(const Call& call, Memory& memory, ffi::Token, ff
   const Exchange e{x, output, indices, reverse != 0, true, check_sizes != 0};
   StartedMove mover(call, memory, *handle);
   return RunExchange(call, memory, e, *y, *info, mover);
+}
+
+namespace {
+
+// neighbor_alltoallv started: the header exchange and the checks of the
+// blocking form (neighbor.cc), then MPI_Ineighbor_alltoallv, whose arrays the
+// slot keeps (MPI_Ineighbor_alltoallw, with the receive order fixed, where
+// the library mismatches the blocks of duplicate Cartesian edges:
+// NeighborReceiveOrder). A call that fails waits for its rows first, so that
+// it fails at the start, as the blocking form does, with no request left.
+class StartedNeighborMove final : public NeighborMover {
+ public:
+  StartedNeighborMove(const Call& call, Memory& memory, ffi::AnyBuffer& handle)
+      : call_(call), handle_(handle), start_(call, memory, Kind::kCollective) {}
+
+  ffi::Error Buffers(const ffi::AnyBuffer& x, const ffi::AnyBuffer& output, ffi::AnyBuffer& y,
+                     bool shaped, void** in, void** out) override {
+    JAXCOMM_RETURN_IF_ERROR(start_.Begin(kNoPeer, 0, x, handle_));
+    if (!shaped) return ffi::Error::Success();
+    return start_.HoldExchange(x, output, y, in, out);
+  }
+
+  void* Scratch(size_t bytes) override { return start_.Scratch(bytes); }
+
+  ffi::Error Move(const NeighborRows& r) override {
+    std::vector<int> order;
+    JAXCOMM_RETURN_IF_ERROR(NeighborReceiveOrder(call_, &order));
+    Slot& slot = start_.slot();
+    const size_t n_out = r.outdegree, n_in = r.indegree;
+    call_.Log([&] { return "MPI_Ineighbor_alltoallv " + Elements(r.sent, r.dtype); });
+    int rc;
+    if (order.empty()) {
+      slot.counts.assign(r.ints, r.ints + 2 * (n_out + n_in));
+      const int* ints = slot.counts.data();
+      rc = MPI_Ineighbor_alltoallv(r.in, ints, ints + n_out, r.row, r.out, ints + 2 * n_out,
+                                   ints + 2 * n_out + n_in, r.row, call_.comm(), start_.request());
+      if (rc != MPI_SUCCESS) return MpiFailure("MPI_Ineighbor_alltoallv", rc, call_);
+      return ffi::Error::Success();
+    }
+    // Incoming block s lands where block order[s] belongs, with its count.
+    slot.counts.resize(n_out + n_in);
+    slot.displs.resize(n_out + n_in);
+    slot.types.assign(n_out + n_in, r.row);
+    const MPI_Aint row_bytes = static_cast<MPI_Aint>(r.row_bytes);
+    for (size_t j = 0; j < n_out; ++j) {
+      slot.counts[j] = r.send_counts()[j];
+      slot.displs[j] = r.send_displs()[j] * row_bytes;
+    }
+    for (size_t s = 0; s < n_in; ++s) {
+      slot.counts[n_out + s] = r.recv_counts()[order[s]];
+      slot.displs[n_out + s] = r.recv_displs()[order[s]] * row_bytes;
+    }
+    rc = MPI_Ineighbor_alltoallw(r.in, slot.counts.data(), slot.displs.data(), slot.types.data(),
+                                 r.out, slot.counts.data() + n_out, slot.displs.data() + n_out,
+                                 slot.types.data() + n_out, call_.comm(), start_.request());
+    if (rc != MPI_SUCCESS) return MpiFailure("MPI_Ineighbor_alltoallw", rc, call_);
+    return ffi::Error::Success();
+  }
+
+  ffi::Error Fail(ffi::Error error) override {
+    JAXCOMM_MPI_CHECK(call_, MPI_Wait, start_.request(), MPI_STATUS_IGNORE);
+    return error;
+  }
+
+  ffi::Error Finish() override { return start_.Started(); }
+
+ private:
+  const Call& call_;
+  ffi::AnyBuffer& handle_;
+  Start start_;
+};
+
+}  // namespace
+
+// As NeighborAlltoallvImpl (neighbor.cc), started; `reverse`: the counts are
+// the forward exchange's, receive counts first (the transpose's).
+ffi::Error IneighborAlltoallvImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffer x,
+                                  ffi::AnyBuffer output, ffi::AnyBuffer counts,
+                                  ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> handle,
+                                  ffi::Result<ffi::AnyBuffer> y,
+                                  ffi::Result<ffi::AnyBuffer> received, int64_t reverse,
+                                  int64_t check_sizes) {
+  StartedNeighborMove mover(call, memory, *handle);
+  return RunNeighborAlltoallv(call, memory, x, output, counts, *y, *received, check_sizes != 0,
+                              reverse != 0, mover);
 }
 
 // Waits -----------------------------------------------------------------------

@@ -1,5 +1,8 @@
 """Neighbourhood collectives: ``neighbor_alltoall``, ``neighbor_allgather``, ``neighbor_alltoallv``.
 
+Their nonblocking forms are in ``nonblocking.py``; the helpers of
+``neighbor_alltoallv``'s counts below serve ``ineighbor_alltoallv`` too.
+
 They run on a communicator with a topology, a distributed graph
 (``MPI_Dist_graph_create_adjacent``) or a Cartesian grid, whose neighbour
 lists each ``JaxComm`` registers here by handle (:func:`register_topology`):
@@ -132,15 +135,42 @@ def neighbor_alltoallv(x, output, sendcounts, recvcounts, *, handle):
     Returns:
         The output and the rows received from each source.
     """
+    counts, check = neighbor_counts(sendcounts, recvcounts, handle)
+    return neighbor_alltoallv_p.bind(x, output, counts, handle=handle, check_sizes=int(check))
+
+
+def neighbor_counts(sendcounts, recvcounts, handle):
+    """The counts operand of a neighbor_alltoallv (sendcounts, then recvcounts), and whether it checks them.
+
+    Without ``recvcounts`` (learned) their place holds zeros.
+    """
     check = recvcounts is not None
     if check:
-        counts = jnp.concatenate([sendcounts, recvcounts.astype(sendcounts.dtype)])
-    else:
-        # Padded, not concatenated with a constant: XLA:CPU of jaxlib 0.6.2
-        # aborts compiling a concatenate of a constant that feeds this call
-        # ("Could not convert JSON string to proto").
-        counts = jnp.pad(sendcounts, (0, indegree(handle)))
-    return neighbor_alltoallv_p.bind(x, output, counts, handle=handle, check_sizes=int(check))
+        return jnp.concatenate([sendcounts, recvcounts.astype(sendcounts.dtype)]), check
+    # Padded, not concatenated with a constant: XLA:CPU of jaxlib 0.6.2
+    # aborts compiling a concatenate of a constant that feeds this call
+    # ("Could not convert JSON string to proto").
+    return jnp.pad(sendcounts, (0, indegree(handle))), check
+
+
+def known_counts(counts, handle, *, check_sizes, **_):
+    """The counts of an exchange with the recvcounts it learned in their place.
+
+    They are learned again, from the sources' sendcounts: one
+    neighbor_alltoall on the derivative communicator.
+    """
+    if check_sizes:
+        return counts
+    sendcounts = counts[: _outdegree(handle)]
+    recvcounts = neighbor_alltoall(sendcounts, handle=derivative_comm(handle))
+    return jnp.concatenate([sendcounts, recvcounts])
+
+
+def output_written(ct, counts, handle, *, reverse, **_):
+    """``ct`` with the rows an exchange by ``counts`` (known, ``known_counts``) received zeroed."""
+    received = counts[: indegree(handle)] if reverse else counts[_outdegree(handle) :]
+    written = jnp.arange(ct.shape[0]) < received.sum()
+    return jnp.where(written.reshape((-1,) + (1,) * (ct.ndim - 1)), 0, ct)
 
 
 # vmap: blocks are rows, the batch goes behind them. --------------------------------
@@ -176,11 +206,8 @@ def_linear(neighbor_allgather_p, _allgather_transpose)
 
 def _alltoallv_transpose(cts, x, output, counts, *, handle, check_sizes):
     ct = batched_alike(ad.instantiate_zeros(cts[0]))
-    sendcounts = counts[: _outdegree(handle)]
-    if check_sizes:
-        recvcounts = counts[_outdegree(handle) :]
-    else:
-        recvcounts = neighbor_alltoall(sendcounts, handle=derivative_comm(handle))
+    known = known_counts(counts, handle, check_sizes=check_sizes)
+    sendcounts, recvcounts = known[: _outdegree(handle)], known[_outdegree(handle) :]
     aval = x.aval if ad.is_undefined_primal(x) else jax.core.get_aval(x)
     zeros = batched_alike(jnp.zeros(aval.shape, aval.dtype))
     x_t, _ = neighbor_alltoallv_p.bind(
@@ -192,8 +219,7 @@ def _alltoallv_transpose(cts, x, output, counts, *, handle, check_sizes):
     )
     output_t = None
     if ad.is_undefined_primal(output):
-        written = jnp.arange(ct.shape[0]) < recvcounts.sum()
-        output_t = jnp.where(written.reshape((-1,) + (1,) * (ct.ndim - 1)), 0, ct)
+        output_t = output_written(ct, known, handle, reverse=0)
     return [x_t if ad.is_undefined_primal(x) else None, output_t, None]
 
 

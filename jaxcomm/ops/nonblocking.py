@@ -3,8 +3,8 @@
 A start (``isend_p``, ``irecv_p``, ``iallreduce_p``, ``ireduce_p``,
 ``iscan_p``, ``ibcast_p``, ``iallgather_p``, ``igather_p``, ``iscatter_p``,
 ``ialltoall_p``, ``ialltoallv_p``, ``ineighbor_alltoall_p``,
-``ineighbor_allgather_p``, ``iragged_all_to_all_p``, ``ialltoallv_counts_p``)
-makes the ``MPI_I*`` call and returns a request id (a slot of the kernels'
+``ineighbor_allgather_p``, ``iragged_all_to_all_p``, ``ialltoallv_counts_p``,
+``ineighbor_alltoallv_p``) makes the ``MPI_I*`` call and returns a request id (a slot of the kernels'
 request table and its serial, as the bits of a float32[2]) and, where MPI
 fills one, the receive buffer. A wait (``wait_send_p``, ``wait_recv_p``,
 ``wait_exchange_p``, ``wait_ragged_p``) takes the request id and every buffer
@@ -19,6 +19,8 @@ blocking form's header exchange (an ``MPI_Alltoall``, short) and its checks,
 then starts the rows' ``MPI_Ialltoallv``; it also returns what the headers
 told it (the blocking form's second result). Their wait (``wait_ragged_p``)
 takes the index arrays too, which only ride along for the derivative rules.
+``ineighbor_alltoallv_p`` is the same with ``neighbor.py``'s header exchange
+(an ``MPI_Neighbor_alltoall``) and ``MPI_Ineighbor_alltoallv``.
 
 Starts and waits carry jaxcomm's ordered effect, so they run in program
 order with every other jaxcomm call. Because the wait
@@ -71,8 +73,12 @@ from .gather import allgather, alltoall, alltoallv, gather, scatter
 from .neighbor import (
     blocks_behind,
     indegree,
+    known_counts,
     neighbor_allgather,
     neighbor_alltoall,
+    neighbor_alltoallv,
+    neighbor_counts,
+    output_written,
     reverse_comm,
     zero_from_nowhere,
 )
@@ -129,6 +135,14 @@ def _exchange_start(operand, output, indices, **_):
     ]
 
 
+def _neighbor_exchange_start(x, output, counts, *, handle, **_):
+    return [
+        _request_id_aval(),
+        jax.core.ShapedArray(output.shape, output.dtype),
+        jax.core.ShapedArray((indegree(handle),), counts.dtype),
+    ]
+
+
 def _received(request_id, *buffers, **_):
     y = buffers[-1]
     return [jax.core.ShapedArray(y.shape, y.dtype)]
@@ -167,6 +181,12 @@ ialltoallv_counts_p = comm_primitive(
     "ialltoallv_counts",
     _exchange_start,
     "jaxcomm_ialltoallv_counts",
+    ("handle", "reverse", "check_sizes"),
+)
+ineighbor_alltoallv_p = comm_primitive(
+    "ineighbor_alltoallv",
+    _neighbor_exchange_start,
+    "jaxcomm_ineighbor_alltoallv",
     ("handle", "reverse", "check_sizes"),
 )
 
@@ -270,6 +290,43 @@ class Blocking:
 
 
 @dataclass(frozen=True)
+class Counted:
+    """How the rules read an exchange whose counts are operands (``Operation.ragged``).
+
+    Attributes:
+        received: what its start learned -> the rows received from each peer
+            (what the wait returns beside the result where they are learned).
+        known: ``(index arrays, handle, **params)`` -> the index arrays of
+            its reverse: everything the reverse needs to know (run by the
+            wait's transpose).
+        written: ``(ct, known index arrays, what the reverse learned, handle,
+            **params)`` -> the output's cotangent: the result's ``ct`` with
+            the rows the exchange wrote zeroed.
+    """
+
+    received: Callable = lambda learned: learned[1]
+    known: Callable = lambda indices, handle, **params: indices
+    written: Callable = lambda ct, indices, learned, handle, *, reverse, **_: output_cotangent(
+        ct, indices, learned, reverse
+    )
+
+
+# ragged_all_to_all and alltoallv by this rank's counts: the reversed exchange
+# learns what it needs from the same index arrays.
+RAGGED = Counted()
+# neighbor_alltoallv: the reverse sends back what arrived, so where the
+# exchange learned its recvcounts, its transpose learns them again (a
+# neighbor_alltoall of the sendcounts), as the blocking form's does.
+NEIGHBOR_COUNTED = Counted(
+    received=lambda learned: learned,
+    known=known_counts,
+    written=lambda ct, counts, learned, handle, **params: output_written(
+        ct, counts, handle, **params
+    ),
+)
+
+
+@dataclass(frozen=True)
 class Operation:
     """One nonblocking operation, a row of ``OPERATIONS``.
 
@@ -294,9 +351,10 @@ class Operation:
         finish: ``(y, handle) -> y`` applied to what the wait returns
             (the neighbourhood collectives zero the blocks from
             ``MPI.PROC_NULL``, which MPI leaves unwritten).
-        ragged: an exchange whose counts are operands: its start takes
-            (operand, output, index arrays) and also returns what it learned
-            (``ragged.py``), and its wait is ``WAIT_RAGGED``.
+        ragged: for an exchange whose counts are operands, how its rules
+            read them (:class:`Counted`): its start takes (operand, output,
+            index arrays) and also returns what it learned (``ragged.py``,
+            ``neighbor.py``), and its wait is ``WAIT_RAGGED``.
     """
 
     start: Primitive
@@ -308,7 +366,7 @@ class Operation:
     sum_only: bool = False
     from_wildcard: Callable[[dict], bool] | None = None
     finish: Callable[[jax.Array, int], jax.Array] | None = None
-    ragged: bool = False
+    ragged: Counted | None = None
 
     @property
     def name(self) -> str:
@@ -326,6 +384,11 @@ def _swapped(params):
 
 def _reversed(params):
     return {**params, "reverse": 1 - params["reverse"]}
+
+
+def _reversed_known(params):
+    # The reverse's counts are all known (Counted.known).
+    return {**params, "reverse": 1 - params["reverse"], "check_sizes": 1}
 
 
 # By name (the start primitive's, and the JaxComm method's). Columns: start,
@@ -386,7 +449,7 @@ OPERATIONS = {
             ragged_all_to_all,
             behind_rows,
             Reverse("iragged_all_to_all", _reversed),
-            ragged=True,
+            ragged=RAGGED,
         ),
         Operation(
             ialltoallv_counts_p,
@@ -394,7 +457,15 @@ OPERATIONS = {
             alltoallv_counts,
             behind_rows,
             Reverse("ialltoallv_counts", _reversed),
-            ragged=True,
+            ragged=RAGGED,
+        ),
+        Operation(
+            ineighbor_alltoallv_p,
+            WAIT_RAGGED,
+            neighbor_alltoallv,
+            behind_rows,
+            Reverse("ineighbor_alltoallv", _reversed_known, comm=reverse_comm),
+            ragged=NEIGHBOR_COUNTED,
         ),
     )
 }
@@ -514,7 +585,7 @@ def start(prim, x, *extras, learned=False, **params):
         x: the operand (the send buffer, or for ``irecv`` the template).
         *extras: an exchange's output and index arrays (``Operation.ragged``).
         learned: the wait returns ``(y, rows)``, with the rows received from
-            each rank that an exchange's start learned.
+            each peer that an exchange's start learned.
         **params: the primitive's params.
 
     Returns:
@@ -540,7 +611,7 @@ def start(prim, x, *extras, learned=False, **params):
         sent,
         received,
         params["handle"],
-        outs[2][1] if learned else None,
+        operation.ragged.received(outs[2]) if learned else None,
     )
     request._traced = tracing
     if not tracing:
@@ -549,18 +620,26 @@ def start(prim, x, *extras, learned=False, **params):
     return request
 
 
-def start_counts(x, output, sendcounts, recvcounts, *, handle):
+def start_counts(x, output, sendcounts, recvcounts, *, handle, neighbors=False):
     """Start ``ialltoallv_counts_p``: rows of ``x`` in blocks of ``sendcounts``, packed into ``output``.
 
     ``recvcounts`` (or None: learned, and the wait returns them beside the
     rows) are checked against what arrives, as ``ragged.alltoallv_counts``.
+    With ``neighbors``, start ``ineighbor_alltoallv_p`` instead: one block
+    per destination, as ``neighbor.neighbor_alltoallv``.
 
     Returns:
         The :class:`Request`.
     """
-    indices, check = counts_indices(sendcounts, recvcounts)
+    if neighbors:
+        prim, (indices, check) = (
+            ineighbor_alltoallv_p,
+            neighbor_counts(sendcounts, recvcounts, handle),
+        )
+    else:
+        prim, (indices, check) = ialltoallv_counts_p, counts_indices(sendcounts, recvcounts)
     return start(
-        ialltoallv_counts_p,
+        prim,
         x,
         output,
         indices,
@@ -1040,7 +1119,7 @@ def _wait_transpose(wait, cts, request_id, *buffers, handle, start):
         return [None] * len(buffers) + [vary_like(cts[0], buffers[-1].aval)]
     reverse = OPERATIONS[transpose.op]
     if operation.ragged:
-        return _exchange_wait_transpose(reverse, transpose, cts, buffers, handle, params)
+        return _exchange_wait_transpose(operation, transpose, cts, buffers, handle, params)
     if reverse.wait.sends:
         # The cotangent of what arrived goes back.
         operand = _sendable(cts[0], buffers[-1].aval)
@@ -1058,7 +1137,7 @@ def _aval(x):
     return x.aval if ad.is_undefined_primal(x) else jax.typeof(x)
 
 
-def _exchange_wait_transpose(reverse, transpose, cts, buffers, handle, params):
+def _exchange_wait_transpose(operation, transpose, cts, buffers, handle, params):
     """The wait's transpose of an exchange whose counts are operands.
 
     Starts the reversed exchange of the result's cotangent back to where the
@@ -1066,14 +1145,16 @@ def _exchange_wait_transpose(reverse, transpose, cts, buffers, handle, params):
     the rows the exchange wrote zeroed) to the receive buffer, whose
     cotangent the start's transpose takes.
     """
+    reverse = OPERATIONS[transpose.op]
     operand, indices, received = buffers
+    indices = operation.ragged.known(indices, handle, **params)
     ct = _sendable(cts[0], _aval(received))
     zeros = batched_alike(_compat.transpose_zeros(_aval(operand)))
     outs = reverse.start.bind(
         ct, zeros, indices, handle=transpose.comm(handle), **transpose.params(params)
     )
     _keep(outs[0], ct, indices, outs[1])
-    output_ct = output_cotangent(ct, indices, outs[2], params["reverse"])
+    output_ct = operation.ragged.written(ct, indices, outs[2], handle, **params)
     return [outs[0], None, None, output_ct]
 
 
