@@ -148,22 +148,12 @@ auto RaggedBuffers(Binding&& binding) {
 #define JAXCOMM_Ragged_PARAMS JAXCOMM_WaitExchange_PARAMS, ffi::Result<ffi::AnyBuffer>
 
 // Their starts (nonblocking.cc): as Ragged, with the request handle out
-// before the output.
+// before the output (the layout is Ragged's with one more result).
 template <typename Binding>
 auto StartRaggedBuffers(Binding&& binding) {
-  return std::forward<Binding>(binding)
-      .template Arg<ffi::Token>()
-      .template Arg<ffi::AnyBuffer>()
-      .template Arg<ffi::AnyBuffer>()
-      .template Arg<ffi::AnyBuffer>()
-      .template Ret<ffi::Token>()
-      .template Ret<ffi::AnyBuffer>()
-      .template Ret<ffi::AnyBuffer>()
-      .template Ret<ffi::AnyBuffer>();
+  return RaggedBuffers(std::forward<Binding>(binding)).template Ret<ffi::AnyBuffer>();
 }
-#define JAXCOMM_StartRagged_PARAMS                                                     \
-  ffi::Token, ffi::AnyBuffer, ffi::AnyBuffer, ffi::AnyBuffer, ffi::Result<ffi::Token>, \
-      ffi::Result<ffi::AnyBuffer>, ffi::Result<ffi::AnyBuffer>, ffi::Result<ffi::AnyBuffer>
+#define JAXCOMM_StartRagged_PARAMS JAXCOMM_Ragged_PARAMS, ffi::Result<ffi::AnyBuffer>
 
 // A fence: the token and any arrays in (only waited for), the token and an
 // int32 scalar out.
