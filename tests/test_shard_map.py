@@ -60,7 +60,7 @@ def pairs(axes, jc, ring_jc, mesh):
     gather = lambda v: jax.lax.all_gather(v, axes)
     # A broadcast from the last rank: JAX's all_gather keeps root's block.
     root = n - 1
-    from_root = lambda v: jax.lax.all_gather(v, axes)[root]
+    from_root = lambda v: gather(v)[root]
     return {
         "allreduce": (psum, jc.allreduce),
         "bcast": (from_root, lambda v: jc.bcast(v, root=root)),
