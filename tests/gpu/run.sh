@@ -15,11 +15,13 @@
 # (extra benchmark arguments, e.g. --quick), BUILD_ARGS (extra pip arguments
 # for the build, e.g. -C cmake.define.CMAKE_CUDA_ARCHITECTURES=90), MPS
 # (auto: the tests and the benchmark run under CUDA MPS where
-# nvidia-cuda-mps-control exists; 0: never).
+# nvidia-cuda-mps-control exists; 0: never), SKIP (log names of steps to
+# leave out, without .log, e.g. "pytest-n1 pytest-n2 overlap"; the set-up
+# steps always run).
 set -uo pipefail
 
 if [[ $# -lt 1 || $# -gt 2 || $1 == -h || $1 == --help ]]; then
-  sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 wheel_dir=$(realpath "$1")
@@ -42,11 +44,16 @@ fi
 
 steps=()     # "name|status|log" for the summary
 failures=0
+after_setup=0  # SKIP applies from the versions step on
 
 # step NAME LOG COMMAND...: run COMMAND, its output to the terminal and LOG.
 step() {
   local name=$1 log=$2
   shift 2
+  if ((after_setup)) && [[ " ${SKIP:-} " == *" ${log%.log} "* ]]; then
+    steps+=("$name|skipped (SKIP)|$log")
+    return 0
+  fi
   echo
   echo "=== $name"
   "$@" 2>&1 | tee "$out_dir/$log"
@@ -254,6 +261,7 @@ step "wheels" wheels.log install_wheels
 step "MPI from the mpich wheel" mpi.log check_mpi
 find_nvcc
 step "build with JAXCOMM_CUDA=ON" build.log build
+after_setup=1
 step "versions" versions.log versions
 step "cuda_info" cuda_info.log cuda_info
 step "JAX sees a GPU" jax_gpu.log jax_gpu
