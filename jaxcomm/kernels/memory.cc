@@ -1,15 +1,76 @@
 #include "memory.h"
 
+#include <sys/mman.h>
+
+#include <atomic>
+#include <cstdint>
 #include <cstring>
+#include <fstream>
 
 namespace jaxcomm {
 
+namespace {
+
+std::atomic<size_t> huge_page_bytes{size_t{4} << 20};
+
+#ifdef MADV_COLLAPSE
+constexpr int kMadvCollapse = MADV_COLLAPSE;
+#else
+constexpr int kMadvCollapse = 25;  // Linux's value, for older C library headers
+#endif
+
+// The size of a transparent huge page, 0 where the kernel has none.
+size_t HugePageSize() {
+  static const size_t size = [] {
+    std::ifstream in("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size");
+    size_t n = 0;
+    return (in >> n) && n > 0 && (n & (n - 1)) == 0 ? n : size_t{0};
+  }();
+  return size;
+}
+
+// Advises Linux to back the whole huge pages inside a host buffer of at
+// least HugePageBytes() with transparent huge pages, as NumPy does for its
+// own arrays (so mpi4py's buffers are on them). MADV_HUGEPAGE covers the
+// pages not touched yet: XLA maps a fresh buffer for every large result, and
+// MPI then takes one fault per huge page where it writes it, not one per
+// 4 KiB. MADV_COLLAPSE (Linux 6.1 and newer) moves the pages XLA has already
+// written (a loop's carry, an argument) onto huge pages; on a range that is
+// on them already it returns at once, so a buffer used call after call is
+// collapsed once. MPI's single-copy transfers then walk one page-table entry
+// per huge page. Only whole huge pages inside the buffer are advised, so no
+// neighbouring memory is touched. Best effort: where Linux refuses (no THP
+// or THP set to "never", an older kernel, no free huge page), nothing
+// changes.
+void AdviseHugePages(const void* data, size_t bytes) {
+#ifdef MADV_HUGEPAGE
+  const size_t from = huge_page_bytes.load(std::memory_order_relaxed);
+  const uintptr_t huge = HugePageSize();
+  if (from == 0 || bytes < from || huge == 0) return;
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(data);
+  const uintptr_t start = (begin + huge - 1) & ~(huge - 1);
+  const uintptr_t end = (begin + bytes) & ~(huge - 1);
+  if (end <= start) return;
+  void* range = reinterpret_cast<void*>(start);
+  madvise(range, end - start, MADV_HUGEPAGE);
+  madvise(range, end - start, kMadvCollapse);
+#endif
+}
+
+}  // namespace
+
+size_t HugePageBytes() { return huge_page_bytes.load(std::memory_order_relaxed); }
+
+void SetHugePageBytes(size_t bytes) { huge_page_bytes.store(bytes); }
+
 ffi::Error HostMemory::Input(const ffi::AnyBuffer& x, const void** data) {
+  AdviseHugePages(x.untyped_data(), x.size_bytes());
   *data = x.untyped_data();
   return ffi::Error::Success();
 }
 
 ffi::Error HostMemory::Output(ffi::AnyBuffer& y, void** data) {
+  AdviseHugePages(y.untyped_data(), y.size_bytes());
   *data = y.untyped_data();
   return ffi::Error::Success();
 }
@@ -37,12 +98,14 @@ ffi::Error HostMemory::ZeroFrom(ffi::AnyBuffer& y, size_t offset) {
 }
 
 ffi::Error HostMemory::HoldInput(const ffi::AnyBuffer& x, const void** data, Held* held) {
+  AdviseHugePages(x.untyped_data(), x.size_bytes());
   *held = Held{x.untyped_data(), x.size_bytes(), nullptr};
   *data = x.untyped_data();
   return ffi::Error::Success();
 }
 
 ffi::Error HostMemory::HoldOutput(ffi::AnyBuffer& y, void** data, Held* held) {
+  AdviseHugePages(y.untyped_data(), y.size_bytes());
   *held = Held{y.untyped_data(), y.size_bytes(), nullptr};
   *data = y.untyped_data();
   return ffi::Error::Success();

@@ -104,6 +104,12 @@ class Memory {
   }
 };
 
+// Host buffers MPI reads or writes of at least this many bytes (4 MiB by
+// default, as NumPy's arrays; 0: none) are advised onto transparent huge
+// pages (memory.cc).
+size_t HugePageBytes();
+void SetHugePageBytes(size_t bytes);
+
 // Buffers in host memory: the CPU handlers'.
 class HostMemory final : public Memory {
  public:

@@ -334,5 +334,8 @@ PYBIND11_MODULE(JAXCOMM_MODULE, m) {
   m.def("set_pipeline_bytes", &jaxcomm::SetPipelineBytes, py::arg("bytes"),
         "Piece size of pipelined collectives in bytes (0: whole messages).");
   m.def("pipeline_bytes", &jaxcomm::PipelineBytes);
+  m.def("set_huge_page_bytes", &jaxcomm::SetHugePageBytes, py::arg("bytes"),
+        "Host buffers of at least this many bytes go on transparent huge pages (0: none).");
+  m.def("huge_page_bytes", &jaxcomm::HugePageBytes);
 #endif
 }
