@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -12,6 +13,12 @@ namespace jaxcomm {
 namespace {
 
 std::atomic<size_t> huge_page_bytes{size_t{4} << 20};
+
+// MADV_COLLAPSE is given up after this many refusals in a row: where Linux
+// has no free huge pages to give, it would otherwise compact memory again on
+// every call.
+constexpr int kMaxCollapseRefusals = 8;
+std::atomic<int> collapse_refusals{0};
 
 #ifdef MADV_COLLAPSE
 constexpr int kMadvCollapse = MADV_COLLAPSE;
@@ -41,7 +48,7 @@ size_t HugePageSize() {
 // per huge page. Only whole huge pages inside the buffer are advised, so no
 // neighbouring memory is touched. Best effort: where Linux refuses (no THP
 // or THP set to "never", an older kernel, no free huge page), nothing
-// changes.
+// changes, and repeated refusals of MADV_COLLAPSE stop its use.
 void AdviseHugePages(const void* data, size_t bytes) {
 #ifdef MADV_HUGEPAGE
   const size_t from = huge_page_bytes.load(std::memory_order_relaxed);
@@ -53,7 +60,14 @@ void AdviseHugePages(const void* data, size_t bytes) {
   if (end <= start) return;
   void* range = reinterpret_cast<void*>(start);
   madvise(range, end - start, MADV_HUGEPAGE);
-  madvise(range, end - start, kMadvCollapse);
+  if (collapse_refusals.load(std::memory_order_relaxed) >= kMaxCollapseRefusals) return;
+  if (madvise(range, end - start, kMadvCollapse) == 0) {
+    collapse_refusals.store(0, std::memory_order_relaxed);
+  } else if (errno == EINVAL) {
+    collapse_refusals.store(kMaxCollapseRefusals);  // a kernel without it
+  } else {
+    collapse_refusals.fetch_add(1, std::memory_order_relaxed);
+  }
 #endif
 }
 
