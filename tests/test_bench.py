@@ -46,7 +46,7 @@ def expected_ops(size):
 
 @pytest.fixture(scope="module")
 def records(jc):
-    impls = [bench.Mpi4pyImpl(jc.comm), bench.JaxcommImpl(jc), bench.PlainJitImpl()]
+    impls = [bench.Mpi4pyImpl(jc.comm), bench.JaxcommImpl(jc), bench.PlainJitImpl(jc.size)]
     return bench.run(jc.comm, impls, sizes=[8], **TINY)
 
 

@@ -16,7 +16,8 @@ mpi4py on NumPy buffers:
 - ``eager``: the method called outside ``jit``.
 
 ``jit`` and ``eager`` also time a plain jitted function without MPI
-(``x + 1`` on the same array), the reference of the dispatch targets. Every
+(``x + 1`` on the same array, tiled or cut to the op's output shape where that
+differs), the reference of the dispatch targets. Every
 mode also times the floor: the same MPI calls from a small C program built
 with the MPI's ``mpicc`` (left out, with a line saying why, where there is
 none); ``--jax`` adds JAX's own route (``jax.distributed`` and ``shard_map``

@@ -219,7 +219,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     notes: dict[str, str] = {}
     jax_route = start_jax_route(comm, args, notes)
     jc = JaxComm(comm)
-    impls = [Mpi4pyImpl(comm), JaxcommImpl(jc), PlainJitImpl(), *floor_routes(comm, args, notes)]
+    impls = [
+        Mpi4pyImpl(comm),
+        JaxcommImpl(jc),
+        PlainJitImpl(comm.size),
+        *floor_routes(comm, args, notes),
+    ]
     if jax_route:
         impls.extend(jax_route())
     print_notes(comm, notes)
