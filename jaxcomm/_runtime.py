@@ -538,10 +538,11 @@ set_timeout(_env_seconds("JAXCOMM_TIMEOUT"))
 if _env_bytes("JAXCOMM_PIPELINE_BYTES") is not None:
     set_pipeline_bytes(_env_bytes("JAXCOMM_PIPELINE_BYTES"))
 # Host buffers from this many bytes on transparent huge pages (memory.cc).
-if _env_bytes("JAXCOMM_HUGE_PAGES") is not None:
-    if _env_bytes("JAXCOMM_HUGE_PAGES") < 0:
+_huge_page_bytes = _env_bytes("JAXCOMM_HUGE_PAGES")
+if _huge_page_bytes is not None:
+    if _huge_page_bytes < 0:
         raise ValueError("JAXCOMM_HUGE_PAGES must be 0 (off) or a number of bytes")
-    _kernels_cpu.set_huge_page_bytes(_env_bytes("JAXCOMM_HUGE_PAGES"))
+    _kernels_cpu.set_huge_page_bytes(_huge_page_bytes)
 # Bytes of freed memory glibc keeps for the next call's buffers (_malloc.py).
 malloc_pad = _malloc.keep_freed_memory(_env_bytes("JAXCOMM_MALLOC_PAD"))
 

@@ -19,6 +19,7 @@ import pytest
 from conftest import unchanged
 from operations import params, select
 
+from jaxcomm import _runtime
 from jaxcomm.ops import _base
 
 IN_PLACE = params(select(in_place=True))
@@ -142,8 +143,6 @@ def test_a_kept_argument_stays_aliased_on_a_gpu(jc, op, monkeypatch):
     # host staging in place, which measured faster than the plain form there
     # (docs/gpu.md). Lowered, not compiled: this machine need have no GPU,
     # and a stand-in for the CUDA module lets the CUDA lowering run.
-    from jaxcomm import _runtime
-
     if _runtime.cuda_kernels is None:
         monkeypatch.setattr(_runtime, "cuda_kernels", object())
     call, x, _ = _case(jc, op)
