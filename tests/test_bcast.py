@@ -56,6 +56,29 @@ def test_bcast_in_loops_and_cond(jc):
     np.testing.assert_allclose(ys, np.arange(4.0))
 
 
+@pytest.mark.mpi
+@pytest.mark.parametrize(
+    "nbytes",
+    [(256 << 10) - 4, 256 << 10, (1 << 20) + 12, (9 << 20) + 4],
+    ids=["under-256KiB", "256KiB", "1MiB", "9MiB-in-pieces"],
+)
+def test_bcast_large_kept_argument(jc, nbytes):
+    # The root hands MPI its argument as it is and copies it into its result
+    # beside the transfer (on a helper thread from 256 KiB). Every call's
+    # values differ, so a copy that fell short would leave an earlier call's
+    # values in a reused buffer and fail here.
+    n = nbytes // 4
+    base = np.arange(n, dtype=np.float32)
+    jitted = jax.jit(lambda v, root: jc.bcast(v, root=root), static_argnums=1)
+    for call in range(3):
+        for root in range(jc.size):
+            x = jnp.asarray(base + 1000 * jc.rank + 10 * call)
+            expected = base + 1000 * root + 10 * call
+            np.testing.assert_array_equal(np.asarray(jitted(x, root)), expected)
+            np.testing.assert_array_equal(np.asarray(jc.bcast(x, root=root)), expected)
+            unchanged(x, base + 1000 * jc.rank + 10 * call)
+
+
 def test_bcast_rejects_bad_roots(jc):
     x = jnp.zeros(3)
     with pytest.raises(ValueError, match="root=-1"):

@@ -19,10 +19,12 @@ ffi::Error BcastImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffe
     // XLA gave y x's buffer (the lowering aliases them): the root's data is
     // already where MPI_Bcast works, in place.
     JAXCOMM_RETURN_IF_ERROR(is_root ? memory.InPlace(*y, &data) : memory.Output(*y, &data));
+  } else if (is_root) {
+    // The input buffer is not ours to write, and MPI_Bcast only reads the
+    // root's: the root sends x, and y takes its copy beside the transfer.
+    JAXCOMM_RETURN_IF_ERROR(memory.Forward(x, *y, &data));
   } else {
-    // The input buffer is not ours to write: the root sends from the output.
     JAXCOMM_RETURN_IF_ERROR(memory.Output(*y, &data));
-    if (is_root) JAXCOMM_RETURN_IF_ERROR(memory.Preload(*y, 0, x));
   }
   JAXCOMM_RETURN_IF_ERROR(memory.Ready());
   if (piece < count) {

@@ -1,12 +1,17 @@
 #include "memory.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <mutex>
+#include <system_error>
+#include <thread>
 
 namespace jaxcomm {
 
@@ -73,6 +78,106 @@ void AdviseHugePages(const void* data, size_t bytes) {
 }
 
 }  // namespace
+
+// The process's helper thread for HostMemory::Forward's copies. It makes one
+// copy at a time: a handler that finds it busy (another communicator's call
+// on another of XLA's threads) copies for itself.
+class CopyHelper {
+ public:
+  // The helper, its thread started at first use; null where no thread could
+  // be started. A child of fork() has no helper thread, so it starts its own.
+  static CopyHelper* Get() {
+    static std::mutex mutex;
+    static CopyHelper* helper = nullptr;
+    std::lock_guard<std::mutex> lock(mutex);
+    if (helper == nullptr || helper->pid_ != getpid()) {
+      auto* fresh = new CopyHelper;  // never freed: its thread waits on it until exit
+      try {
+        std::thread(&CopyHelper::Run, fresh).detach();
+        helper = fresh;
+      } catch (const std::system_error&) {
+        delete fresh;
+        return nullptr;
+      }
+    }
+    return helper;
+  }
+
+  // Starts copying `bytes` bytes from `src` to `dst`; false where the helper
+  // is busy with another handler's copy.
+  bool Start(void* dst, const void* src, size_t bytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (claimed_) return false;
+    claimed_ = pending_ = true;
+    dst_ = dst;
+    src_ = src;
+    bytes_ = bytes;
+    changed_.notify_all();
+    return true;
+  }
+
+  // Waits for the copy Start began, and frees the helper for the next one.
+  void Wait() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    changed_.wait(lock, [this] { return !pending_; });
+    claimed_ = false;
+  }
+
+ private:
+  void Run() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      changed_.wait(lock, [this] { return pending_ && dst_ != nullptr; });
+      void* dst = dst_;
+      dst_ = nullptr;
+      lock.unlock();
+      std::memcpy(dst, src_, bytes_);
+      lock.lock();
+      pending_ = false;
+      changed_.notify_all();
+    }
+  }
+
+  const pid_t pid_ = getpid();
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  bool claimed_ = false;  // a handler holds the helper, from Start to Wait
+  bool pending_ = false;  // its copy is not done yet
+  void* dst_ = nullptr;   // set by Start, taken by the thread
+  const void* src_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+ffi::Error Memory::Forward(const ffi::AnyBuffer& x, ffi::AnyBuffer& y, void** data) {
+  JAXCOMM_RETURN_IF_ERROR(Output(y, data));
+  return Preload(y, 0, x);
+}
+
+HostMemory::~HostMemory() { Finish(); }
+
+ffi::Error HostMemory::Forward(const ffi::AnyBuffer& x, ffi::AnyBuffer& y, void** data) {
+  const void* in;
+  void* out;
+  JAXCOMM_RETURN_IF_ERROR(Input(x, &in));
+  JAXCOMM_RETURN_IF_ERROR(Output(y, &out));
+  const size_t bytes = x.size_bytes() < y.size_bytes() ? x.size_bytes() : y.size_bytes();
+  CopyHelper* helper = bytes >= kCopyAsideBytes && aside_ == nullptr ? CopyHelper::Get() : nullptr;
+  if (helper != nullptr && helper->Start(out, in, bytes)) {
+    aside_ = helper;
+  } else if (bytes > 0) {
+    std::memcpy(out, in, bytes);
+  }
+  *data = const_cast<void*>(in);  // MPI only reads it
+  return ffi::Error::Success();
+}
+
+ffi::Error HostMemory::Finish() {
+  if (aside_ != nullptr) {
+    aside_->Wait();
+    aside_ = nullptr;
+  }
+  return ffi::Error::Success();
+}
 
 size_t HugePageBytes() { return huge_page_bytes.load(std::memory_order_relaxed); }
 

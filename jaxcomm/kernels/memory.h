@@ -52,6 +52,11 @@ class Memory {
   // Output `y`, already given its pointer, starts with the bytes of input `x`
   // at byte `offset` (MPI_Bcast works in place on y).
   virtual ffi::Error Preload(ffi::AnyBuffer& y, size_t offset, const ffi::AnyBuffer& x) = 0;
+  // Output `y` must end up holding input `x`, and MPI only reads the data
+  // (the root of MPI_Bcast): the pointer MPI reads it through. By default
+  // that is y's own, with x copied in first (Output, then Preload); the host
+  // overrides it.
+  virtual ffi::Error Forward(const ffi::AnyBuffer& x, ffi::AnyBuffer& y, void** data);
   // Waits until MPI can read the inputs through their pointers (for a
   // pipelined call, the first piece of each; Arrived waits for the others).
   virtual ffi::Error Ready() = 0;
@@ -110,21 +115,40 @@ class Memory {
 size_t HugePageBytes();
 void SetHugePageBytes(size_t bytes);
 
+class CopyHelper;  // memory.cc
+
+// Host copies of at least this many bytes that a handler makes beside its
+// MPI calls (HostMemory::Forward) run on a helper thread.
+constexpr size_t kCopyAsideBytes = size_t{256} << 10;
+
 // Buffers in host memory: the CPU handlers'.
 class HostMemory final : public Memory {
  public:
+  HostMemory() = default;
+  HostMemory(const HostMemory&) = delete;
+  HostMemory& operator=(const HostMemory&) = delete;
+  // Waits for a copy still running aside (a handler that failed before
+  // Finish), so that none outlives the call's buffers.
+  ~HostMemory() override;
   ffi::Error Input(const ffi::AnyBuffer& x, const void** data) override;
   ffi::Error Output(ffi::AnyBuffer& y, void** data) override;
   ffi::Error InPlace(ffi::AnyBuffer& y, void** data) override;
   ffi::Error HostInput(const ffi::AnyBuffer& x, const void** data) override;
   ffi::Error HostOutput(ffi::AnyBuffer& y, void** data) override;
   ffi::Error Preload(ffi::AnyBuffer& y, size_t offset, const ffi::AnyBuffer& x) override;
+  // MPI reads x itself, and x is copied into y at the same time: on a helper
+  // thread for kCopyAsideBytes or more (done at Finish), else here. The
+  // root's copy then overlaps the transfer instead of delaying it.
+  ffi::Error Forward(const ffi::AnyBuffer& x, ffi::AnyBuffer& y, void** data) override;
   ffi::Error Ready() override { return ffi::Error::Success(); }
   ffi::Error ZeroFrom(ffi::AnyBuffer& y, size_t offset) override;
-  ffi::Error Finish() override { return ffi::Error::Success(); }
+  ffi::Error Finish() override;
   ffi::Error HoldInput(const ffi::AnyBuffer& x, const void** data, Held* held) override;
   ffi::Error HoldOutput(ffi::AnyBuffer& y, void** data, Held* held) override;
   ffi::Error Unhold(Held& held, ffi::AnyBuffer* out, size_t filled) override;
+
+ private:
+  CopyHelper* aside_ = nullptr;  // runs this call's Forward copy, until Finish
 };
 
 }  // namespace jaxcomm
