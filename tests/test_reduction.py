@@ -525,3 +525,28 @@ def test_min_max_propagate_nan_like_jax(jc, dtype, name, method):
     check_special(got, want)
     if method in ("allreduce", "reduce_scatter"):
         same_on_every_rank(jc, got)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(
+    "nbytes",
+    [(256 << 10) - 4, 256 << 10, (1 << 20) + 12],
+    ids=["under-256KiB", "256KiB", "1MiB"],
+)
+def test_reduce_large_kept_argument_zeros_off_root(jc, nbytes):
+    # Off the root the result is zeros. A later call reuses freed buffers that
+    # held an earlier call's sums, so a zero fill that fell short would leave
+    # them here.
+    n = nbytes // 4
+    base = np.arange(n, dtype=np.float32)
+    total = sum(range(jc.size))
+    jitted = jax.jit(lambda v, root: jc.reduce(v, root=root), static_argnums=1)
+    for call in range(3):
+        for root in range(jc.size):
+            x = jnp.asarray(base + jc.rank + 10 * call)
+            want = jc.size * base + total + 10 * call * jc.size
+            if jc.rank != root:
+                want = np.zeros_like(want)
+            np.testing.assert_array_equal(np.asarray(jitted(x, root)), want)
+            np.testing.assert_array_equal(np.asarray(jc.reduce(x, root=root)), want)
+            unchanged(x, base + jc.rank + 10 * call)
