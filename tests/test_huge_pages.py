@@ -60,8 +60,13 @@ def huge_page_bytes():
 
 
 def _fresh(jc):
-    """A buffer of XLA's own (NumPy's arrays are advised by NumPy itself)."""
-    return jnp.full(NBYTES // 4, jc.rank + 1, jnp.float32).block_until_ready()
+    """A host buffer of XLA's own (NumPy's arrays are advised by NumPy itself).
+
+    On the CPU device also where JAX's default device is a GPU: the advice
+    is for host memory.
+    """
+    cpu = jax.devices("cpu")[0]
+    return jnp.full(NBYTES // 4, jc.rank + 1, jnp.float32, device=cpu).block_until_ready()
 
 
 @pytest.mark.mpi

@@ -127,8 +127,11 @@ def test_an_argument_the_caller_keeps_is_not_copied(jc, op):
     # XLA would copy a jitted function's argument that is not donated into
     # an output aliased to it: a pass over the message before MPI sees it.
     # The lowering leaves that output unaliased, and the kernel uses the MPI
-    # call's plain form; a donated argument keeps the alias.
+    # call's plain form; a donated argument keeps the alias. This holds for
+    # a program lowered for the CPU alone, so x is placed there even where
+    # JAX's default device is a GPU (the next test covers GPU programs).
     call, x, want = _case(jc, op)
+    x = jax.device_put(x, jax.devices("cpu")[0])
     kept = jax.jit(call).lower(x).compile().as_text()
     assert ALIASED not in kept
     assert not re.search(r"= \S+ copy\(", kept), kept
