@@ -305,6 +305,24 @@ def test_gpu_command_on_cpu_arrays(jc, tmp_path, capsys):
         assert "results in" in printed
 
 
+def test_gpu_command_says_why_mpi4jax_has_no_columns(tmp_path, monkeypatch):
+    """An mpi4jax whose import fails (a build against another jaxlib's FFI) is left out, with why."""
+    fake = tmp_path / "mpi4jax"
+    fake.mkdir()
+    (fake / "__init__.py").write_text(
+        'raise RuntimeError("the handler\'s API version (0.5) is incompatible\\nmore")\n'
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "mpi4jax", raising=False)
+    functions, why = gpu.mpi4jax_functions(None)
+    assert functions is None
+    assert why == (
+        "mpi4jax failed to load: RuntimeError: the handler's API version (0.5) is incompatible"
+    )
+    monkeypatch.setitem(sys.modules, "mpi4jax", None)  # not installed
+    assert gpu.mpi4jax_functions(None) == (None, "mpi4jax is not installed")
+
+
 @pytest.mark.mpi
 def test_gpu_command_latency_only_on_cpu_arrays(jc, tmp_path):
     out = pathlib.Path(jc.comm.bcast(str(tmp_path / "gpu")))

@@ -335,12 +335,20 @@ def jaxcomm_functions(jc):
 
 
 def mpi4jax_functions(comm):
-    """mpi4jax's functions on ``comm``, or None where it is not installed."""
+    """mpi4jax's functions on ``comm``, and None; or None and why there are none.
+
+    Its import registers its handlers with this jaxlib, which refuses a build
+    made against another jaxlib's FFI version: the benchmark then runs
+    without mpi4jax's columns and says why.
+    """
     try:
         import mpi4jax
     except ImportError:
-        return None
-    return op_functions(
+        return None, "mpi4jax is not installed"
+    except Exception as err:  # noqa: BLE001 (JaxRuntimeError, and whatever a broken build raises)
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        return None, f"mpi4jax failed to load: {type(err).__name__}: {reason}"
+    functions = op_functions(
         comm.Get_rank(),
         comm.Get_size(),
         lambda v: mpi4jax.allreduce(v, op=MPI.SUM, comm=comm),
@@ -348,6 +356,7 @@ def mpi4jax_functions(comm):
         lambda v: mpi4jax.allgather(v, comm=comm),
         lambda v, left, right: mpi4jax.sendrecv(v, v, left, right, comm=comm),
     )
+    return functions, None
 
 
 def looped(fn, steps):
@@ -608,12 +617,12 @@ def main(argv=None):
     lib, ref_error = (None, "not with --cpu") if args.cpu else load_reference(comm, args.build_dir)
     if ref_error:
         log(f"C++ reference unavailable: {ref_error}")
-    m4j_functions = mpi4jax_functions(comm)
+    m4j_functions, m4j_error = mpi4jax_functions(comm)
     m4j = None
     if m4j_functions is not None:
         m4j = {"functions": m4j_functions, "jit": jitted(m4j_functions)}
     else:
-        log("mpi4jax is not installed: no mpi4jax columns")
+        log(f"{m4j_error}: no mpi4jax columns")
     info = None if args.cpu else cuda_info()
     meta = {
         "ranks": comm.Get_size(),

@@ -12,11 +12,14 @@
 # With MPI4JAX_PYTHON set to a Python of the GPU machine's version, it also
 # builds mpi4jax 0.9.1's wheel (PyPI has its source only) with its CUDA
 # extension, for the GPU benchmark's side-by-side columns; nvcc must be in
-# /usr/local/cuda or CUDA_ROOT. mpi4jax is never a dependency of jaxcomm.
+# /usr/local/cuda or CUDA_ROOT. Its handlers are built against the FFI of the
+# jax it is built with, and a jaxlib of an older FFI refuses them: set
+# MPI4JAX_JAX to the GPU machine's jax (e.g. jax==0.11.2; default: the
+# newest). mpi4jax is never a dependency of jaxcomm.
 set -euo pipefail
 
 if [[ $# -lt 1 || $# -gt 2 || $1 == -h || $1 == --help ]]; then
-  sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 wheel_dir=$1
@@ -45,10 +48,10 @@ if [[ -n ${MPI4JAX_PYTHON:-} ]]; then
   build_venv=$(mktemp -d)
   "$MPI4JAX_PYTHON" -m venv "$build_venv"
   "$build_venv/bin/pip" install --quiet --disable-pip-version-check mpich==5.0.2 mpi4py==4.1.2 \
-    nanobind cython setuptools wheel jax
+    nanobind cython setuptools wheel "${MPI4JAX_JAX:-jax}"
   # Its build finds mpicc and the CUDA toolkit through the environment.
   PATH="$build_venv/bin:$PATH" CUDA_ROOT=${CUDA_ROOT:-/usr/local/cuda} \
-    "$build_venv/bin/pip" wheel --quiet --disable-pip-version-check --no-build-isolation \
+    "$build_venv/bin/pip" wheel --quiet --disable-pip-version-check --no-build-isolation --no-cache-dir \
     --no-deps -w "$wheel_dir" mpi4jax==0.9.1
   rm -rf "$build_venv"
 fi
