@@ -80,8 +80,12 @@ def test_large_buffers_are_advised_onto_huge_pages(jc, huge_page_bytes):
     y = step(x).block_until_ready()
     np.testing.assert_array_equal(y[:3], total)
     # The argument MPI read and the result it wrote; where Linux has no huge
-    # pages to offer, madvise fails and nothing is advised.
-    assert huge == 0 or (_advised(x, huge) and _advised(y, huge))
+    # pages to offer, madvise fails and nothing is advised. The kernels' own
+    # account says which: no page size seen, no call made, or refusals.
+    advice = _runtime._kernels_cpu.huge_page_advice()
+    assert huge == 0 or (_advised(x, huge) and _advised(y, huge)), advice
+    assert advice["page_size"] == huge, advice
+    assert huge == 0 or advice["advised"] >= 2, advice
     del x, y
     # Off, and with a threshold above the buffers' size, the argument's pages
     # stay as they were. (Only the argument's can be looked at before the

@@ -1,5 +1,6 @@
 #include "memory.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -7,8 +8,8 @@
 #include <cerrno>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <mutex>
 #include <system_error>
 #include <thread>
@@ -25,21 +26,57 @@ std::atomic<size_t> huge_page_bytes{size_t{4} << 20};
 constexpr int kMaxCollapseRefusals = 8;
 std::atomic<int> collapse_refusals{0};
 
+// What AdviseHugePages has done, for HugePageAdvice().
+std::atomic<uint64_t> advised_calls{0};
+std::atomic<uint64_t> refused_calls{0};
+std::atomic<int> last_refusal{0};
+std::atomic<uint64_t> collapsed_calls{0};
+
 #ifdef MADV_COLLAPSE
 constexpr int kMadvCollapse = MADV_COLLAPSE;
 #else
 constexpr int kMadvCollapse = 25;  // Linux's value, for older C library headers
 #endif
 
-// The size of a transparent huge page, 0 where the kernel has none.
-size_t HugePageSize() {
-  static const size_t size = [] {
-    std::ifstream in("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size");
-    size_t n = 0;
-    return (in >> n) && n > 0 && (n & (n - 1)) == 0 ? n : size_t{0};
-  }();
-  return size;
+// The size of a transparent huge page, 0 where the kernel has none, and
+// why not: the errno of opening or reading Linux's file, or EINVAL for
+// content that is not a power of two. Read with open(2), as Python reads it.
+struct HugePage {
+  size_t size = 0;
+  int error = 0;
+};
+
+HugePage ReadHugePage() {
+  HugePage page;
+  const int fd = open("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    page.error = errno;
+    return page;
+  }
+  char text[32] = {};
+  const ssize_t got = read(fd, text, sizeof(text) - 1);
+  page.error = got < 0 ? errno : 0;
+  close(fd);
+  if (got <= 0) {
+    if (got == 0) page.error = ENODATA;
+    return page;
+  }
+  char* end = nullptr;
+  const unsigned long long n = std::strtoull(text, &end, 10);
+  if (end == text || n == 0 || (n & (n - 1)) != 0) {
+    page.error = EINVAL;
+    return page;
+  }
+  page.size = static_cast<size_t>(n);
+  return page;
 }
+
+const HugePage& TheHugePage() {
+  static const HugePage page = ReadHugePage();
+  return page;
+}
+
+size_t HugePageSize() { return TheHugePage().size; }
 
 // Advises Linux to back the whole huge pages inside a host buffer of at
 // least HugePageBytes() with transparent huge pages, as NumPy does for its
@@ -64,10 +101,16 @@ void AdviseHugePages(const void* data, size_t bytes) {
   const uintptr_t end = (begin + bytes) & ~(huge - 1);
   if (end <= start) return;
   void* range = reinterpret_cast<void*>(start);
-  madvise(range, end - start, MADV_HUGEPAGE);
+  if (madvise(range, end - start, MADV_HUGEPAGE) == 0) {
+    advised_calls.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    last_refusal.store(errno, std::memory_order_relaxed);
+    refused_calls.fetch_add(1, std::memory_order_relaxed);
+  }
   if (collapse_refusals.load(std::memory_order_relaxed) >= kMaxCollapseRefusals) return;
   if (madvise(range, end - start, kMadvCollapse) == 0) {
     collapse_refusals.store(0, std::memory_order_relaxed);
+    collapsed_calls.fetch_add(1, std::memory_order_relaxed);
   } else if (errno == EAGAIN || errno == ENOMEM) {
     collapse_refusals.fetch_add(1, std::memory_order_relaxed);
   }
@@ -181,6 +224,19 @@ ffi::Error HostMemory::Finish() {
 size_t HugePageBytes() { return huge_page_bytes.load(std::memory_order_relaxed); }
 
 void SetHugePageBytes(size_t bytes) { huge_page_bytes.store(bytes); }
+
+HugePageCounts HugePageAdvice() {
+  HugePageCounts counts;
+  counts.page_size = TheHugePage().size;
+  counts.page_size_errno = TheHugePage().error;
+  counts.advised = advised_calls.load(std::memory_order_relaxed);
+  counts.refused = refused_calls.load(std::memory_order_relaxed);
+  counts.last_errno = last_refusal.load(std::memory_order_relaxed);
+  counts.collapsed = collapsed_calls.load(std::memory_order_relaxed);
+  counts.collapse_stopped =
+      collapse_refusals.load(std::memory_order_relaxed) >= kMaxCollapseRefusals;
+  return counts;
+}
 
 ffi::Error HostMemory::Input(const ffi::AnyBuffer& x, const void** data) {
   AdviseHugePages(x.untyped_data(), x.size_bytes());

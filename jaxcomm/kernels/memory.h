@@ -4,6 +4,7 @@
 #define JAXCOMM_KERNELS_MEMORY_H_
 
 #include <cstddef>
+#include <cstdint>
 
 #include "errors.h"
 #include "xla/ffi/api/ffi.h"
@@ -114,6 +115,23 @@ class Memory {
 // pages (memory.cc).
 size_t HugePageBytes();
 void SetHugePageBytes(size_t bytes);
+
+// What the huge-page advice has done in this process: the kernel's
+// transparent huge page size (0: none, so nothing is advised, with the errno
+// of reading it), and the calls
+// of madvise(MADV_HUGEPAGE) that succeeded and that Linux refused (with the
+// errno of the last refusal), the ranges MADV_COLLAPSE moved, and whether
+// repeated refusals stopped MADV_COLLAPSE.
+struct HugePageCounts {
+  size_t page_size = 0;
+  int page_size_errno = 0;
+  uint64_t advised = 0;
+  uint64_t refused = 0;
+  int last_errno = 0;
+  uint64_t collapsed = 0;
+  bool collapse_stopped = false;
+};
+HugePageCounts HugePageAdvice();
 
 class CopyHelper;  // memory.cc
 

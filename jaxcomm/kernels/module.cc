@@ -337,5 +337,24 @@ PYBIND11_MODULE(JAXCOMM_MODULE, m) {
   m.def("set_huge_page_bytes", &jaxcomm::SetHugePageBytes, py::arg("bytes"),
         "Host buffers of at least this many bytes go on transparent huge pages (0: none).");
   m.def("huge_page_bytes", &jaxcomm::HugePageBytes);
+  m.def(
+      "huge_page_advice",
+      [] {
+        const jaxcomm::HugePageCounts c = jaxcomm::HugePageAdvice();
+        py::dict d;
+        d["page_size"] = c.page_size;
+        d["page_size_errno"] = c.page_size_errno;
+        d["advised"] = c.advised;
+        d["refused"] = c.refused;
+        d["last_errno"] = c.last_errno;
+        d["collapsed"] = c.collapsed;
+        d["collapse_stopped"] = c.collapse_stopped;
+        return d;
+      },
+      "What the huge-page advice has done in this process: the transparent huge "
+      "page size (0: none, nothing advised; page_size_errno: why), "
+      "madvise(MADV_HUGEPAGE) calls that "
+      "succeeded and were refused (last_errno: the last refusal's), ranges "
+      "MADV_COLLAPSE moved, and whether refusals stopped MADV_COLLAPSE.");
 #endif
 }
