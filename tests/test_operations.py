@@ -116,9 +116,11 @@ def test_mpi_calls(jc, grid, op, capfd):
     with mpi_debug():
         jax.block_until_ready(jax.jit(lambda x: op.call(comm, x))(x))
         jaxcomm.sync()
-    lines = capfd.readouterr().err.splitlines()
-    calls = tuple(line.split(" | ")[1].split()[0] for line in lines if " | MPI_" in line)
+    lines = [line for line in capfd.readouterr().err.splitlines() if " | MPI_" in line]
+    calls = tuple(line.split(" | ")[1].split()[0] for line in lines)
     assert calls == op.mpi
+    # Each line names the rank that made the call, in the op's communicator.
+    assert {line.split(" | ")[0] for line in lines} <= {f"r{comm.rank}"}
 
 
 def _lowered_targets(fn, x):

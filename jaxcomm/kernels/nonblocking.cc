@@ -977,6 +977,8 @@ ffi::Error Complete(const Call& call, Memory& memory, const ffi::AnyBuffer& hand
   }
   MPI_Comm comm = slot.comm;
   MPI_Status status;
+  // The wait's own call has no communicator: the request's names the rank.
+  if (DebugEnabled()) DebugLog(comm, "MPI_Wait " + Describe(slot));
   const int rc = MPI_Wait(&slot.data, &status);
   if (slot.kind == Kind::kReceive && slot.check != Check::kNone) {
     // Checking: a message that does not fit is named as a mismatch, also
