@@ -102,14 +102,8 @@ ffi::Error ReduceImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuff
                       ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> y, int64_t op,
                       int64_t root) {
   JAXCOMM_RETURN_IF_ERROR(call.Announce(Collective::Of(x).Root(root).Reduction(op)));
+  JAXCOMM_RETURN_IF_ERROR(CheckOutput(call, x, *y, x.element_count(), LikeTheInput));
   const bool is_root = call.rank() == root;
-  // Off root `y` is x's own buffer (in place: MPI reads it, then it is
-  // zeroed), or the placeholder of the root's output: MPI writes nothing
-  // there, and the lowering gives the program its zeros.
-  const bool placeholder = !is_root && y->dimensions().size() == x.dimensions().size() + 1;
-  JAXCOMM_RETURN_IF_ERROR(CheckType(call, x, *y));
-  JAXCOMM_RETURN_IF_ERROR(CheckElements(call, "output", WholeBuffer(*y, placeholder).elements(),
-                                        x.element_count(), LikeTheInput));
   void* send;
   void* recv = nullptr;
   if (is_root) {
@@ -121,7 +115,7 @@ ffi::Error ReduceImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuff
   }
   JAXCOMM_RETURN_IF_ERROR(ChunkedReduce(call, send, recv, x.element_count(), x.element_type(), op,
                                         static_cast<int>(root)));
-  if (!is_root && !placeholder) JAXCOMM_RETURN_IF_ERROR(memory.Zero(*y));
+  if (!is_root) JAXCOMM_RETURN_IF_ERROR(memory.Zero(*y));
   return memory.Finish();
 }
 

@@ -94,16 +94,14 @@ def comm_primitive(
             token) whose buffers results (likewise) take, where ``in_place``
             does not describe them.
         root_only: ``"output"`` or ``"input"`` for rooted ops whose last
-            output (gather, reduce, igather's start) or single operand
-            (scatter, iscatter's start) MPI writes or reads on the root only, and
+            output (gather, igather's start) or single operand (scatter,
+            iscatter's start) MPI writes or reads on the root only, and
             ``"wait"`` for the wait that takes that buffer again. Off root the
             kernel then gets an empty placeholder in its place
             (``_placeholder``), so that the call costs that rank memory of the
             size of what it sends or receives, not of the communicator's size.
             Off root, the op's documented zeros (``"output"``) are a constant
-            that XLA materialises only where the program uses them (for an
-            in-place op, unless its output takes the operand's buffer: then
-            the kernel zeros that buffer), and the
+            that XLA materialises only where the program uses them, and the
             operand (``"input"``) is not consumed, so XLA can drop the
             computation that made it.
     """
@@ -117,7 +115,7 @@ def comm_primitive(
         aliases = {operand + 1: result + 1 for operand, result in aliases.items()}
     lowering = partial(_ordered_ffi_lowering, target, attrs, in_place, aliases)
     if root_only is not None:
-        lowering = partial(_ROOT_ONLY[root_only], lowering, in_place)
+        lowering = partial(_ROOT_ONLY[root_only], lowering)
     _compat.register_uncached_lowering(prim, lowering, "cpu")
     _compat.register_uncached_lowering(prim, partial(_cuda_lowering, lowering), "cuda")
     _compat.communicating_primitives.add(prim)
@@ -131,7 +129,7 @@ _ARRAY_IN_PLACE = {1: 1}
 def _ordered_ffi_lowering(target, attrs, in_place, aliases, ctx, *args, **params):
     check_placement(ctx, params.get("handle"))
     token, token_ctx = _compat.ordered_token(ctx)
-    if in_place and _aliased(ctx, args[0]):
+    if in_place and not _own_output_pays(ctx, args[0]):
         # Looked up here, not when the primitive is made: a test lowers
         # without the alias to check that the kernels do not depend on it.
         aliases = _ARRAY_IN_PLACE
@@ -145,17 +143,6 @@ def _ordered_ffi_lowering(target, attrs, in_place, aliases, ctx, *args, **params
     )
     _compat.set_ordered_token(ctx, token_out)
     return results
-
-
-def _aliased(ctx, operand):
-    """Whether an in-place op's output takes ``operand``'s buffer.
-
-    Not where the output is a rooted op's placeholder off root, nor where a
-    buffer of its own pays (``_own_output_pays``).
-    """
-    if ctx.avals_out[0].shape != ctx.avals_in[0].shape:
-        return False
-    return not _own_output_pays(ctx, operand)
 
 
 def _own_output_pays(ctx, operand):
@@ -396,13 +383,10 @@ def _empty(aval):
     return placeholder, mlir.ir_constant(np.zeros(placeholder.shape, placeholder.dtype))
 
 
-def _output_on_root_only(lowering, in_place, ctx, x, **params):
+def _output_on_root_only(lowering, ctx, x, **params):
     # The last result is the buffer MPI fills on root only (a nonblocking
-    # start's first result is its request id). An in-place op whose output
-    # takes x's buffer (a loop's carry, a donated argument) keeps it off root
-    # too, and the kernel zeros it there: a constant beside x would make XLA
-    # copy x for the call.
-    if not _off_root(params) or (in_place and _aliased(ctx, x)):
+    # start's first result is its request id).
+    if not _off_root(params):
         return lowering(ctx, x, **params)
     *kept, aval = ctx.avals_out
     zeros = _zeros_of(ctx, aval)
@@ -410,14 +394,14 @@ def _output_on_root_only(lowering, in_place, ctx, x, **params):
     return [*outs[:-1], *zeros]
 
 
-def _input_on_root_only(lowering, _in_place, ctx, x, **params):
+def _input_on_root_only(lowering, ctx, x, **params):
     if not _off_root(params):
         return lowering(ctx, x, **params)
     placeholder, empty = _empty(ctx.avals_in[0])
     return _lower_replaced(lowering, ctx, [empty], params, avals_in=[placeholder])
 
 
-def _wait_on_root_only(lowering, _in_place, ctx, request_id, x, y, **params):
+def _wait_on_root_only(lowering, ctx, request_id, x, y, **params):
     # The wait of a nonblocking igather or iscatter takes again the buffer its
     # start held: off root that is the placeholder the start lowered with.
     name, started = params["start"]

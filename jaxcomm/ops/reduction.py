@@ -29,16 +29,8 @@ def _reduce_scatter_abstract_eval(aval, *, size, tiled, **_):
 allreduce_p = comm_primitive(
     "allreduce", same_as_input, "jaxcomm_allreduce", ("handle", "op"), in_place=True
 )
-# Off root MPI_Reduce writes nothing: the documented zeros there are XLA's
-# constant, made only where the program uses them (not by mpi4jax's reduce,
-# which returns x there), unless the output takes x's buffer.
 reduce_p = comm_primitive(
-    "reduce",
-    same_as_input,
-    "jaxcomm_reduce",
-    ("handle", "op", "root"),
-    in_place=True,
-    root_only="output",
+    "reduce", same_as_input, "jaxcomm_reduce", ("handle", "op", "root"), in_place=True
 )
 scan_p = comm_primitive("scan", same_as_input, "jaxcomm_scan", ("handle", "op"), in_place=True)
 exscan_p = comm_primitive(
