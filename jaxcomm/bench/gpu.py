@@ -346,8 +346,8 @@ def mpi4jax_functions(comm):
     except ImportError:
         return None, "mpi4jax is not installed"
     except Exception as err:  # noqa: BLE001 (JaxRuntimeError, and whatever a broken build raises)
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        return None, f"mpi4jax failed to load: {type(err).__name__}: {reason}"
+        first_line = (str(err).strip().splitlines() or [""])[0]
+        return None, f"mpi4jax failed to load: {type(err).__name__}: {first_line}"
     functions = op_functions(
         comm.Get_rank(),
         comm.Get_size(),

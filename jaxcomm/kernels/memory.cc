@@ -55,10 +55,10 @@ HugePage ReadHugePage() {
   }
   char text[32] = {};
   const ssize_t got = read(fd, text, sizeof(text) - 1);
-  page.error = got < 0 ? errno : 0;
+  const int read_error = got < 0 ? errno : ENODATA;
   close(fd);
   if (got <= 0) {
-    if (got == 0) page.error = ENODATA;
+    page.error = read_error;
     return page;
   }
   char* end = nullptr;

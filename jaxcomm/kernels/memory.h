@@ -118,10 +118,9 @@ void SetHugePageBytes(size_t bytes);
 
 // What the huge-page advice has done in this process: the kernel's
 // transparent huge page size (0: none, so nothing is advised, with the errno
-// of reading it), and the calls
-// of madvise(MADV_HUGEPAGE) that succeeded and that Linux refused (with the
-// errno of the last refusal), the ranges MADV_COLLAPSE moved, and whether
-// repeated refusals stopped MADV_COLLAPSE.
+// of reading it), the calls of madvise(MADV_HUGEPAGE) that succeeded and
+// that Linux refused (with the errno of the last refusal), the ranges
+// MADV_COLLAPSE moved, and whether repeated refusals stopped MADV_COLLAPSE.
 struct HugePageCounts {
   size_t page_size = 0;
   int page_size_errno = 0;
