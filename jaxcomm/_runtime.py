@@ -189,6 +189,7 @@ if os.environ.get("JAXCOMM_EMULATE_CUDA", "") not in ("", "0"):
 
 for _name, _capsule in _cpu_handlers.registrations().items():
     jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")
+jax.ffi.register_ffi_target("jaxcomm_zero_after", _kernels_cpu.zero_after(), platform="cpu")
 
 
 def register_comm(comm: MPI.Comm) -> int:

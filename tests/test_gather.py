@@ -4,6 +4,8 @@ Expected values come from numpy and ``size``; every rank passes its own data,
 so results show whose values travelled where.
 """
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -263,6 +265,33 @@ def test_gather_family_in_fori_loop(jc):
     }
     want = sum(per_iteration[i % size] for i in range(2 * size))
     np.testing.assert_allclose(float(loop(x)), want)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("op", ["gather", "gatherv", "igather"])
+def test_zeros_off_root_follow_the_call_in_a_loop(jc, op):
+    # A loop whose next carry comes from the zeros that a rank off root
+    # gets. Those zeros are ordered after the call (jaxcomm_zero_after), so
+    # the call reads the carry where it is: as a constant, unordered with the
+    # call, they made XLA copy the carry for the call and copy the zeros into
+    # the next carry, two passes over the message per iteration.
+    # Only compiled, with a root that is another rank on every rank.
+    size, root = jc.size, (jc.rank + 1) % jc.size
+    calls = {
+        "gather": lambda c: jc.gather(c, root=root),
+        "gatherv": lambda c: jc.gatherv(c, [c.shape[0]] * size, root=root),
+        "igather": lambda c: jc.wait(jc.igather(c, root=root)),
+    }
+
+    def loop(c):
+        return jax.lax.fori_loop(0, 3, lambda i, c: calls[op](c).reshape(-1)[: c.size] * 0.5, c)
+
+    hlo = jax.jit(loop).lower(jnp.ones(1 << 10, jnp.float32)).compile().as_text()
+    computations = hlo.split("\n\n")
+    (body,) = [text for text in computations if f'custom_call_target="jaxcomm_{op}' in text]
+    assert 'custom_call_target="jaxcomm_zero_after"' in body, body
+    # No copy of the message (the igather's wait copies its empty placeholder).
+    assert not re.search(r"= f32\[1024\]\S* copy\(", body), body
 
 
 @unmonitored

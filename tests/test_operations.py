@@ -125,7 +125,9 @@ def test_mpi_calls(jc, grid, op, capfd):
 
 def _lowered_targets(fn, x):
     text = jax.jit(fn).lower(x).as_text()
-    return set(re.findall(r"custom_call @jaxcomm_(\w+)\(", text))
+    # jaxcomm_zero_after is no operation's: it makes the zeros off root of
+    # gather's rows (tests/test_gather.py).
+    return set(re.findall(r"custom_call @jaxcomm_(\w+)\(", text)) - {"zero_after"}
 
 
 @pytest.mark.mpi

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -136,6 +137,22 @@ auto SharedBinding() { return PlatformBinding().Attr<int64_t>("site").Attr<int64
 #include "ops.def"
 #undef JAXCOMM_OP
 
+#ifndef JAXCOMM_CUDA
+// Not an operation: the zero that the zeros an op returns off root are
+// broadcast from (ops/_base.py, _zeros_after). It takes the token of the
+// call before it, so XLA computes those zeros after that call and cannot
+// fold them into a constant. CPU only.
+namespace {
+xla::ffi::Error ZeroAfterImpl(xla::ffi::Token, xla::ffi::Result<xla::ffi::AnyBuffer> out) {
+  std::memset(out->untyped_data(), 0, out->size_bytes());
+  return xla::ffi::Error::Success();
+}
+}  // namespace
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxcommZeroAfter, ZeroAfterImpl,
+    xla::ffi::Ffi::Bind().Arg<xla::ffi::Token>().Ret<xla::ffi::AnyBuffer>());
+#endif
+
 #if defined(JAXCOMM_CUDA_EMULATION)
 #define JAXCOMM_MODULE _kernels_cuda_emulated
 long EmulatedHostAllocations();
@@ -214,6 +231,9 @@ PYBIND11_MODULE(JAXCOMM_MODULE, m) {
         "(emulated runtime: work still queued on the stream).");
 #endif
 #else
+  m.def(
+      "zero_after", []() { return py::capsule(reinterpret_cast<void*>(JaxcommZeroAfter)); },
+      "The FFI handler of jaxcomm_zero_after: a token in, a zero-filled result out.");
   m.def(
       "register_comm",
       [](int64_t fortran_handle) {

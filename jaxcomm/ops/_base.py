@@ -100,8 +100,8 @@ def comm_primitive(
             kernel then gets an empty placeholder in its place
             (``_placeholder``), so that the call costs that rank memory of the
             size of what it sends or receives, not of the communicator's size.
-            Off root, the op's documented zeros (``"output"``) are a constant
-            that XLA materialises only where the program uses them, and the
+            Off root, the op's documented zeros (``"output"``) are XLA's,
+            made after the call only where the program uses them, and the
             operand (``"input"``) is not consumed, so XLA can drop the
             computation that made it.
     """
@@ -159,8 +159,12 @@ def _own_output_pays(ctx, operand):
     1.21x to 1.41x as long unaliased from 1 to 64 MiB, `scan` 1.07x to
     1.34x, `bcast` level).
     """
-    platforms = tuple(getattr(ctx.module_context, "platforms", ()) or ())
-    return platforms == ("cpu",) and _compat.kept_argument(operand)
+    return _platforms(ctx) == ("cpu",) and _compat.kept_argument(operand)
+
+
+def _platforms(ctx):
+    """The platforms ``ctx``'s module is lowered for."""
+    return tuple(getattr(ctx.module_context, "platforms", ()) or ())
 
 
 # One device per process --------------------------------------------------------
@@ -368,13 +372,31 @@ def _off_root(params):
     return rank_of(params["handle"]) != params["root"]
 
 
-def _zeros_of(ctx, aval):
-    """Zeros of ``aval``, lowered as a constant XLA materialises only where they are used.
+def _zeros_after(ctx, aval):
+    """The op's documented zeros off root, made after the call ``ctx`` lowered.
 
-    Made before the call sets ctx's token, which a replaced ctx would copy.
+    They are XLA's, a broadcast it materialises only where the program uses
+    them. On the CPU they are broadcast from the zero of ``jaxcomm_zero_after``,
+    a custom call that takes the call's token, so that XLA orders them after
+    the call. As a constant they were ordered neither before nor after it:
+    in a loop whose next carry is these zeros, XLA then copied the carry for
+    the call to read and copied the zeros into the next carry, two passes
+    over the message per iteration on the ranks off root (docs/benchmarks.md,
+    `gather` in a loop).
     """
-    zeros = mlir.lower_fun(lambda: [jnp.zeros(aval.shape, aval.dtype)], multiple_results=True)
-    return zeros(ctx.replace(avals_in=[], avals_out=[aval]))
+    replaced = {"avals_out": [aval], "tokens_out": None}
+    zeros = partial(jnp.broadcast_to, shape=aval.shape)
+    if _platforms(ctx) != ("cpu",):
+        constant = mlir.lower_fun(lambda: [zeros(jnp.zeros((), aval.dtype))], multiple_results=True)
+        return constant(ctx.replace(avals_in=[], **replaced))
+    scalar = jax.core.ShapedArray((), aval.dtype)
+    token = ctx.tokens_out.get(_compat.mpi_effect)
+    zero_after = jax.ffi.ffi_lowering("jaxcomm_zero_after")
+    (zero,) = zero_after(
+        ctx.replace(avals_in=[_compat.abstract_token], avals_out=[scalar], tokens_out=None), token
+    )
+    broadcast = mlir.lower_fun(lambda z: [zeros(z)], multiple_results=True)
+    return broadcast(ctx.replace(avals_in=[scalar], **replaced), zero)
 
 
 def _empty(aval):
@@ -389,9 +411,8 @@ def _output_on_root_only(lowering, ctx, x, **params):
     if not _off_root(params):
         return lowering(ctx, x, **params)
     *kept, aval = ctx.avals_out
-    zeros = _zeros_of(ctx, aval)
     outs = _lower_replaced(lowering, ctx, [x], params, avals_out=[*kept, _placeholder(aval)])
-    return [*outs[:-1], *zeros]
+    return [*outs[:-1], *_zeros_after(ctx, aval)]
 
 
 def _input_on_root_only(lowering, ctx, x, **params):
@@ -413,11 +434,10 @@ def _wait_on_root_only(lowering, ctx, request_id, x, y, **params):
         placeholder, empty = _empty(x_aval)
         args = [request_id, empty, y]
         return _lower_replaced(lowering, ctx, args, params, avals_in=[id_aval, placeholder, y_aval])
-    zeros = _zeros_of(ctx, ctx.avals_out[0])
     placeholder, empty = _empty(y_aval)
     avals = {"avals_in": [id_aval, x_aval, placeholder], "avals_out": [placeholder]}
     _lower_replaced(lowering, ctx, [request_id, x, empty], params, **avals)
-    return zeros
+    return _zeros_after(ctx, ctx.avals_out[0])
 
 
 def _lower_replaced(lowering, ctx, args, params, **avals):
