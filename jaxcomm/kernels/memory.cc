@@ -13,6 +13,7 @@
 #include <mutex>
 #include <system_error>
 #include <thread>
+#include <utility>
 
 namespace jaxcomm {
 
@@ -31,6 +32,7 @@ std::atomic<uint64_t> advised_calls{0};
 std::atomic<uint64_t> refused_calls{0};
 std::atomic<int> last_refusal{0};
 std::atomic<uint64_t> collapsed_calls{0};
+std::atomic<uint64_t> advised_ends{0};
 
 #ifdef MADV_COLLAPSE
 constexpr int kMadvCollapse = MADV_COLLAPSE;
@@ -78,6 +80,50 @@ const HugePage& TheHugePage() {
 
 size_t HugePageSize() { return TheHugePage().size; }
 
+#ifdef MADV_HUGEPAGE
+// MADV_HUGEPAGE, then MADV_COLLAPSE, on [start, end), whole huge pages.
+// `ends`: the pages that hold a buffer's ends (AdviseHugePages), which may
+// reach past any mapping; their refusals are not counted.
+void AdviseRange(uintptr_t start, uintptr_t end, bool ends) {
+  void* range = reinterpret_cast<void*>(start);
+  if (madvise(range, end - start, MADV_HUGEPAGE) == 0) {
+    (ends ? advised_ends : advised_calls).fetch_add(1, std::memory_order_relaxed);
+  } else {
+    if (ends) return;
+    last_refusal.store(errno, std::memory_order_relaxed);
+    refused_calls.fetch_add(1, std::memory_order_relaxed);
+  }
+  if (collapse_refusals.load(std::memory_order_relaxed) >= kMaxCollapseRefusals) return;
+  if (madvise(range, end - start, kMadvCollapse) == 0) {
+    collapse_refusals.store(0, std::memory_order_relaxed);
+    collapsed_calls.fetch_add(1, std::memory_order_relaxed);
+  } else if (!ends && (errno == EAGAIN || errno == ENOMEM)) {
+    collapse_refusals.fetch_add(1, std::memory_order_relaxed);
+  }
+  // EINVAL is not counted: a kernel without MADV_COLLAPSE answers it at
+  // once, and Linux 6.18 also answered it here for some of XLA's buffers,
+  // beside others it collapsed, in a benchmark that ran faster for them.
+}
+
+// The last few buffers whose ends AdviseHugePages left alone.
+constexpr int kRecentBuffers = 4;
+std::mutex recent_mutex;
+std::pair<uintptr_t, size_t> recent[kRecentBuffers] = {};
+int recent_next = 0;
+
+// Whether the buffer [begin, begin + bytes) is one of the recent ones;
+// remembers it where it is not.
+bool SeenLately(uintptr_t begin, size_t bytes) {
+  std::lock_guard<std::mutex> lock(recent_mutex);
+  for (const auto& buffer : recent) {
+    if (buffer.first == begin && buffer.second == bytes) return true;
+  }
+  recent[recent_next] = {begin, bytes};
+  recent_next = (recent_next + 1) % kRecentBuffers;
+  return false;
+}
+#endif
+
 // Advises Linux to back the whole huge pages inside a host buffer of at
 // least HugePageBytes() with transparent huge pages, as NumPy does for its
 // own arrays (so mpi4py's buffers are on them). MADV_HUGEPAGE covers the
@@ -87,10 +133,21 @@ size_t HugePageSize() { return TheHugePage().size; }
 // written (a loop's carry, an argument) onto huge pages; on a range that is
 // on them already it returns at once, so a buffer used call after call is
 // collapsed once. MPI's single-copy transfers then walk one page-table entry
-// per huge page. Only whole huge pages inside the buffer are advised, so no
-// neighbouring memory is touched. Best effort: where Linux refuses (no THP
-// or THP set to "never", an older kernel, no free huge page), nothing
-// changes, and repeated refusals of MADV_COLLAPSE stop its use.
+// per huge page. Best effort: where Linux refuses (no THP or THP set to
+// "never", an older kernel, no free huge page), nothing changes, and
+// repeated refusals of MADV_COLLAPSE stop its use.
+//
+// XLA aligns its buffers to 64 bytes, so a buffer's ends lie in huge pages
+// it shares with its neighbours: half of a 4 MiB buffer. The pages of the
+// ends are advised too, neighbours and all, once the same buffer comes
+// again within kRecentBuffers calls (a loop's carry, a kept argument, a
+// result XLA places where an earlier one was): collapsing them for every
+// fresh result cost jitted calls far more than it saved (docs/benchmarks.md,
+// "Loops at 4 MiB"). Only below kEndsBelow huge pages: above, the ends are
+// a small part of the buffer, and from glibc's mmap threshold on each
+// buffer is a fresh mapping, whose ends collapsed call after call.
+constexpr uintptr_t kEndsBelow = 8;
+
 void AdviseHugePages(const void* data, size_t bytes) {
 #ifdef MADV_HUGEPAGE
   const size_t from = huge_page_bytes.load(std::memory_order_relaxed);
@@ -100,23 +157,13 @@ void AdviseHugePages(const void* data, size_t bytes) {
   const uintptr_t start = (begin + huge - 1) & ~(huge - 1);
   const uintptr_t end = (begin + bytes) & ~(huge - 1);
   if (end <= start) return;
-  void* range = reinterpret_cast<void*>(start);
-  if (madvise(range, end - start, MADV_HUGEPAGE) == 0) {
-    advised_calls.fetch_add(1, std::memory_order_relaxed);
-  } else {
-    last_refusal.store(errno, std::memory_order_relaxed);
-    refused_calls.fetch_add(1, std::memory_order_relaxed);
-  }
-  if (collapse_refusals.load(std::memory_order_relaxed) >= kMaxCollapseRefusals) return;
-  if (madvise(range, end - start, kMadvCollapse) == 0) {
-    collapse_refusals.store(0, std::memory_order_relaxed);
-    collapsed_calls.fetch_add(1, std::memory_order_relaxed);
-  } else if (errno == EAGAIN || errno == ENOMEM) {
-    collapse_refusals.fetch_add(1, std::memory_order_relaxed);
-  }
-  // EINVAL is not counted: a kernel without MADV_COLLAPSE answers it at
-  // once, and Linux 6.18 also answered it here for some of XLA's buffers,
-  // beside others it collapsed, in a benchmark that ran faster for them.
+  AdviseRange(start, end, false);
+  const uintptr_t head = begin & ~(huge - 1);
+  const uintptr_t tail = (begin + bytes + huge - 1) & ~(huge - 1);
+  if ((head == start && tail == end) || bytes >= kEndsBelow * huge) return;
+  if (!SeenLately(begin, bytes)) return;
+  if (head < start) AdviseRange(head, start, true);
+  if (end < tail) AdviseRange(end, tail, true);
 #endif
 }
 
@@ -233,6 +280,7 @@ HugePageCounts HugePageAdvice() {
   counts.refused = refused_calls.load(std::memory_order_relaxed);
   counts.last_errno = last_refusal.load(std::memory_order_relaxed);
   counts.collapsed = collapsed_calls.load(std::memory_order_relaxed);
+  counts.advised_ends = advised_ends.load(std::memory_order_relaxed);
   counts.collapse_stopped =
       collapse_refusals.load(std::memory_order_relaxed) >= kMaxCollapseRefusals;
   return counts;

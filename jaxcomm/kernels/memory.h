@@ -120,7 +120,8 @@ void SetHugePageBytes(size_t bytes);
 // transparent huge page size (0: none, so nothing is advised, with the errno
 // of reading it), the calls of madvise(MADV_HUGEPAGE) that succeeded and
 // that Linux refused (with the errno of the last refusal), the ranges
-// MADV_COLLAPSE moved, and whether repeated refusals stopped MADV_COLLAPSE.
+// MADV_COLLAPSE moved, whether repeated refusals stopped MADV_COLLAPSE, and
+// the ranges of a buffer's ends advised (AdviseHugePages, memory.cc).
 struct HugePageCounts {
   size_t page_size = 0;
   int page_size_errno = 0;
@@ -129,6 +130,7 @@ struct HugePageCounts {
   int last_errno = 0;
   uint64_t collapsed = 0;
   bool collapse_stopped = false;
+  uint64_t advised_ends = 0;
 };
 HugePageCounts HugePageAdvice();
 

@@ -369,12 +369,14 @@ PYBIND11_MODULE(JAXCOMM_MODULE, m) {
         d["last_errno"] = c.last_errno;
         d["collapsed"] = c.collapsed;
         d["collapse_stopped"] = c.collapse_stopped;
+        d["advised_ends"] = c.advised_ends;
         return d;
       },
       "What the huge-page advice has done in this process: the transparent huge "
       "page size (0: none, nothing advised; page_size_errno: why), "
       "madvise(MADV_HUGEPAGE) calls that "
       "succeeded and were refused (last_errno: the last refusal's), ranges "
-      "MADV_COLLAPSE moved, and whether refusals stopped MADV_COLLAPSE.");
+      "MADV_COLLAPSE moved, whether refusals stopped MADV_COLLAPSE, and "
+      "advised_ends: the ranges of buffers' ends advised (a buffer seen again).");
 #endif
 }
