@@ -384,19 +384,18 @@ def _zeros_after(ctx, aval):
     over the message per iteration on the ranks off root (docs/benchmarks.md,
     `gather` in a loop).
     """
-    replaced = {"avals_out": [aval], "tokens_out": None}
-    zeros = partial(jnp.broadcast_to, shape=aval.shape)
-    if _platforms(ctx) != ("cpu",):
-        constant = mlir.lower_fun(lambda: [zeros(jnp.zeros((), aval.dtype))], multiple_results=True)
-        return constant(ctx.replace(avals_in=[], **replaced))
     scalar = jax.core.ShapedArray((), aval.dtype)
-    token = ctx.tokens_out.get(_compat.mpi_effect)
-    zero_after = jax.ffi.ffi_lowering("jaxcomm_zero_after")
-    (zero,) = zero_after(
-        ctx.replace(avals_in=[_compat.abstract_token], avals_out=[scalar], tokens_out=None), token
-    )
-    broadcast = mlir.lower_fun(lambda z: [zeros(z)], multiple_results=True)
-    return broadcast(ctx.replace(avals_in=[scalar], **replaced), zero)
+    if _platforms(ctx) == ("cpu",):
+        token = ctx.tokens_out.get(_compat.mpi_effect)
+        zero_after = jax.ffi.ffi_lowering("jaxcomm_zero_after")
+        (zero,) = zero_after(
+            ctx.replace(avals_in=[_compat.abstract_token], avals_out=[scalar], tokens_out=None),
+            token,
+        )
+    else:
+        zero = mlir.ir_constant(np.zeros((), aval.dtype))
+    broadcast = mlir.lower_fun(lambda z: [jnp.broadcast_to(z, aval.shape)], multiple_results=True)
+    return broadcast(ctx.replace(avals_in=[scalar], avals_out=[aval], tokens_out=None), zero)
 
 
 def _empty(aval):
