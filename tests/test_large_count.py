@@ -198,6 +198,27 @@ def test_gather_family_large_blocks(jc, small_cap, dtype):
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("n", SIZES)
+def test_nonblocking_reductions_past_the_cap(jc, small_cap, n, capfd):
+    # Predefined reductions take no derived datatype: past the cap the
+    # nonblocking reductions start one MPI call per piece, as the blocking
+    # ones make, and the wait completes them all.
+    size, rank = jc.size, jc.rank
+    x = jnp.asarray(rank_data(rank, (n,), np.float32))
+    with mpi_debug():
+        summed, reduced, scanned = jc.waitall([jc.iallreduce(x), jc.ireduce(x), jc.iscan(x)])
+    want = total(size, n, np.float32, MPI.SUM)
+    np.testing.assert_array_equal(np.asarray(summed), want)
+    np.testing.assert_array_equal(np.asarray(reduced), want if rank == 0 else 0 * want)
+    np.testing.assert_array_equal(np.asarray(scanned), total(rank + 1, n, np.float32, MPI.SUM))
+    lines = [line.split(" | ")[1] for line in capfd.readouterr().err.splitlines() if " | " in line]
+    counts = [CAP] * (n // CAP) + ([n % CAP] if n % CAP else [])
+    assert [line for line in lines if line.startswith("MPI_Iallreduce")] == [
+        f"MPI_Iallreduce op SUM count {c} float32" for c in counts
+    ]
+
+
+@pytest.mark.mpi
 def test_nonblocking_blocks_past_the_cap(jc, small_cap):
     # The block starts move blocks of 45 elements as one derived-datatype
     # element each; ialltoallv, whose int displacements no datatype widens,

@@ -95,6 +95,52 @@ def test_bcast_and_allgather(jc, pipelined, dtype, n, mode):
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("dtype", ["float32", "int8", "complex128"])
+def test_nonblocking_reductions_and_bcast(jc, pipelined, dtype, n, mode):
+    # The starts make one MPI call per piece, and the wait completes the
+    # pieces in order and moves each to the output (on a GPU, as it completes).
+    dtype = _dtype(dtype)
+    rank, size = jc.rank, jc.size
+    every = _data(size, n, dtype)
+    x = jnp.asarray(every[rank])
+    root = size - 1
+
+    def run(v):
+        return jc.waitall(
+            [jc.iallreduce(v), jc.ireduce(v, root=root), jc.iscan(v), jc.ibcast(v, root=root)]
+        )
+
+    total, reduced, scanned, sent = MODES[mode](run)(x)
+    np.testing.assert_array_equal(np.asarray(total), _sum(every, n, dtype))
+    want = _sum(every, n, dtype) if rank == root else np.zeros(n, dtype)
+    np.testing.assert_array_equal(np.asarray(reduced), want)
+    np.testing.assert_array_equal(np.asarray(scanned), _sum(every[: rank + 1], n, dtype))
+    np.testing.assert_array_equal(np.asarray(sent), every[root])
+    unchanged(x, every[rank])
+
+
+@pytest.mark.mpi
+def test_nonblocking_work_between_start_and_wait(jc, pipelined):
+    # The input is computed just before the start and the output used just
+    # after the wait, with computation on other values in between.
+    size = jc.size
+    every = _data(size, 50, np.float32)
+    x = jnp.asarray(every[jc.rank])
+
+    @jax.jit
+    def run(v):
+        request = jc.iallreduce(v * 2)
+        other = jnp.sin(v) * 3
+        return jc.wait(request) + 1, other
+
+    total, other = run(x)
+    np.testing.assert_array_equal(np.asarray(total), _sum(every, 50, np.float32) * 2 + 1)
+    np.testing.assert_allclose(np.asarray(other), np.sin(every[jc.rank]) * 3, rtol=1e-6)
+
+
+@pytest.mark.mpi
 def test_in_a_loop_the_carry_is_reduced_in_place(jc, pipelined):
     # The loop's carry is aliased to the result: the pieces are read from and
     # written back to the same buffer, and each step starts from the last.
@@ -130,6 +176,25 @@ def test_one_mpi_call_per_piece(jc, pipelined, capfd):
         + ["MPI_Allgather count 6 float32"] * 2
         + ["MPI_Allreduce op SUM count 11 float32"]
     )
+
+
+@pytest.mark.mpi
+def test_one_nonblocking_mpi_call_per_piece(jc, pipelined, capfd):
+    with mpi_debug():
+        jc.wait(jc.iallreduce(jnp.ones(50, jnp.float32))).block_until_ready()
+        jc.wait(jc.ibcast(jnp.ones(13, jnp.float32), root=0)).block_until_ready()
+        jc.wait(jc.iscan(jnp.ones(11, jnp.float32))).block_until_ready()
+    lines = [line.split(" | ")[1] for line in capfd.readouterr().err.splitlines() if " | " in line]
+    calls = [line for line in lines if not line.startswith("MPI_Wait")]
+    assert calls == (
+        ["MPI_Iallreduce op SUM count 6 float32"] * 8
+        + ["MPI_Iallreduce op SUM count 2 float32"]
+        + ["MPI_Ibcast root 0 count 6 float32"] * 2
+        + ["MPI_Ibcast root 0 count 1 float32"]
+        + ["MPI_Iscan op SUM count 11 float32"]
+    )
+    # One wait per request, whatever its pieces.
+    assert len(lines) - len(calls) == 3
 
 
 @pytest.mark.mpi

@@ -446,20 +446,23 @@ ffi::Error CudaMemory::CopyIn(Staged& staged, size_t offset, const void* source,
   return ffi::Error::Success();
 }
 
+ffi::Error CudaMemory::UseArena() {
+  if (arena_ != nullptr) return ffi::Error::Success();
+  arena_ = AcquireArena(device_);
+  ffi::Error begun = arena_->Begin(stream_);
+  if (begun.failure()) {
+    ReleaseArena(arena_);
+    arena_ = nullptr;
+  }
+  return begun;
+}
+
 ffi::Error CudaMemory::Stage(void* device, size_t bytes, bool copy_in, bool copy_out, void** host) {
   JAXCOMM_RETURN_IF_ERROR(init_error_);
   if (num_staged_ == kMaxStaged) {
     return ffi::Error::Internal("jaxcomm: too many staged buffers in one call");
   }
-  if (arena_ == nullptr) {
-    arena_ = AcquireArena(device_);
-    ffi::Error begun = arena_->Begin(stream_);
-    if (begun.failure()) {
-      ReleaseArena(arena_);
-      arena_ = nullptr;
-      return begun;
-    }
-  }
+  JAXCOMM_RETURN_IF_ERROR(UseArena());
   char* data;
   JAXCOMM_RETURN_IF_ERROR(arena_->Take(bytes, &data));
   Staged& staged = staged_[num_staged_++];
@@ -602,14 +605,28 @@ ffi::Error CudaMemory::Hold(void* buffer, size_t bytes, bool copy_in, Held* held
     *data = buffer;
     return ffi::Error::Success();
   }
+  const bool pieced = copy_in && piece_ > 0 && bytes > piece_;
+  if (pieced) {
+    // The pieces' events come from the call's arena, and Arrived finds the
+    // block among the call's staged buffers.
+    if (num_staged_ == kMaxStaged) {
+      return ffi::Error::Internal("jaxcomm: too many staged buffers in one call");
+    }
+    JAXCOMM_RETURN_IF_ERROR(UseArena());
+  }
   HeldBlock* block;
   JAXCOMM_RETURN_IF_ERROR(TakeBlock(device_, bytes, &block));
   held->staging = block;
+  *data = block->data;
+  if (pieced) {
+    Staged& staged = staged_[num_staged_++];
+    staged = Staged{buffer, block->data, bytes, 0};
+    return CopyIn(staged, 0, buffer, bytes);
+  }
   if (copy_in && bytes > 0) {
     JAXCOMM_CUDA_CHECK(cudaMemcpyAsync, block->data, buffer, bytes, cudaMemcpyDeviceToHost,
                        stream_);
   }
-  *data = block->data;
   return ffi::Error::Success();
 }
 
@@ -633,22 +650,42 @@ ffi::Error CudaMemory::HoldOutput(ffi::AnyBuffer& y, void** data, Held* held) {
   return ffi::Error::Success();
 }
 
+ffi::Error CudaMemory::Deliver(Held& held, ffi::AnyBuffer& out, size_t upto) {
+  HeldBlock* block = static_cast<HeldBlock*>(held.staging);
+  if (block == nullptr) return ffi::Error::Success();
+  JAXCOMM_RETURN_IF_ERROR(init_error_);
+  if (upto > out.size_bytes()) upto = out.size_bytes();
+  if (upto <= held.delivered) return ffi::Error::Success();
+  // On XLA's stream, which has run everything before the wait already (the
+  // wait read its handle): the copy starts at once, beside the MPI calls
+  // still to come.
+  JAXCOMM_CUDA_CHECK(cudaMemcpyAsync, static_cast<char*>(out.untyped_data()) + held.delivered,
+                     block->data + held.delivered, upto - held.delivered, cudaMemcpyHostToDevice,
+                     stream_);
+  held.delivered = upto;
+  return ffi::Error::Success();
+}
+
 ffi::Error CudaMemory::Unhold(Held& held, ffi::AnyBuffer* out, size_t filled) {
   HeldBlock* block = static_cast<HeldBlock*>(held.staging);
-  const void* source = block != nullptr ? block->data : held.buffer;
+  const char* source = static_cast<const char*>(block != nullptr ? block->data : held.buffer);
+  // What Deliver sent already (only ever from a block, whose copies then
+  // read it after this call whatever happens here).
+  const size_t delivered = held.delivered;
   held = Held{};
   ffi::Error error = init_error_;
-  bool copied = false;
+  bool copied = delivered > 0;
   if (out != nullptr && error.success()) {
     if (filled > out->size_bytes()) filled = out->size_bytes();
-    if (filled > 0 && out->untyped_data() != source) {
+    if (filled > delivered && out->untyped_data() != source) {
       const cudaError_t rc = cudaMemcpyAsync(
-          out->untyped_data(), source, filled,
-          block != nullptr ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToDevice, stream_);
+          static_cast<char*>(out->untyped_data()) + delivered, source + delivered,
+          filled - delivered, block != nullptr ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToDevice,
+          stream_);
       if (rc != cudaSuccess) error = CudaFailure("cudaMemcpyAsync", rc);
-      copied = block != nullptr && rc == cudaSuccess;
+      copied = copied || (block != nullptr && rc == cudaSuccess);
     }
-    if (error.success()) error = ZeroFrom(*out, filled);
+    if (error.success()) error = ZeroFrom(*out, filled > delivered ? filled : delivered);
   }
   if (block == nullptr) return error;
   // A copy from the block runs after this call returned: the pool reuses the

@@ -74,6 +74,7 @@ class CudaMemory final : public Memory {
   ffi::Error HoldInput(const ffi::AnyBuffer& x, const void** data, Held* held) override;
   ffi::Error HoldOutput(ffi::AnyBuffer& y, void** data, Held* held) override;
   ffi::Error Unhold(Held& held, ffi::AnyBuffer* out, size_t filled) override;
+  ffi::Error Deliver(Held& held, ffi::AnyBuffer& out, size_t upto) override;
 
  private:
   // A device buffer and its host copy; `copy_back` leading bytes go back to
@@ -92,6 +93,8 @@ class CudaMemory final : public Memory {
   };
   static constexpr int kMaxStaged = 4;
 
+  // Takes the call's staging arena, once.
+  ffi::Error UseArena();
   ffi::Error Stage(void* device, size_t bytes, bool copy_in, bool copy_out, void** host);
   // The pointer MPI uses for a device buffer: the buffer itself on the direct
   // path, else its staged host copy.
@@ -112,7 +115,8 @@ class CudaMemory final : public Memory {
   ffi::Error WaitFor(cudaEvent_t event);
   // The pointer MPI uses for a nonblocking request's buffer until Unhold:
   // the buffer itself on the direct path, else a pinned block of its own
-  // (holding a copy of the buffer if `copy_in`).
+  // (holding a copy of the buffer if `copy_in`, made piece by piece when the
+  // start is pipelined, for Arrived).
   ffi::Error Hold(void* buffer, size_t bytes, bool copy_in, Held* held, void** data);
 
   cudaStream_t stream_;

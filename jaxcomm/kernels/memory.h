@@ -20,6 +20,7 @@ struct Held {
   void* buffer = nullptr;
   size_t bytes = 0;
   void* staging = nullptr;  // null: MPI uses `buffer`
+  size_t delivered = 0;     // leading bytes Deliver already sent to the output
 };
 
 // The platform layer: where one handler call's buffers live and how MPI
@@ -92,6 +93,14 @@ class Memory {
   // then the held memory is given back and `held` emptied. Also for a start
   // that failed (out null).
   virtual ffi::Error Unhold(Held& held, ffi::AnyBuffer* out, size_t filled) = 0;
+  // At the wait of a request cut into pieces, once MPI completed the pieces
+  // that cover its first `upto` bytes: may start those bytes' way from the
+  // held output to `out` now, while MPI finishes the others. Unhold then
+  // moves only what is left. Where MPI wrote `out` itself, or the host's
+  // Unhold copies all at once, it does nothing.
+  virtual ffi::Error Deliver(Held& /*held*/, ffi::AnyBuffer& /*out*/, size_t /*upto*/) {
+    return ffi::Error::Success();
+  }
 
   // Input and Output typed for pointer arithmetic on elements.
   ffi::Error Read(const ffi::AnyBuffer& x, void** data) {

@@ -60,6 +60,12 @@ struct Slot {
   uint32_t serial = 0;
   Kind kind = Kind::kSend;
   MPI_Request data = MPI_REQUEST_NULL;
+  // A collective cut into pieces (pipelining, or more elements than one MPI
+  // call counts): one request per piece, in order, instead of `data`, each
+  // covering `piece_bytes` of the receive buffer (the last one the rest).
+  // Their capacity stays with the slot.
+  std::vector<MPI_Request> pieces;
+  size_t piece_bytes = 0;
   // Checking a receive: the receive of the sender's signature, posted at
   // the start (kPosted) or made at the wait once the message told where it
   // came from (kAtWait: wildcard receives).
@@ -240,7 +246,11 @@ class Start {
   Start(const Start&) = delete;
   Start& operator=(const Start&) = delete;
   ~Start() {
-    if (slot_ != nullptr && !started_) GiveBack(memory_, index_);
+    if (slot_ == nullptr || started_) return;
+    // Pieces MPI has started still use the held memory: the other ranks
+    // start them too, so they complete.
+    for (MPI_Request& piece : slot_->pieces) (void)MPI_Wait(&piece, MPI_STATUS_IGNORE);
+    GiveBack(memory_, index_);
   }
 
   // Takes a slot for a request with `peer` (dest, source or root; kNoPeer
@@ -265,6 +275,8 @@ class Start {
     s.send = Held{};
     s.recv = Held{};
     s.counts.clear();
+    s.pieces.clear();
+    s.piece_bytes = 0;
     s.error.clear();
     ffi::Error written = WriteHandle(memory_, handle, index_, serial);
     if (written.failure()) {
@@ -302,6 +314,14 @@ class Start {
   Slot& slot() { return *slot_; }
   MPI_Request* request() { return &slot_->data; }
 
+  // A collective in pieces of `piece_bytes` of the receive buffer: the
+  // request of the next piece's MPI call.
+  void Pieces(size_t piece_bytes) { slot_->piece_bytes = piece_bytes; }
+  MPI_Request* NextPiece() {
+    slot_->pieces.push_back(MPI_REQUEST_NULL);
+    return &slot_->pieces.back();
+  }
+
   // After the MPI call that started the request.
   ffi::Error Started() {
     started_ = true;
@@ -316,15 +336,6 @@ class Start {
   Slot* slot_ = nullptr;
   bool started_ = false;
 };
-
-// Element count of a collective's buffer that MPI takes as one int count.
-ffi::Error OneCount(const Call& call, size_t count) {
-  if (count <= MaxCount()) return ffi::Error::Success();
-  return call.Invalid(std::to_string(count) +
-                      " elements are more than one "
-                      "nonblocking reduction can take (" +
-                      std::to_string(MaxCount()) + "); use the blocking form");
-}
 
 }  // namespace
 
@@ -422,10 +433,35 @@ ffi::Error IrecvImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffe
 
 namespace {
 
+// Starts a collective whose elements move independently (a reduction, a
+// broadcast) in pieces of `piece` elements of `width` bytes, `count` in all:
+// `begin(offset, n, request)` starts the MPI call on the n elements from
+// `offset`, once MPI's memory holds the piece's input at `in` (Arrived: on a
+// GPU the staging copies of the later pieces are still running). The wait
+// completes the pieces in order and sends each on its way to the output as
+// it completes (Memory::Deliver).
+template <typename Begin>
+ffi::Error StartInPieces(Start& start, Memory& memory, const void* in, size_t count, size_t width,
+                         size_t piece, Begin begin) {
+  start.Pieces(piece * width);
+  JAXCOMM_RETURN_IF_ERROR(ForEachChunk(
+      count,
+      [&](size_t offset, int n) {
+        JAXCOMM_RETURN_IF_ERROR(
+            memory.Arrived(static_cast<const char*>(in) + offset * width, n * width));
+        return begin(offset, n, start.NextPiece());
+      },
+      piece));
+  return start.Started();
+}
+
 // The element-wise nonblocking reductions: y takes the reduction of every
 // rank's x, where `reduce(in, out, count, datatype, mpi_op, request)` starts
 // it (MPI_Iallreduce's arguments but the communicator). With a `root`
 // (MPI_Ireduce), MPI writes only root's y; the others' waits give zeros.
+// Predefined reductions take no derived datatypes: a message pipelined, or
+// of more elements than one call counts, is reduced in pieces, as by the
+// blocking forms.
 template <typename Reduce>
 ffi::Error StartReduction(const Call& call, Memory& memory, const char* function, ffi::AnyBuffer& x,
                           ffi::AnyBuffer& handle, ffi::AnyBuffer& y, int64_t op, int64_t root,
@@ -434,13 +470,16 @@ ffi::Error StartReduction(const Call& call, Memory& memory, const char* function
   if (root != kNoPeer) announced.Root(root);
   JAXCOMM_RETURN_IF_ERROR(call.Announce(announced));
   JAXCOMM_RETURN_IF_ERROR(CheckOutput(call, x, y, x.element_count(), LikeTheInput));
-  JAXCOMM_RETURN_IF_ERROR(OneCount(call, x.element_count()));
   MPI_Datatype dtype;
   MPI_Op mpi_op;
   JAXCOMM_RETURN_IF_ERROR(MpiDatatype(x.element_type(), &dtype));
   JAXCOMM_RETURN_IF_ERROR(MpiReduceOp(op, x.element_type(), call.comm(), &mpi_op));
   // jaxcomm's own ops run on the host, whatever the data path.
   if (IsOwnReduceOp(op, x.element_type())) memory.RequireHost();
+  const size_t count = x.element_count();
+  const size_t width = ffi::ByteWidth(x.element_type());
+  const size_t pipelined = PieceElements(count, width);
+  if (pipelined < count) memory.Pipeline(pipelined * width);
   Start start(call, memory, Kind::kCollective);
   JAXCOMM_RETURN_IF_ERROR(start.Begin(root, 0, x, handle));
   start.slot().undefined = root != kNoPeer && call.rank() != root;
@@ -449,14 +488,20 @@ ffi::Error StartReduction(const Call& call, Memory& memory, const char* function
   JAXCOMM_RETURN_IF_ERROR(start.HoldInput(x, &in));
   JAXCOMM_RETURN_IF_ERROR(start.HoldOutput(y, &out));
   JAXCOMM_RETURN_IF_ERROR(memory.Ready());
-  call.Log([&] {
-    const std::string rooted = root == kNoPeer ? "" : " root " + std::to_string(root);
-    return std::string(function) + " op " + ReduceOpName(op) + rooted + " " +
-           Elements(x.element_count(), x.element_type());
-  });
-  const int rc =
-      reduce(in, out, static_cast<int>(x.element_count()), dtype, mpi_op, start.request());
-  if (rc != MPI_SUCCESS) return MpiFailure(function, rc, call);
+  auto begin = [&](size_t offset, int n, MPI_Request* request) {
+    call.Log([&] {
+      const std::string rooted = root == kNoPeer ? "" : " root " + std::to_string(root);
+      return std::string(function) + " op " + ReduceOpName(op) + rooted + " " +
+             Elements(n, x.element_type());
+    });
+    const int rc = reduce(static_cast<const char*>(in) + offset * width,
+                          static_cast<char*>(out) + offset * width, n, dtype, mpi_op, request);
+    if (rc != MPI_SUCCESS) return MpiFailure(function, rc, call);
+    return ffi::Error::Success();
+  };
+  const size_t piece = std::min(pipelined, MaxCount());
+  if (piece < count) return StartInPieces(start, memory, in, count, width, piece, begin);
+  JAXCOMM_RETURN_IF_ERROR(begin(0, static_cast<int>(count), start.request()));
   return start.Started();
 }
 
@@ -498,8 +543,10 @@ ffi::Error IbcastImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuff
                       ffi::Result<ffi::AnyBuffer> y, int64_t root) {
   JAXCOMM_RETURN_IF_ERROR(call.Announce(Collective::Of(x).Root(root)));
   JAXCOMM_RETURN_IF_ERROR(CheckOutput(call, x, *y, x.element_count(), LikeTheInput));
-  LargeType type;
-  JAXCOMM_RETURN_IF_ERROR(LargeType::Make(x.element_type(), x.element_count(), call.comm(), &type));
+  const size_t count = x.element_count();
+  const size_t width = ffi::ByteWidth(x.element_type());
+  const size_t piece = PieceElements(count, width);
+  if (piece < count) memory.Pipeline(piece * width);
   Start start(call, memory, Kind::kCollective);
   JAXCOMM_RETURN_IF_ERROR(start.Begin(root, 0, x, *handle));
   void* out;
@@ -510,10 +557,26 @@ ffi::Error IbcastImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuff
   start.slot().send = Held{x.untyped_data(), x.size_bytes(), nullptr};
   if (call.rank() == root) JAXCOMM_RETURN_IF_ERROR(memory.Preload(*y, 0, x));
   JAXCOMM_RETURN_IF_ERROR(memory.Ready());
-  call.Log([&] {
-    return "MPI_Ibcast root " + std::to_string(root) + " " +
-           Elements(x.element_count(), x.element_type());
-  });
+  auto log = [&](size_t n) {
+    call.Log([&] {
+      return "MPI_Ibcast root " + std::to_string(root) + " " + Elements(n, x.element_type());
+    });
+  };
+  if (piece < count) {
+    // Pipelined: pieces of at most MaxCount() elements of the base type.
+    MPI_Datatype base;
+    JAXCOMM_RETURN_IF_ERROR(MpiDatatype(x.element_type(), &base));
+    return StartInPieces(
+        start, memory, out, count, width, piece, [&](size_t offset, int n, MPI_Request* request) {
+          log(n);
+          JAXCOMM_MPI_CHECK(call, MPI_Ibcast, static_cast<char*>(out) + offset * width, n, base,
+                            static_cast<int>(root), call.comm(), request);
+          return ffi::Error::Success();
+        });
+  }
+  LargeType type;
+  JAXCOMM_RETURN_IF_ERROR(LargeType::Make(x.element_type(), count, call.comm(), &type));
+  log(count);
   JAXCOMM_MPI_CHECK(call, MPI_Ibcast, out, type.count(), type.type(), static_cast<int>(root),
                     call.comm(), start.request());
   return start.Started();
@@ -979,7 +1042,25 @@ ffi::Error Complete(const Call& call, Memory& memory, const ffi::AnyBuffer& hand
   MPI_Status status;
   // The wait's own call has no communicator: the request's names the rank.
   if (DebugEnabled()) DebugLog(comm, "MPI_Wait " + Describe(slot));
-  const int rc = MPI_Wait(&slot.data, &status);
+  int rc = MPI_SUCCESS;
+  ffi::Error delivered = ffi::Error::Success();
+  if (slot.pieces.empty()) {
+    rc = MPI_Wait(&slot.data, &status);
+  } else {
+    // Each piece goes on its way to the output as it completes, while MPI
+    // finishes the next ones; only where the output is MPI's and whole.
+    bool deliver =
+        out != nullptr && !slot.undefined && slot.error.empty() &&
+        (send == nullptr || send->size_bytes() == 0 || send->untyped_data() == slot.send.buffer) &&
+        (recv == nullptr || recv->size_bytes() == 0 || recv->untyped_data() == slot.recv.buffer);
+    for (size_t i = 0; i < slot.pieces.size(); ++i) {
+      const int piece_rc = MPI_Wait(&slot.pieces[i], MPI_STATUS_IGNORE);
+      if (piece_rc != MPI_SUCCESS && rc == MPI_SUCCESS) rc = piece_rc;
+      if (!deliver || rc != MPI_SUCCESS) continue;
+      delivered = memory.Deliver(slot.recv, *out, (i + 1) * slot.piece_bytes);
+      deliver = delivered.success();
+    }
+  }
   if (slot.kind == Kind::kReceive && slot.check != Check::kNone) {
     // Checking: a message that does not fit is named as a mismatch, also
     // when MPI refused it (truncation).
@@ -1001,6 +1082,7 @@ ffi::Error Complete(const Call& call, Memory& memory, const ffi::AnyBuffer& hand
     JAXCOMM_MPI_CHECK(comm, MPI_Wait, &slot.signature, MPI_STATUS_IGNORE);
   }
   if (rc != MPI_SUCCESS) return MpiFailure("MPI_Wait", rc, comm);
+  JAXCOMM_RETURN_IF_ERROR(delivered);
   if (!slot.error.empty()) return Invalid(slot.op, comm, slot.error);
   if (send != nullptr && send->size_bytes() > 0 && send->untyped_data() != slot.send.buffer) {
     return Moved(slot, "send");

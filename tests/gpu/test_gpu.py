@@ -136,16 +136,25 @@ def pipelined():
         jaxcomm.set_pipeline_bytes(previous)
 
 
+# 2 MiB + 12 B of float32: eight pieces of 256 KiB and a short one, with real
+# streams: a piece read before its copy arrived, or a copy back not joined
+# before the next kernel, shows as a wrong value.
+PIPELINED_N = (2 << 20) // 4 + 3
+
+
+def _pipelined_pattern(r):
+    """Rank r's data for the pipelined tests, made on the GPU."""
+    n = PIPELINED_N
+    return jax.jit(lambda r: (jnp.arange(n, dtype=jnp.int32) % 1000).astype(jnp.float32) + r)(
+        on_gpu(np.float32(r))
+    )
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
 def test_pipelined_collectives(jc, data_path, pipelined, jit):
-    # 2 MiB + 12 B of float32: eight pieces of 256 KiB and a short one, with
-    # real streams: a piece read before its copy arrived, or a copy back not
-    # joined before the next kernel, shows as a wrong value.
-    n = (2 << 20) // 4 + 3
-    size, rank = jc.size, jc.rank
-    pattern = jax.jit(lambda r: (jnp.arange(n, dtype=jnp.int32) % 1000).astype(jnp.float32) + r)
-    every = [pattern(on_gpu(np.float32(q))) for q in range(size)]
+    n, size, rank = PIPELINED_N, jc.size, jc.rank
+    every = [_pipelined_pattern(q) for q in range(size)]
     x = every[rank]
     wrap = jax.jit if jit else (lambda f: f)
     total = functools.reduce(jnp.add, every)
@@ -159,7 +168,33 @@ def test_pipelined_collectives(jc, data_path, pipelined, jit):
     gathered = wrap(lambda v: jc.allgather(v, tiled=True))(x)
     assert_on(gathered)
     assert bool(jnp.array_equal(gathered, jnp.concatenate(every)))
-    assert bool(jnp.array_equal(x, pattern(on_gpu(np.float32(rank)))))
+    assert bool(jnp.array_equal(x, _pipelined_pattern(rank)))
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_pipelined_nonblocking_collectives(jc, data_path, pipelined, jit):
+    # The starts stage their input piece by piece and start one MPI call per
+    # piece once it reached the host; the waits copy each piece back as it
+    # completes. The input is computed right before the start and the output
+    # read by a kernel right after the wait.
+    n, size, rank = PIPELINED_N, jc.size, jc.rank
+    every = [_pipelined_pattern(q) for q in range(size)]
+    root = size - 1
+
+    def run(v):
+        w = v * 2
+        requests = [jc.iallreduce(w), jc.ireduce(w, root=root), jc.iscan(w), jc.ibcast(w, root)]
+        return [r + 1 for r in jc.waitall(requests)]
+
+    wrap = jax.jit if jit else (lambda f: f)
+    total, reduced, scanned, sent = wrap(run)(every[rank])
+    assert_on((total, reduced, scanned, sent))
+    want = functools.reduce(jnp.add, every) * 2 + 1
+    assert bool(jnp.array_equal(total, want))
+    assert bool(jnp.array_equal(reduced, want if rank == root else jnp.ones(n)))
+    assert bool(jnp.array_equal(scanned, functools.reduce(jnp.add, every[: rank + 1]) * 2 + 1))
+    assert bool(jnp.array_equal(sent, every[root] * 2 + 1))
 
 
 @pytest.mark.mpi
