@@ -72,24 +72,35 @@ def test_other_operations_write_a_buffer_of_their_own(jc, op):
     assert ALIASED not in jax.jit(partial(op.call, jc)).lower(x).compile().as_text()
 
 
+# The tests below make every call on every rank before they assert anything:
+# an assertion failing on one rank only would otherwise leave the others
+# waiting in the next call.
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("op", IN_PLACE)
 def test_inputs_are_never_modified(jc, op):
     call, x, want = _case(jc, op)
     original = np.asarray(x).copy()
+    seen = []  # x after each call
 
-    np.testing.assert_allclose(call(x), want)
-    unchanged(x, original)
-    np.testing.assert_allclose(jax.jit(call)(x), want)
-    unchanged(x, original)
+    eager = np.asarray(call(x))
+    seen.append(np.asarray(x).copy())
+    jitted = np.asarray(jax.jit(call)(x))
+    seen.append(np.asarray(x).copy())
     # The input is read again after the call, inside the same computation.
     y, again = jax.jit(lambda x: (call(x), x + 1))(x)
-    np.testing.assert_allclose(y, want)
-    np.testing.assert_array_equal(again, original + 1)
-    unchanged(x, original)
+    seen.append(np.asarray(x).copy())
     loop = jax.jit(lambda x: jax.lax.fori_loop(0, 2, lambda i, c: call(c), x))
     loop(x).block_until_ready()
-    unchanged(x, original)
+    seen.append(np.asarray(x).copy())
+
+    np.testing.assert_allclose(eager, want)
+    np.testing.assert_allclose(jitted, want)
+    np.testing.assert_allclose(y, want)
+    np.testing.assert_array_equal(again, original + 1)
+    for after in seen:
+        unchanged(after, original)
 
 
 @pytest.mark.mpi
@@ -99,10 +110,12 @@ def test_donated_inputs(jc, op):
     original = np.asarray(x).copy()
 
     donated = jnp.array(x, copy=True)
-    np.testing.assert_allclose(jax.jit(call, donate_argnums=0)(donated), want)
+    alone = np.asarray(jax.jit(call, donate_argnums=0)(donated))
     # A donated input that the computation still reads after the call.
     donated = jnp.array(x, copy=True)
     y, again = jax.jit(lambda x: (call(x), x * 2), donate_argnums=0)(donated)
+
+    np.testing.assert_allclose(alone, want)
     np.testing.assert_allclose(y, want)
     np.testing.assert_array_equal(again, original * 2)
     unchanged(x, original)
@@ -117,8 +130,10 @@ def test_kernels_also_take_an_output_buffer_of_its_own(jc, op, monkeypatch):
     monkeypatch.setattr(_base, "_ARRAY_IN_PLACE", None)
     # Donated, so that only the patch keeps the alias out.
     step = jax.jit(call, donate_argnums=0)
-    assert "output_to_operand_aliasing" not in step.lower(x).compile().as_text()
-    np.testing.assert_allclose(step(jnp.array(x, copy=True)), want)
+    hlo = step.lower(x).compile().as_text()
+    got = step(jnp.array(x, copy=True))
+    assert "output_to_operand_aliasing" not in hlo
+    np.testing.assert_allclose(got, want)
 
 
 @pytest.mark.mpi
@@ -133,10 +148,12 @@ def test_an_argument_the_caller_keeps_is_not_copied(jc, op):
     call, x, want = _case(jc, op)
     x = jax.device_put(x, jax.devices("cpu")[0])
     kept = jax.jit(call).lower(x).compile().as_text()
+    donated = jax.jit(call, donate_argnums=0).lower(x).compile().as_text()
+    got = jax.jit(call)(x)
     assert ALIASED not in kept
     assert not re.search(r"= \S+ copy\(", kept), kept
-    assert ALIASED in jax.jit(call, donate_argnums=0).lower(x).compile().as_text()
-    np.testing.assert_allclose(jax.jit(call)(x), want)
+    assert ALIASED in donated
+    np.testing.assert_allclose(got, want)
 
 
 @pytest.mark.mpi
