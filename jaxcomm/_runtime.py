@@ -360,13 +360,13 @@ def set_timeout(seconds: float | None) -> None:
 def set_pipeline_bytes(nbytes: int) -> None:
     """Hand large collectives to MPI in pieces of ``nbytes`` bytes from now on (0: whole).
 
-    ``allreduce``, ``scan``, ``exscan``, ``bcast`` and ``allgather`` of at
-    least two pieces then make one MPI call per piece, and ``iallreduce``,
-    ``ireduce``, ``iscan`` and ``ibcast`` start one request per piece. On GPU
-    arrays without a CUDA-aware MPI this pipelines the staging: each piece
-    goes to MPI as soon as its copy to host memory arrived, and back to the
-    GPU while MPI moves the next (see docs/gpu.md for the measured piece
-    size). The pieces are cut the same way on every platform, so that a rank
+    ``allreduce``, ``reduce``, ``scan``, ``exscan``, ``bcast`` and
+    ``allgather`` of at least two pieces then make one MPI call per piece,
+    and ``iallreduce``, ``ireduce``, ``iscan`` and ``ibcast`` start one
+    request per piece. On GPU arrays without a CUDA-aware MPI this pipelines
+    the staging: each piece goes to MPI as soon as its copy to host memory
+    arrived, and back to the GPU while MPI moves the next (see docs/gpu.md
+    for the measured piece size). The pieces are cut the same way on every platform, so that a rank
     with GPU arrays and one with CPU arrays make the same MPI calls: every
     rank of a communicator must use the same setting, as with any argument of
     a collective. ``JAXCOMM_PIPELINE_BYTES`` sets it at import; the default,

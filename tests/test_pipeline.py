@@ -68,9 +68,18 @@ def test_reductions(jc, pipelined, dtype, n, mode):
     every = _data(size, n, dtype)
     x = jnp.asarray(every[rank])
     wrap = MODES[mode]
-    np.testing.assert_array_equal(np.asarray(wrap(jc.allreduce)(x)), _sum(every, n, dtype))
-    np.testing.assert_array_equal(np.asarray(wrap(jc.scan)(x)), _sum(every[: rank + 1], n, dtype))
-    np.testing.assert_array_equal(np.asarray(wrap(jc.exscan)(x)), _sum(every[:rank], n, dtype))
+    root = size - 1
+    # Every call on every rank first: an assertion failing on one rank only
+    # must not leave the others waiting in the next call.
+    got = [
+        np.asarray(wrap(f)(x))
+        for f in (jc.allreduce, jc.scan, jc.exscan, lambda v: jc.reduce(v, root=root))
+    ]
+    total = _sum(every, n, dtype)
+    reduced = total if rank == root else np.zeros(n, dtype)
+    wants = [total, _sum(every[: rank + 1], n, dtype), _sum(every[:rank], n, dtype), reduced]
+    for result, want in zip(got, wants):
+        np.testing.assert_array_equal(result, want)
     unchanged(x, every[rank])
 
 
@@ -84,13 +93,15 @@ def test_bcast_and_allgather(jc, pipelined, dtype, n, mode):
     every = _data(size, n, dtype)
     x = jnp.asarray(every[rank])
     wrap = MODES[mode]
+    sent = [
+        np.asarray(wrap(lambda v, root=root: jc.bcast(v, root=root))(x)) for root in range(size)
+    ]
+    stacked = np.asarray(wrap(jc.allgather)(x))
+    tiled = np.asarray(wrap(lambda v: jc.allgather(v.reshape(n, 1), tiled=True))(x))
     for root in range(size):
-        got = wrap(lambda v, root=root: jc.bcast(v, root=root))(x)
-        np.testing.assert_array_equal(np.asarray(got), every[root])
-    stacked = wrap(jc.allgather)(x)
-    np.testing.assert_array_equal(np.asarray(stacked), np.stack(every))
-    tiled = wrap(lambda v: jc.allgather(v.reshape(n, 1), tiled=True))(x)
-    np.testing.assert_array_equal(np.asarray(tiled), np.concatenate(every).reshape(size * n, 1))
+        np.testing.assert_array_equal(sent[root], every[root])
+    np.testing.assert_array_equal(stacked, np.stack(every))
+    np.testing.assert_array_equal(tiled, np.concatenate(every).reshape(size * n, 1))
     unchanged(x, every[rank])
 
 
@@ -167,6 +178,7 @@ def test_one_mpi_call_per_piece(jc, pipelined, capfd):
         jc.bcast(jnp.ones(13, jnp.float32), root=0).block_until_ready()
         jc.allgather(jnp.ones(12, jnp.float32)).block_until_ready()
         jc.allreduce(jnp.ones(11, jnp.float32)).block_until_ready()
+        jc.reduce(jnp.ones(13, jnp.float32), root=0).block_until_ready()
     lines = [line.split(" | ")[1] for line in capfd.readouterr().err.splitlines() if " | " in line]
     assert lines == (
         ["MPI_Allreduce op SUM count 6 float32"] * 8
@@ -175,6 +187,8 @@ def test_one_mpi_call_per_piece(jc, pipelined, capfd):
         + ["MPI_Bcast root 0 count 1 float32"]
         + ["MPI_Allgather count 6 float32"] * 2
         + ["MPI_Allreduce op SUM count 11 float32"]
+        + ["MPI_Reduce op SUM root 0 count 6 float32"] * 2
+        + ["MPI_Reduce op SUM root 0 count 1 float32"]
     )
 
 

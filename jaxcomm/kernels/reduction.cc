@@ -68,22 +68,35 @@ ffi::Error ElementwiseReduction(const Call& call, Memory& memory, ElementwiseCal
 }
 
 // Reduces `total` elements from `send` on every rank into `recv` on `root`,
-// in pieces of at most MaxCount() elements. `recv` is only written on root;
-// `send` may be MPI_IN_PLACE there, and `recv` null elsewhere.
+// in pieces of at most `piece` elements (and MaxCount()). `recv` is only
+// written on root; `send` may be MPI_IN_PLACE there, and `recv` null
+// elsewhere. With `memory` (a pipelined reduce), each piece waits for its
+// input to arrive and root's goes on its way to the output once reduced.
 ffi::Error ChunkedReduce(const Call& call, void* send, void* recv, size_t total, ffi::DataType type,
-                         int64_t op, int root) {
+                         int64_t op, int root, Memory* memory = nullptr,
+                         size_t piece = MaxCount()) {
   MPI_Datatype dtype;
   MPI_Op mpi_op;
   JAXCOMM_RETURN_IF_ERROR(ReductionTypes(call, type, op, &dtype, &mpi_op));
-  return ForEachChunk(total, [&](size_t offset, int count) {
-    call.Log([&] {
-      return OpText("MPI_Reduce", op) + " root " + std::to_string(root) + " " +
-             Elements(count, type);
-    });
-    JAXCOMM_MPI_CHECK(call, MPI_Reduce, ArgumentAt(send, type, offset),
-                      ArgumentAt(recv, type, offset), count, dtype, mpi_op, root, call.comm());
-    return ffi::Error::Success();
-  });
+  const size_t width = ffi::ByteWidth(type);
+  const bool is_root = call.rank() == root;
+  return ForEachChunk(
+      total,
+      [&](size_t offset, int count) {
+        void* in = ArgumentAt(send, type, offset);
+        void* out = ArgumentAt(recv, type, offset);
+        if (memory != nullptr) {
+          JAXCOMM_RETURN_IF_ERROR(memory->Arrived(in == MPI_IN_PLACE ? out : in, count * width));
+        }
+        call.Log([&] {
+          return OpText("MPI_Reduce", op) + " root " + std::to_string(root) + " " +
+                 Elements(count, type);
+        });
+        JAXCOMM_MPI_CHECK(call, MPI_Reduce, in, out, count, dtype, mpi_op, root, call.comm());
+        if (memory != nullptr && is_root) return memory->Produced(out, count * width);
+        return ffi::Error::Success();
+      },
+      piece);
 }
 
 }  // namespace
@@ -104,6 +117,9 @@ ffi::Error ReduceImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuff
   JAXCOMM_RETURN_IF_ERROR(call.Announce(Collective::Of(x).Root(root).Reduction(op)));
   JAXCOMM_RETURN_IF_ERROR(CheckOutput(call, x, *y, x.element_count(), LikeTheInput));
   const bool is_root = call.rank() == root;
+  const size_t width = ffi::ByteWidth(x.element_type());
+  const size_t piece = PieceElements(x.element_count(), width);
+  if (piece < x.element_count()) memory.Pipeline(piece * width);
   void* send;
   void* recv = nullptr;
   if (is_root) {
@@ -114,7 +130,7 @@ ffi::Error ReduceImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuff
     JAXCOMM_RETURN_IF_ERROR(memory.Ready());
   }
   JAXCOMM_RETURN_IF_ERROR(ChunkedReduce(call, send, recv, x.element_count(), x.element_type(), op,
-                                        static_cast<int>(root)));
+                                        static_cast<int>(root), &memory, piece));
   if (!is_root) JAXCOMM_RETURN_IF_ERROR(memory.Zero(*y));
   return memory.Finish();
 }

@@ -165,6 +165,8 @@ def test_pipelined_collectives(jc, data_path, pipelined, jit):
     for root in range(size):
         got = wrap(lambda v, root=root: jc.bcast(v, root=root))(x)
         assert bool(jnp.array_equal(got, every[root]))
+        reduced = wrap(lambda v, root=root: jc.reduce(v, root=root))(x)
+        assert bool(jnp.array_equal(reduced, total if rank == root else jnp.zeros(n)))
     gathered = wrap(lambda v: jc.allgather(v, tiled=True))(x)
     assert_on(gathered)
     assert bool(jnp.array_equal(gathered, jnp.concatenate(every)))
