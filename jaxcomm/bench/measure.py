@@ -190,7 +190,7 @@ def measure(
             record, run = runners[i]
             samples[i, rep, 0] = seconds(functools.partial(run, record.iters), comm=comm)
             if record.mode == "loop":
-                samples[i, rep, 1] = seconds(functools.partial(run, 2 * record.iters))
+                samples[i, rep, 1] = seconds(functools.partial(run, 2 * record.iters), comm=comm)
     comm.Allreduce(MPI.IN_PLACE, samples, op=MPI.MAX)
     for (record, _), row in zip(runners, samples):
         record.repeats = repeats
