@@ -11,8 +11,7 @@ ffi::Error BcastImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffe
   LargeType type;
   JAXCOMM_RETURN_IF_ERROR(LargeType::Make(x.element_type(), count, call.comm(), &type));
   const size_t width = ffi::ByteWidth(x.element_type());
-  const size_t piece = PieceElements(count, width);
-  if (piece < x.element_count()) memory.Pipeline(piece * width);
+  const size_t piece = PipelinedPiece(memory, count, width);
   const bool is_root = call.rank() == root;
   void* data;
   if (SameBuffer(x, *y)) {

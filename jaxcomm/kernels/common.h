@@ -21,6 +21,15 @@
 
 namespace jaxcomm {
 
+// The elements of one piece of a collective on `count` elements of `width`
+// bytes (PieceElements), telling `memory` to stage the buffers in pieces of
+// that size (Memory::Pipeline) where they make two or more.
+inline size_t PipelinedPiece(Memory& memory, size_t count, size_t width) {
+  const size_t piece = PieceElements(count, width);
+  if (piece < count) memory.Pipeline(piece * width);
+  return piece;
+}
+
 // Each op's binding after the attributes every target shares (module.cc),
 // from its row of ops.def: bindings::<Name>(binding), and its handler body,
 // shared by every platform:

@@ -220,8 +220,7 @@ ffi::Error AllgatherImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyB
       LargeType::Make(x.element_type(), x.element_count(), call.comm(), &block));
   const size_t count = x.element_count();
   const size_t width = ffi::ByteWidth(x.element_type());
-  const size_t piece = PieceElements(count, width);
-  if (piece < count) memory.Pipeline(piece * width);
+  const size_t piece = PipelinedPiece(memory, count, width);
   void *in, *out;
   JAXCOMM_RETURN_IF_ERROR(memory.Buffers(x, *y, &in, &out));
   if (piece < count) {

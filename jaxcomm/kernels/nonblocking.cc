@@ -478,8 +478,7 @@ ffi::Error StartReduction(const Call& call, Memory& memory, const char* function
   if (IsOwnReduceOp(op, x.element_type())) memory.RequireHost();
   const size_t count = x.element_count();
   const size_t width = ffi::ByteWidth(x.element_type());
-  const size_t pipelined = PieceElements(count, width);
-  if (pipelined < count) memory.Pipeline(pipelined * width);
+  const size_t pipelined = PipelinedPiece(memory, count, width);
   Start start(call, memory, Kind::kCollective);
   JAXCOMM_RETURN_IF_ERROR(start.Begin(root, 0, x, handle));
   start.slot().undefined = root != kNoPeer && call.rank() != root;
@@ -545,8 +544,7 @@ ffi::Error IbcastImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuff
   JAXCOMM_RETURN_IF_ERROR(CheckOutput(call, x, *y, x.element_count(), LikeTheInput));
   const size_t count = x.element_count();
   const size_t width = ffi::ByteWidth(x.element_type());
-  const size_t piece = PieceElements(count, width);
-  if (piece < count) memory.Pipeline(piece * width);
+  const size_t piece = PipelinedPiece(memory, count, width);
   Start start(call, memory, Kind::kCollective);
   JAXCOMM_RETURN_IF_ERROR(start.Begin(root, 0, x, *handle));
   void* out;

@@ -49,8 +49,7 @@ ffi::Error ElementwiseReduction(const Call& call, Memory& memory, ElementwiseCal
   MPI_Op mpi_op;
   JAXCOMM_RETURN_IF_ERROR(ReductionTypes(call, type, op, &dtype, &mpi_op));
   const size_t width = ffi::ByteWidth(type);
-  const size_t piece = PieceElements(x.element_count(), width);
-  if (piece < x.element_count()) memory.Pipeline(piece * width);
+  const size_t piece = PipelinedPiece(memory, x.element_count(), width);
   void *send, *recv;
   JAXCOMM_RETURN_IF_ERROR(ReductionBuffers(memory, op, x, y, &send, &recv));
   return ForEachChunk(
@@ -118,8 +117,7 @@ ffi::Error ReduceImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuff
   JAXCOMM_RETURN_IF_ERROR(CheckOutput(call, x, *y, x.element_count(), LikeTheInput));
   const bool is_root = call.rank() == root;
   const size_t width = ffi::ByteWidth(x.element_type());
-  const size_t piece = PieceElements(x.element_count(), width);
-  if (piece < x.element_count()) memory.Pipeline(piece * width);
+  const size_t piece = PipelinedPiece(memory, x.element_count(), width);
   void* send;
   void* recv = nullptr;
   if (is_root) {
