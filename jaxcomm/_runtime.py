@@ -366,10 +366,10 @@ def set_pipeline_bytes(nbytes: int) -> None:
     request per piece. On GPU arrays without a CUDA-aware MPI this pipelines
     the staging: each piece goes to MPI as soon as its copy to host memory
     arrived, and back to the GPU while MPI moves the next (see docs/gpu.md
-    for the measured piece size). The pieces are cut the same way on every platform, so that a rank
-    with GPU arrays and one with CPU arrays make the same MPI calls: every
-    rank of a communicator must use the same setting, as with any argument of
-    a collective. ``JAXCOMM_PIPELINE_BYTES`` sets it at import; the default,
+    for the measured piece size). The pieces are cut the same way on every
+    platform, so that a rank with GPU arrays and one with CPU arrays make the
+    same MPI calls: every rank of a communicator must use the same setting,
+    as with any argument of a collective. ``JAXCOMM_PIPELINE_BYTES`` sets it at import; the default,
     4 MiB, is the best piece size measured on GPU arrays.
 
     Args:

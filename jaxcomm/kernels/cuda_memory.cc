@@ -1,5 +1,6 @@
 #include "cuda_memory.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <mutex>
@@ -446,6 +447,11 @@ ffi::Error CudaMemory::CopyIn(Staged& staged, size_t offset, const void* source,
   return ffi::Error::Success();
 }
 
+ffi::Error CudaMemory::RoomToStage() const {
+  if (num_staged_ < kMaxStaged) return ffi::Error::Success();
+  return ffi::Error::Internal("jaxcomm: too many staged buffers in one call");
+}
+
 ffi::Error CudaMemory::UseArena() {
   if (arena_ != nullptr) return ffi::Error::Success();
   arena_ = AcquireArena(device_);
@@ -459,9 +465,7 @@ ffi::Error CudaMemory::UseArena() {
 
 ffi::Error CudaMemory::Stage(void* device, size_t bytes, bool copy_in, bool copy_out, void** host) {
   JAXCOMM_RETURN_IF_ERROR(init_error_);
-  if (num_staged_ == kMaxStaged) {
-    return ffi::Error::Internal("jaxcomm: too many staged buffers in one call");
-  }
+  JAXCOMM_RETURN_IF_ERROR(RoomToStage());
   JAXCOMM_RETURN_IF_ERROR(UseArena());
   char* data;
   JAXCOMM_RETURN_IF_ERROR(arena_->Take(bytes, &data));
@@ -609,9 +613,7 @@ ffi::Error CudaMemory::Hold(void* buffer, size_t bytes, bool copy_in, Held* held
   if (pieced) {
     // The pieces' events come from the call's arena, and Arrived finds the
     // block among the call's staged buffers.
-    if (num_staged_ == kMaxStaged) {
-      return ffi::Error::Internal("jaxcomm: too many staged buffers in one call");
-    }
+    JAXCOMM_RETURN_IF_ERROR(RoomToStage());
     JAXCOMM_RETURN_IF_ERROR(UseArena());
   }
   HeldBlock* block;
@@ -638,9 +640,7 @@ ffi::Error CudaMemory::HoldInput(const ffi::AnyBuffer& x, const void** data, Hel
 }
 
 ffi::Error CudaMemory::HoldOutput(ffi::AnyBuffer& y, void** data, Held* held) {
-  if (num_staged_ == kMaxStaged) {
-    return ffi::Error::Internal("jaxcomm: too many staged buffers in one call");
-  }
+  JAXCOMM_RETURN_IF_ERROR(RoomToStage());
   JAXCOMM_RETURN_IF_ERROR(Hold(y.untyped_data(), y.size_bytes(), false, held, data));
   if (held->staging != nullptr) {
     // Listed with the call's staged buffers for Preload; nothing goes back
@@ -685,7 +685,7 @@ ffi::Error CudaMemory::Unhold(Held& held, ffi::AnyBuffer* out, size_t filled) {
       if (rc != cudaSuccess) error = CudaFailure("cudaMemcpyAsync", rc);
       copied = copied || (block != nullptr && rc == cudaSuccess);
     }
-    if (error.success()) error = ZeroFrom(*out, filled > delivered ? filled : delivered);
+    if (error.success()) error = ZeroFrom(*out, std::max(filled, delivered));
   }
   if (block == nullptr) return error;
   // A copy from the block runs after this call returned: the pool reuses the

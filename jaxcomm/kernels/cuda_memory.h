@@ -93,6 +93,8 @@ class CudaMemory final : public Memory {
   };
   static constexpr int kMaxStaged = 4;
 
+  // Fails where the call already lists kMaxStaged staged buffers.
+  ffi::Error RoomToStage() const;
   // Takes the call's staging arena, once.
   ffi::Error UseArena();
   ffi::Error Stage(void* device, size_t bytes, bool copy_in, bool copy_out, void** host);

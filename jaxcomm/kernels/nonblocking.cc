@@ -999,6 +999,12 @@ ffi::Error IneighborAlltoallvImpl(const Call& call, Memory& memory, ffi::Token, 
 
 namespace {
 
+// Whether XLA handed the wait another buffer than the one `held` records
+// from the start (a copy made in between).
+bool MovedSince(const ffi::AnyBuffer* buffer, const Held& held) {
+  return buffer != nullptr && buffer->size_bytes() > 0 && buffer->untyped_data() != held.buffer;
+}
+
 ffi::Error Moved(const Slot& slot, const char* which) {
   return ffi::Error(ffi::ErrorCode::kInternal,
                     std::string("jaxcomm: wait on world rank ") + std::to_string(WorldRank()) +
@@ -1040,6 +1046,8 @@ ffi::Error Complete(const Call& call, Memory& memory, const ffi::AnyBuffer& hand
   MPI_Status status;
   // The wait's own call has no communicator: the request's names the rank.
   if (DebugEnabled()) DebugLog(comm, "MPI_Wait " + Describe(slot));
+  const bool send_moved = MovedSince(send, slot.send);
+  const bool recv_moved = MovedSince(recv, slot.recv);
   int rc = MPI_SUCCESS;
   ffi::Error delivered = ffi::Error::Success();
   if (slot.pieces.empty()) {
@@ -1048,9 +1056,7 @@ ffi::Error Complete(const Call& call, Memory& memory, const ffi::AnyBuffer& hand
     // Each piece goes on its way to the output as it completes, while MPI
     // finishes the next ones; only where the output is MPI's and whole.
     bool deliver =
-        out != nullptr && !slot.undefined && slot.error.empty() &&
-        (send == nullptr || send->size_bytes() == 0 || send->untyped_data() == slot.send.buffer) &&
-        (recv == nullptr || recv->size_bytes() == 0 || recv->untyped_data() == slot.recv.buffer);
+        out != nullptr && !slot.undefined && slot.error.empty() && !send_moved && !recv_moved;
     for (size_t i = 0; i < slot.pieces.size(); ++i) {
       const int piece_rc = MPI_Wait(&slot.pieces[i], MPI_STATUS_IGNORE);
       if (piece_rc != MPI_SUCCESS && rc == MPI_SUCCESS) rc = piece_rc;
@@ -1082,12 +1088,8 @@ ffi::Error Complete(const Call& call, Memory& memory, const ffi::AnyBuffer& hand
   if (rc != MPI_SUCCESS) return MpiFailure("MPI_Wait", rc, comm);
   JAXCOMM_RETURN_IF_ERROR(delivered);
   if (!slot.error.empty()) return Invalid(slot.op, comm, slot.error);
-  if (send != nullptr && send->size_bytes() > 0 && send->untyped_data() != slot.send.buffer) {
-    return Moved(slot, "send");
-  }
-  if (recv != nullptr && recv->size_bytes() > 0 && recv->untyped_data() != slot.recv.buffer) {
-    return Moved(slot, "receive");
-  }
+  if (send_moved) return Moved(slot, "send");
+  if (recv_moved) return Moved(slot, "receive");
   size_t filled = slot.undefined ? 0 : slot.recv.bytes;
   if (slot.kind == Kind::kReceive) {
     MPI_Datatype base;

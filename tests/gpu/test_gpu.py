@@ -142,12 +142,14 @@ def pipelined():
 PIPELINED_N = (2 << 20) // 4 + 3
 
 
+@jax.jit
+def _pattern(r):
+    return (jnp.arange(PIPELINED_N, dtype=jnp.int32) % 1000).astype(jnp.float32) + r
+
+
 def _pipelined_pattern(r):
-    """Rank r's data for the pipelined tests, made on the GPU."""
-    n = PIPELINED_N
-    return jax.jit(lambda r: (jnp.arange(n, dtype=jnp.int32) % 1000).astype(jnp.float32) + r)(
-        on_gpu(np.float32(r))
-    )
+    """Rank r's data for the pipelined tests, made on the GPU (compiled once)."""
+    return _pattern(on_gpu(np.float32(r)))
 
 
 @pytest.mark.mpi
