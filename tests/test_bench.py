@@ -550,6 +550,52 @@ def test_goal_misses_name_the_ops_and_sizes_past_the_large_message_goal():
     assert "gather 4 MiB jit: jaxcomm 2.00x mpi4py + plain" in report.summary(records, [])
 
 
+def test_run_noise_reads_each_twin_against_its_first_and_checks_the_goal_again():
+    def rec(impl, op, nbytes, mode, us):
+        return bench.Record(op, mode, nbytes, impl, 2, time_s=us * 1e-6)
+
+    records = []
+    for nbytes, (m, j, m2, j2) in {
+        64 << 10: (100, 100, 100, 100),
+        1 << 20: (100, 100, 125, 100),  # the reference 1.25x itself
+        4 << 20: (100, 120, 100, 90),  # jaxcomm 0.75x itself; misses once only
+        64 << 20: (100, 150, 100, 150),  # misses in both pairs
+        4096: (100, 900, 100, 100),  # below 64 KiB: not counted
+    }.items():
+        records += [
+            rec("mpi4py", "bcast", nbytes, "loop", m),
+            rec("jaxcomm", "bcast", nbytes, "loop", j),
+            rec("mpi4py again", "bcast", nbytes, "loop", m2),
+            rec("jaxcomm again", "bcast", nbytes, "loop", j2),
+        ]
+    assert report.run_noise(records) == [
+        "mpi4py again/mpi4py loop : median 1.00, range 1.00-1.25, 1 of 4 beyond 1.1x either way",
+        "jaxcomm again/jaxcomm loop : median 1.00, range 0.75-1.00, 1 of 4 beyond 1.1x either way",
+    ]
+    assert report.goal_misses(records, "jaxcomm again", "mpi4py again") == [
+        "bcast 64 MiB loop: jaxcomm again 1.50x mpi4py again"
+    ]
+    summary = report.summary(records, [])
+    assert "(jaxcomm again against mpi4py again): 1 missing\n" in summary
+    # Without twins the summary says nothing of noise.
+    assert "noise" not in report.summary([r for r in records if "again" not in r.impl], [])
+
+
+@pytest.mark.mpi
+def test_again_times_both_routes_twice_in_one_run(jc, capsys):
+    argv = ["--ops", "allreduce", "--sizes", "64K", "--modes", "loop", "--repeats", "1"]
+    assert bench.main([*argv, "--time", "0.0001", "--no-progress", "--no-floor", "--again"]) == 0
+    out = capsys.readouterr().out
+    if jc.rank == 0:
+        header = next(line for line in out.splitlines() if line.startswith("op "))
+        assert "mpi4py again us" in header and "jaxcomm again us" in header
+        assert "mpi4py again/mpi4py" in header and "jaxcomm again/jaxcomm" in header
+        assert "  mpi4py again/mpi4py loop : median" in out
+        assert "  jaxcomm again/jaxcomm loop : median" in out
+    else:
+        assert out == ""
+
+
 # The cost model (jaxcomm.bench.model) ------------------------------------------
 
 KNOWN_FIT = model.Fit(

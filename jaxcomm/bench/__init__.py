@@ -21,8 +21,10 @@ differs), the reference of the dispatch targets. Every
 mode also times the floor: the same MPI calls from a small C program built
 with the MPI's ``mpicc`` (left out, with a line saying why, where there is
 none); ``--jax`` adds JAX's own route (``jax.distributed`` and ``shard_map``
-collectives). Each op's result is first checked against mpi4py's; a wrong op
-is reported as wrong and not timed.
+collectives); ``--again`` times mpi4py and jaxcomm a second time, as routes
+of their own, so that the summary can say how far the same code moves in the
+run. Each op's result is first checked against mpi4py's; a wrong op is
+reported as wrong and not timed.
 
 The package, one module per concern:
 

@@ -213,29 +213,36 @@ def print_notes(comm: MPI.Intracomm, notes: dict[str, str]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m jaxcomm.bench``: measure, then print on rank 0."""
-    args = parser("Latency and bandwidth of jaxcomm's ops beside mpi4py.").parse_args(argv)
+    p = parser("Latency and bandwidth of jaxcomm's ops beside mpi4py.")
+    p.add_argument(
+        "--again",
+        action="store_true",
+        help="also time mpi4py and jaxcomm a second time, as columns of their own: "
+        "how far each moves against itself is the run's noise",
+    )
+    args = p.parse_args(argv)
     comm = MPI.COMM_WORLD
     settings(args)  # a bad option fails before anything is measured
     notes: dict[str, str] = {}
     jax_route = start_jax_route(comm, args, notes)
     jc = JaxComm(comm)
-    impls = [
-        Mpi4pyImpl(comm),
-        JaxcommImpl(jc),
-        PlainJitImpl(comm.size),
-        *floor_routes(comm, args, notes),
-    ]
+    reference, mine = Mpi4pyImpl(comm), JaxcommImpl(jc)
+    impls = [reference, mine, PlainJitImpl(comm.size), *floor_routes(comm, args, notes)]
+    twins = [reference.again(), mine.again()] if args.again else []
+    impls += twins
     if jax_route:
         impls.extend(jax_route())
     print_notes(comm, notes)
     names = [impl.name for impl in impls]
-    others = [name for name in names[3:] if name != FLOOR]
+    twin_names = [twin.name for twin in twins]
+    others = [name for name in names[3:] if name not in (FLOOR, *twin_names)]
     ratios = [("jaxcomm", REFERENCE), ("jaxcomm", PLAIN)]
+    ratios += [(twin.name, first.name) for twin, first in zip(twins, (reference, mine))]
     ratios += [(name, REFERENCE) for name in others] + [("jaxcomm", name) for name in others]
     if JaxcommShardMapImpl.name in names:
         # JAX's collectives over jaxcomm's, in the same shard_map programs.
         ratios.append((route_name(args.jax), JaxcommShardMapImpl.name))
-    ratios += floor_ratios(names)
+    ratios += floor_ratios([name for name in names if name not in twin_names])
     try:
         run_and_report(
             comm,

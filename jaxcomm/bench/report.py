@@ -24,6 +24,7 @@ from mpi4py import MPI
 from .. import __version__
 from .measure import Record
 from .operations import MODES, OPS
+from .routes.base import AGAIN
 from .sizes import format_size
 
 _NO_MATPLOTLIB = "--plot needs matplotlib: pip install matplotlib (or 'jaxcomm[bench]')"
@@ -132,34 +133,73 @@ GOAL_FROM_BYTES = 64 * 1024
 GOAL_RATIO = 1.1
 
 
-def goal_misses(records: Sequence[Record]) -> list[str]:
-    """The jaxcomm measurements from 64 KiB that miss the large-message goal, one line each."""
+def goal_misses(
+    records: Sequence[Record], mine: str = "jaxcomm", reference: str = "mpi4py"
+) -> list[str]:
+    """The measurements from 64 KiB that miss the large-message goal, one line each.
+
+    Args:
+        records: from :func:`~jaxcomm.bench.measure.run`.
+        mine, reference: the routes held to the goal and timed against
+            (``--again``'s twins give a second check from the same run).
+    """
     by_row: dict[tuple[str, int, str], dict[str, Record]] = {}
     for r in records:
         by_row.setdefault((r.op, r.nbytes, r.mode), {})[r.impl] = r
     misses = []
     for (op, nbytes, mode), row in by_row.items():
-        mine, mpi4py = row.get("jaxcomm"), row.get("mpi4py")
+        timed, against = row.get(mine), row.get(reference)
         if (
             nbytes < GOAL_FROM_BYTES
             or mode not in ("loop", "jit")
-            or mine is None
-            or mpi4py is None
+            or timed is None
+            or against is None
         ):
             continue
-        if mine.time_s is None or mpi4py.time_s is None:
+        if timed.time_s is None or against.time_s is None:
             continue
-        budget, against = mpi4py.time_s, "mpi4py"
+        budget, what = against.time_s, reference
         if mode == "jit":
             plain = row.get("plain")
             if plain is None or plain.time_s is None:
                 continue
-            budget, against = budget + plain.time_s, "mpi4py + plain"
-        if mine.time_s > GOAL_RATIO * budget:
+            budget, what = budget + plain.time_s, f"{reference} + plain"
+        if timed.time_s > GOAL_RATIO * budget:
             misses.append(
-                f"{op} {format_size(nbytes)} {mode}: jaxcomm {mine.time_s / budget:.2f}x {against}"
+                f"{op} {format_size(nbytes)} {mode}: {mine} {timed.time_s / budget:.2f}x {what}"
             )
     return misses
+
+
+def run_noise(records: Sequence[Record]) -> list[str]:
+    """How far each route timed twice (``--again``) moved against itself, from 64 KiB.
+
+    One line per route and mode: the median and range of ``"<name> again"``'s
+    time over ``<name>``'s, and how many measurements lie beyond the goal's
+    1.1x either way. Two columns of the same code in one run differ by this
+    much, so a ratio between routes is resolved only beyond it.
+    """
+    suffix = f" {AGAIN}"
+    by_row: dict[tuple[str, int, str], dict[str, Record]] = {}
+    for r in records:
+        by_row.setdefault((r.op, r.nbytes, r.mode), {})[r.impl] = r
+    ratios: dict[tuple[str, str], list[float]] = {}
+    for (_, nbytes, mode), row in by_row.items():
+        for name, twin in row.items():
+            first = row.get(name[: -len(suffix)]) if name.endswith(suffix) else None
+            if nbytes < GOAL_FROM_BYTES or first is None:
+                continue
+            if twin.time_s is not None and first.time_s is not None:
+                ratios.setdefault((first.impl, mode), []).append(twin.time_s / first.time_s)
+    lines = []
+    for (name, mode), values in ratios.items():
+        beyond = sum(not 1 / GOAL_RATIO <= v <= GOAL_RATIO for v in values)
+        lines.append(
+            f"{name}{suffix}/{name} {mode:<5}: median {np.median(values):.2f}, range "
+            f"{min(values):.2f}-{max(values):.2f}, {beyond} of {len(values)} beyond "
+            f"{GOAL_RATIO}x either way"
+        )
+    return lines
 
 
 def summary(records: Sequence[Record], ratios: Sequence[tuple[str, str]]) -> str:
@@ -184,6 +224,16 @@ def summary(records: Sequence[Record], ratios: Sequence[tuple[str, str]]) -> str
             f"within {GOAL_RATIO}x of mpi4py in a loop, of mpi4py + plain in a jitted call):"
         )
         lines += [f"  {m}" for m in misses]
+    noise = run_noise(records)
+    if noise:
+        lines.append("the run's own noise: each route timed twice (--again), from 64 KiB:")
+        lines += [f"  {line}" for line in noise]
+        again = goal_misses(records, f"jaxcomm {AGAIN}", f"mpi4py {AGAIN}")
+        lines.append(
+            f"the goal checked again on the twins (jaxcomm {AGAIN} against mpi4py {AGAIN}): "
+            f"{len(again)} missing"
+        )
+        lines += [f"  {m}" for m in again]
     lines += [f"WRONG RESULT (not timed): {w}" for w in wrong]
     lines += [f"not timed: {e}" for e in errors]
     return "\n".join(lines)

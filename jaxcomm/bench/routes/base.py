@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -11,6 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..operations import MODES, Op, fori
+
+AGAIN = "again"  # the name's suffix of a route timed twice (Impl.again)
 
 
 class Impl:
@@ -46,6 +49,17 @@ class Impl:
     def to_numpy(self, out: Any) -> np.ndarray | None:
         """This rank's part of a result, as NumPy (None for no result)."""
         return None if out is None else np.asarray(out)
+
+    def again(self) -> Impl:
+        """The same route as a column of its own, ``"<name> again"``.
+
+        It makes its own buffers and compilations, and takes its turns with
+        the others, so its time over this route's is what the run itself
+        varies by (``--again``).
+        """
+        twin = copy.copy(self)
+        twin.name = f"{self.name} {AGAIN}"
+        return twin
 
 
 class JaxImpl(Impl):
