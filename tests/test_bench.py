@@ -12,14 +12,16 @@ import json
 import pathlib
 import subprocess
 import sys
+import time
 
 import jax
 import numpy as np
 import pytest
 from conftest import environment_without_launcher, mpiexec, spawns_own_mpi
+from mpi4py import MPI
 
 from jaxcomm import bench
-from jaxcomm.bench import gpu, model, native, report, scaling
+from jaxcomm.bench import gpu, model, native, quiet, report, scaling
 from jaxcomm.bench.routes import c_floor
 
 FIELDS = {
@@ -158,6 +160,10 @@ def test_json_and_markdown_output(jc, tmp_path, capsys):
     assert meta["ranks"] == jc.size and meta["hosts"] and meta["cpu"]
     assert meta["versions"]["jax"] == jax.__version__
     assert {"jaxlib", "mpi4py", "mpi_library", "jaxcomm"} <= set(meta["versions"])
+    if pathlib.Path("/proc/stat").exists():
+        (host,) = meta["quiet"]
+        assert host in meta["hosts"]
+        assert {"other_cores", "steal_cores", "cpus", "seconds"} == set(meta["quiet"][host])
     keys = {(r["op"], r["nbytes"], r["mode"]) for r in data["records"] if r["impl"] == "jaxcomm"}
     assert keys == {("allreduce", 8, m) for m in ("jit", "eager")} | {
         ("allreduce", 1024, m) for m in ("jit", "eager")
@@ -167,8 +173,56 @@ def test_json_and_markdown_output(jc, tmp_path, capsys):
     if jc.rank == 0:
         assert "| op | size | mode | mpi4py us | jaxcomm us | plain us |" in out
         assert "| allreduce | 1 KiB | eager |" in out
+        if meta["quiet"]:
+            assert " other processes kept " in out.splitlines()[-1]
     else:
         assert out == ""
+
+
+def test_the_machine_s_cpu_time_is_read_from_proc_stat(tmp_path):
+    stat = tmp_path / "stat"
+    hz = __import__("os").sysconf("SC_CLK_TCK")
+    # user nice system idle iowait irq softirq steal: busy is all but idle,
+    # iowait and steal.
+    stat.write_text(f"cpu  {hz} {hz} {hz} {50 * hz} {9 * hz} {hz} {hz} {3 * hz} 0 0\ncpu0 ...\n")
+    assert quiet.machine_cpu_seconds(str(stat)) == (5.0, 3.0)
+    assert quiet.machine_cpu_seconds(str(tmp_path / "none")) is None
+    hosts = {"a": {"other_cores": 0.02, "steal_cores": 0.0, "cpus": 2, "seconds": 60.0}}
+    hosts["b"] = {"other_cores": 0.98, "steal_cores": 0.0, "cpus": 2, "seconds": 60.0}
+    assert [line.split(":")[0] for line in quiet.lines(hosts)] == ["quiet", "NOT QUIET"]
+    assert quiet.lines(hosts)[1].endswith(
+        "kept 0.98 of 2 cores busy and the hypervisor took "
+        "0.00 cores over the 60 s run; the figures competed "
+        "with them"
+    )
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(not pathlib.Path("/proc/stat").exists(), reason="no /proc/stat: not Linux")
+def test_the_watch_sees_a_process_that_competes_with_the_run(jc):
+    # One process spinning for the whole watch, started by one rank per host:
+    # it is other work, the ranks' own waiting is not.
+    host = jc.comm.Split_type(MPI.COMM_TYPE_SHARED)
+    watch = quiet.Watch(jc.comm)
+    spinner = None
+    if host.rank == 0:
+        spinner = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import time\nend = time.time() + 1.5\nwhile time.time() < end: pass",
+            ]
+        )
+    end = time.monotonic() + 1.5
+    while time.monotonic() < end:
+        time.sleep(0.05)
+    if spinner is not None:
+        spinner.wait()
+    hosts = watch.finish()
+    host.Free()
+    for name, w in hosts.items():
+        assert w["other_cores"] > 0.5, (name, w)
+        assert 1.4 < w["seconds"] < 30, (name, w)
 
 
 def test_sizes_parse_and_print():

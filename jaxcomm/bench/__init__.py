@@ -35,6 +35,8 @@ The package, one module per concern:
   (:func:`run`, :func:`measure`, :class:`Record`), on
   :mod:`~jaxcomm.bench.timing`'s clock loop;
 - :mod:`~jaxcomm.bench.report`: tables, summary, metadata, JSON and plots;
+- :mod:`~jaxcomm.bench.quiet`: whether the machine was quiet (the CPU time
+  other processes and the hypervisor took during the run);
 - :mod:`~jaxcomm.bench.cli`: ``python -m jaxcomm.bench``;
 - commands of their own, each ``python -m jaxcomm.bench.<name>``:
   :mod:`~jaxcomm.bench.compare` (mpi4jax and JAX's collectives beside

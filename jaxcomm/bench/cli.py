@@ -15,6 +15,7 @@ import jax
 from mpi4py import MPI
 
 from ..comm import JaxComm
+from . import quiet
 from .measure import Record, run
 from .operations import MODES, OPS
 from .report import metadata, plot, pyplot, summary, table, write_json
@@ -146,8 +147,12 @@ def run_and_report(
         The records.
     """
     options = settings(args)
+    watch = quiet.Watch(comm)
     records = run(comm, impls, **options)
-    meta = metadata(comm, options={k: v for k, v in options.items() if k != "progress"}, **meta)
+    hosts = watch.finish()
+    meta = metadata(
+        comm, options={k: v for k, v in options.items() if k != "progress"}, quiet=hosts, **meta
+    )
     if comm.rank == 0:
         print(
             f"# {title}: {comm.size} ranks, jax {jax.__version__}, {meta['cpu']}, "
@@ -157,6 +162,8 @@ def run_and_report(
         names = [impl.name for impl in impls]
         print(table(records, names, ratios, bandwidth, markdown=args.markdown))
         print(summary(records, ratios))
+        for line in quiet.lines(hosts):
+            print(line)
         if args.json:
             write_json(args.json, records, meta)
         if args.plot:
