@@ -631,6 +631,7 @@ def test_run_noise_reads_each_twin_against_its_first_and_checks_the_goal_again()
     ]
     summary = report.summary(records, [])
     assert "(jaxcomm again against mpi4py again): 1 missing\n" in summary
+    assert summary.endswith("\nmissing in both checks: bcast 64 MiB loop")
     # Without twins the summary says nothing of noise.
     assert "noise" not in report.summary([r for r in records if "again" not in r.impl], [])
 

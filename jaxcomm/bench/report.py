@@ -234,6 +234,9 @@ def summary(records: Sequence[Record], ratios: Sequence[tuple[str, str]]) -> str
             f"{len(again)} missing"
         )
         lines += [f"  {m}" for m in again]
+        twice = {m.split(":")[0] for m in again}
+        both = [m.split(":")[0] for m in misses if m.split(":")[0] in twice]
+        lines.append(f"missing in both checks: {', '.join(both) or 'none'}")
     lines += [f"WRONG RESULT (not timed): {w}" for w in wrong]
     lines += [f"not timed: {e}" for e in errors]
     return "\n".join(lines)
