@@ -76,6 +76,14 @@ def _format_bandwidth(bps: float | None) -> str:
     return f"{mbps:.0f}" if mbps >= 1000 else f"{mbps:.3g}"
 
 
+def _by_measurement(records: Sequence[Record]) -> dict[tuple[str, int, str], dict[str, Record]]:
+    """The records by (op, size, mode), then by route, in the order measured."""
+    rows: dict[tuple[str, int, str], dict[str, Record]] = {}
+    for record in records:
+        rows.setdefault((record.op, record.nbytes, record.mode), {})[record.impl] = record
+    return rows
+
+
 def table(
     records: Sequence[Record],
     impls: Sequence[str],
@@ -96,9 +104,7 @@ def table(
     Returns:
         The table, with a header line.
     """
-    rows: dict[tuple[str, int, str], dict[str, Record]] = {}
-    for record in records:
-        rows.setdefault((record.op, record.nbytes, record.mode), {})[record.impl] = record
+    rows = _by_measurement(records)
 
     def time_cell(record):
         if record is None:
@@ -143,9 +149,7 @@ def goal_misses(
         mine, reference: the routes held to the goal and timed against
             (``--again``'s twins give a second check from the same run).
     """
-    by_row: dict[tuple[str, int, str], dict[str, Record]] = {}
-    for r in records:
-        by_row.setdefault((r.op, r.nbytes, r.mode), {})[r.impl] = r
+    by_row = _by_measurement(records)
     misses = []
     for (op, nbytes, mode), row in by_row.items():
         timed, against = row.get(mine), row.get(reference)
@@ -180,9 +184,7 @@ def run_noise(records: Sequence[Record]) -> list[str]:
     much, so a ratio between routes is resolved only beyond it.
     """
     suffix = f" {AGAIN}"
-    by_row: dict[tuple[str, int, str], dict[str, Record]] = {}
-    for r in records:
-        by_row.setdefault((r.op, r.nbytes, r.mode), {})[r.impl] = r
+    by_row = _by_measurement(records)
     ratios: dict[tuple[str, str], list[float]] = {}
     for (_, nbytes, mode), row in by_row.items():
         for name, twin in row.items():
