@@ -139,19 +139,12 @@ GOAL_FROM_BYTES = 64 * 1024
 GOAL_RATIO = 1.1
 
 
-def goal_misses(
-    records: Sequence[Record], mine: str = "jaxcomm", reference: str = "mpi4py"
-) -> list[str]:
-    """The measurements from 64 KiB that miss the large-message goal, one line each.
-
-    Args:
-        records: from :func:`~jaxcomm.bench.measure.run`.
-        mine, reference: the routes held to the goal and timed against
-            (``--again``'s twins give a second check from the same run).
-    """
-    by_row = _by_measurement(records)
-    misses = []
-    for (op, nbytes, mode), row in by_row.items():
+def _goal_misses_by_measurement(
+    records: Sequence[Record], mine: str, reference: str
+) -> dict[str, str]:
+    """``"<op> <size> <mode>"`` to how far ``mine`` missed the goal, for each miss."""
+    misses = {}
+    for (op, nbytes, mode), row in _by_measurement(records).items():
         timed, against = row.get(mine), row.get(reference)
         if (
             nbytes < GOAL_FROM_BYTES
@@ -169,10 +162,24 @@ def goal_misses(
                 continue
             budget, what = budget + plain.time_s, f"{reference} + plain"
         if timed.time_s > GOAL_RATIO * budget:
-            misses.append(
-                f"{op} {format_size(nbytes)} {mode}: {mine} {timed.time_s / budget:.2f}x {what}"
+            misses[f"{op} {format_size(nbytes)} {mode}"] = (
+                f"{mine} {timed.time_s / budget:.2f}x {what}"
             )
     return misses
+
+
+def goal_misses(
+    records: Sequence[Record], mine: str = "jaxcomm", reference: str = "mpi4py"
+) -> list[str]:
+    """The measurements from 64 KiB that miss the large-message goal, one line each.
+
+    Args:
+        records: from :func:`~jaxcomm.bench.measure.run`.
+        mine, reference: the routes held to the goal and timed against
+            (``--again``'s twins give a second check from the same run).
+    """
+    misses = _goal_misses_by_measurement(records, mine, reference)
+    return [f"{where}: {how}" for where, how in misses.items()]
 
 
 def run_noise(records: Sequence[Record]) -> list[str]:
@@ -219,25 +226,24 @@ def summary(records: Sequence[Record], ratios: Sequence[tuple[str, str]]) -> str
                 )
     wrong = sorted({f"{r.impl} {r.op} {r.mode}" for r in records if r.match is False})
     errors = sorted({f"{r.impl} {r.op} {r.mode}: {r.error}" for r in records if r.error})
-    misses = goal_misses(records)
-    if misses:
+    first = _goal_misses_by_measurement(records, "jaxcomm", "mpi4py")
+    if first:
         lines.append(
             f"missing the large-message goal (from {format_size(GOAL_FROM_BYTES)}: "
             f"within {GOAL_RATIO}x of mpi4py in a loop, of mpi4py + plain in a jitted call):"
         )
-        lines += [f"  {m}" for m in misses]
+        lines += [f"  {where}: {how}" for where, how in first.items()]
     noise = run_noise(records)
     if noise:
         lines.append("the run's own noise: each route timed twice (--again), from 64 KiB:")
         lines += [f"  {line}" for line in noise]
-        again = goal_misses(records, f"jaxcomm {AGAIN}", f"mpi4py {AGAIN}")
+        again = _goal_misses_by_measurement(records, f"jaxcomm {AGAIN}", f"mpi4py {AGAIN}")
         lines.append(
             f"the goal checked again on the twins (jaxcomm {AGAIN} against mpi4py {AGAIN}): "
             f"{len(again)} missing"
         )
-        lines += [f"  {m}" for m in again]
-        twice = {m.split(":")[0] for m in again}
-        both = [m.split(":")[0] for m in misses if m.split(":")[0] in twice]
+        lines += [f"  {where}: {how}" for where, how in again.items()]
+        both = [where for where in first if where in again]
         lines.append(f"missing in both checks: {', '.join(both) or 'none'}")
     lines += [f"WRONG RESULT (not timed): {w}" for w in wrong]
     lines += [f"not timed: {e}" for e in errors]
