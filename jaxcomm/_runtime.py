@@ -369,8 +369,9 @@ def set_pipeline_bytes(nbytes: int) -> None:
     for the measured piece size). The pieces are cut the same way on every
     platform, so that a rank with GPU arrays and one with CPU arrays make the
     same MPI calls: every rank of a communicator must use the same setting,
-    as with any argument of a collective. ``JAXCOMM_PIPELINE_BYTES`` sets it at import; the default,
-    4 MiB, is the best piece size measured on GPU arrays.
+    as with any argument of a collective. ``JAXCOMM_PIPELINE_BYTES`` sets it
+    at import; the default, 4 MiB, is the best piece size measured on GPU
+    arrays.
 
     Args:
         nbytes: the piece size in bytes, or 0 to hand every message to MPI whole.

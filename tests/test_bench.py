@@ -9,6 +9,7 @@ import ctypes
 import dataclasses
 import importlib
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -18,7 +19,6 @@ import jax
 import numpy as np
 import pytest
 from conftest import environment_without_launcher, mpiexec, spawns_own_mpi
-from mpi4py import MPI
 
 from jaxcomm import bench
 from jaxcomm.bench import gpu, model, native, quiet, report, scaling
@@ -181,7 +181,7 @@ def test_json_and_markdown_output(jc, tmp_path, capsys):
 
 def test_the_machine_s_cpu_time_is_read_from_proc_stat(tmp_path):
     stat = tmp_path / "stat"
-    hz = __import__("os").sysconf("SC_CLK_TCK")
+    hz = os.sysconf("SC_CLK_TCK")
     # user nice system idle iowait irq softirq steal: busy is all but idle,
     # iowait and steal.
     stat.write_text(f"cpu  {hz} {hz} {hz} {50 * hz} {9 * hz} {hz} {hz} {3 * hz} 0 0\ncpu0 ...\n")
@@ -202,10 +202,9 @@ def test_the_machine_s_cpu_time_is_read_from_proc_stat(tmp_path):
 def test_the_watch_sees_a_process_that_competes_with_the_run(jc):
     # One process spinning for the whole watch, started by one rank per host:
     # it is other work, the ranks' own waiting is not.
-    host = jc.comm.Split_type(MPI.COMM_TYPE_SHARED)
     watch = quiet.Watch(jc.comm)
     spinner = None
-    if host.rank == 0:
+    if watch.host.rank == 0:
         spinner = subprocess.Popen(
             [
                 sys.executable,
@@ -219,7 +218,6 @@ def test_the_watch_sees_a_process_that_competes_with_the_run(jc):
     if spinner is not None:
         spinner.wait()
     hosts = watch.finish()
-    host.Free()
     for name, w in hosts.items():
         assert w["other_cores"] > 0.5, (name, w)
         assert 1.4 < w["seconds"] < 30, (name, w)

@@ -57,6 +57,10 @@ class Watch:
 
     Every rank of ``comm`` makes and finishes it together (both are
     collective).
+
+    Attributes:
+        host: the ranks of ``comm`` on this host, until :meth:`finish`
+            frees it; its rank 0 reads the machine's figures.
     """
 
     def __init__(self, comm: MPI.Intracomm):
