@@ -60,6 +60,27 @@ def user_settings(environ=os.environ) -> list[str]:
     return found
 
 
+def in_effect(pad: int, environ=os.environ) -> dict:
+    """The malloc settings a process runs with, for a benchmark's record.
+
+    Args:
+        pad: what :func:`keep_freed_memory` returned at import.
+
+    Returns:
+        ``jaxcomm_pad`` and ``jaxcomm_mmap_threshold``, the bytes jaxcomm set
+        (0 where it left malloc as it is), and ``user``, the user's own
+        settings from ``environ`` with their values.
+    """
+    user = {name: environ[name] for name in _USER_SETTINGS if name in environ}
+    if any(t in environ.get("GLIBC_TUNABLES", "") for t in _USER_TUNABLES):
+        user["GLIBC_TUNABLES"] = environ["GLIBC_TUNABLES"]
+    return {
+        "jaxcomm_pad": pad,
+        "jaxcomm_mmap_threshold": MMAP_THRESHOLD if pad else 0,
+        "user": user,
+    }
+
+
 def keep_freed_memory(pad: int | None) -> int:
     """Apply the setting at import; the bytes glibc now keeps (0: malloc left as it is).
 

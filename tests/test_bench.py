@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from conftest import environment_without_launcher, mpiexec, spawns_own_mpi
 
-from jaxcomm import bench
+from jaxcomm import _malloc, _runtime, bench
 from jaxcomm.bench import gpu, model, native, quiet, report, scaling
 from jaxcomm.bench.routes import c_floor
 
@@ -160,6 +160,7 @@ def test_json_and_markdown_output(jc, tmp_path, capsys):
     assert meta["ranks"] == jc.size and meta["hosts"] and meta["cpu"]
     assert meta["versions"]["jax"] == jax.__version__
     assert {"jaxlib", "mpi4py", "mpi_library", "jaxcomm"} <= set(meta["versions"])
+    assert meta["malloc"] == _malloc.in_effect(_runtime.malloc_pad)
     if pathlib.Path("/proc/stat").exists():
         (host,) = meta["quiet"]
         assert host in meta["hosts"]

@@ -118,3 +118,24 @@ def test_the_users_own_settings_are_recognised():
         "glibc.malloc.top_pad",
         "glibc.malloc.mmap_threshold",
     ]
+
+
+def test_the_settings_in_effect_name_jaxcomms_and_the_users():
+    assert _malloc.in_effect(64 * MIB, {}) == {
+        "jaxcomm_pad": 64 * MIB,
+        "jaxcomm_mmap_threshold": _malloc.MMAP_THRESHOLD,
+        "user": {},
+    }
+    env = {
+        "MALLOC_MMAP_THRESHOLD_": "268435456",
+        "MALLOC_TOP_PAD_": "67108864",
+        "GLIBC_TUNABLES": "glibc.cpu.hwcaps=-AVX",
+        "HOME": "/root",
+    }
+    assert _malloc.in_effect(0, env) == {
+        "jaxcomm_pad": 0,
+        "jaxcomm_mmap_threshold": 0,
+        "user": {"MALLOC_MMAP_THRESHOLD_": "268435456", "MALLOC_TOP_PAD_": "67108864"},
+    }
+    tunables = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1:glibc.malloc.trim_threshold=9"}
+    assert _malloc.in_effect(0, tunables)["user"] == tunables

@@ -21,7 +21,7 @@ import jax
 import numpy as np
 from mpi4py import MPI
 
-from .. import __version__
+from .. import __version__, _malloc, _runtime
 from .measure import Record
 from .operations import MODES, OPS
 from .routes.base import AGAIN
@@ -297,6 +297,8 @@ def metadata(comm: MPI.Intracomm, **extra: Any) -> dict[str, Any]:
         "platform": platform.platform(),
         # Other work on the machine shows in the figures: say how busy it was.
         "load_average": list(os.getloadavg()),
+        # Where large results are placed, which sets what they cost (docs/sharp-bits.md).
+        "malloc": _malloc.in_effect(_runtime.malloc_pad),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "versions": versions,
         **extra,
