@@ -69,10 +69,13 @@ def in_effect(pad: int, environ=os.environ) -> dict:
     Returns:
         ``jaxcomm_pad`` and ``jaxcomm_mmap_threshold``, the bytes jaxcomm set
         (0 where it left malloc as it is), and ``user``, the user's own
-        settings from ``environ`` with their values.
+        settings from ``environ`` with their values: the ``MALLOC_*``
+        variables above, and ``GLIBC_TUNABLES`` where it sets any
+        ``glibc.malloc`` tunable (``hugetlb`` too, which jaxcomm does not
+        yield to but which moves buffers all the same).
     """
     user = {name: environ[name] for name in _USER_SETTINGS if name in environ}
-    if any(t in environ.get("GLIBC_TUNABLES", "") for t in _USER_TUNABLES):
+    if "glibc.malloc." in environ.get("GLIBC_TUNABLES", ""):
         user["GLIBC_TUNABLES"] = environ["GLIBC_TUNABLES"]
     return {
         "jaxcomm_pad": pad,

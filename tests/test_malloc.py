@@ -139,3 +139,7 @@ def test_the_settings_in_effect_name_jaxcomms_and_the_users():
     }
     tunables = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1:glibc.malloc.trim_threshold=9"}
     assert _malloc.in_effect(0, tunables)["user"] == tunables
+    # hugetlb alone leaves jaxcomm's settings in place, and is recorded beside them.
+    hugetlb = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
+    assert _malloc.user_settings(hugetlb) == []
+    assert _malloc.in_effect(64 * MIB, hugetlb)["user"] == hugetlb
