@@ -1370,7 +1370,10 @@ class JaxComm:
         Works eagerly and under ``jit``, in ``scan``/``fori_loop``/``cond``,
         under ``vmap`` and differentiable in ``x`` (``jvp``, ``grad``,
         ``vjp``, ``linear_transpose``): the transpose sends each cotangent
-        block back to its source, one exchange on the reverse graph.
+        block back to its source, one exchange on the reverse graph. Rows
+        sent to ``MPI.PROC_NULL`` (off a non-periodic edge) go nowhere and
+        get a zero cotangent; a ``MPI.PROC_NULL`` source sends no rows, so
+        its ``recvcounts`` entry is 0.
 
         Args:
             x: array of rows, at least ``sum(sendcounts)`` of them; the row
@@ -1955,7 +1958,8 @@ class JaxComm:
         or traced. Works eagerly and under ``jit``, in loops and
         conditionals, under ``vmap`` (counts shared by the batch);
         differentiable in ``x`` (transposed by the reverse exchange, a
-        request on the reverse graph).
+        request on the reverse graph; rows sent to ``MPI.PROC_NULL`` get a
+        zero cotangent, as in :meth:`neighbor_alltoallv`).
 
         Args:
             x: array of rows, at least ``sum(sendcounts)`` of them; the row

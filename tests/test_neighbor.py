@@ -555,6 +555,77 @@ def test_cartesian_grad(jc, grids, name):
     np.testing.assert_allclose(grad, want)
 
 
+def _grid_exchange_model(sendcounts, lists):
+    """Every rank's recvcounts of neighbor_alltoallv on a grid, and where each sent row landed.
+
+    ``landed[r][k]`` is ``(d, row)``: block ``k`` of rank ``r`` starts at row
+    ``row`` of rank ``d``'s result, or None where it went to ``MPI.PROC_NULL``.
+    """
+    recvcounts = [
+        np.array([0 if s == MPI.PROC_NULL else sendcounts[s][k ^ 1] for k, s in enumerate(ranks)])
+        for ranks in lists
+    ]
+    landed = [
+        [
+            None if d == MPI.PROC_NULL else (d, int(recvcounts[d][: k ^ 1].sum()))
+            for k, d in enumerate(ranks)
+        ]
+        for ranks in lists
+    ]
+    return recvcounts, landed
+
+
+@pytest.mark.x64
+@pytest.mark.mpi
+@pytest.mark.parametrize("name", sorted(GRIDS))
+@pytest.mark.parametrize("learn", [True, False], ids=["learned", "recvcounts"])
+@STARTED
+def test_cartesian_alltoallv_cotangent_of_rows_sent_off_the_edge(jc, grids, name, learn, started):
+    # Every rank sends rows every way, also off a non-periodic edge, where
+    # they go nowhere: their cotangent is zero, on every path of reverse mode.
+    grid = grids[name]
+    dims, periods = GRIDS[name](jc.size)
+    lists = grid_lists(dims, periods)
+    n, rows, capacity = 2 * len(dims), 14, 13
+    sendcounts = [np.array([(r + k) % 3 + 1 for k in range(n)], np.int32) for r in range(jc.size)]
+    recvcounts, landed = _grid_exchange_model(sendcounts, lists)
+    send = jnp.asarray(sendcounts[grid.rank])
+    recv = None if learn else jnp.asarray(recvcounts[grid.rank], jnp.int32)
+    exchange = alltoallv_of(grid, started)
+
+    def f(x):
+        y = exchange(x, send, recv, capacity=capacity)
+        return y[0] if learn else y
+
+    def want_of(weights):
+        out = np.zeros((rows, 2))
+        starts = np.concatenate([[0], np.cumsum(sendcounts[grid.rank])])
+        for k, arrival in enumerate(landed[grid.rank]):
+            if arrival is not None:
+                d, at = arrival
+                out[starts[k] : starts[k + 1]] = weights[d][at : at + starts[k + 1] - starts[k]]
+        return out
+
+    weights = [rank_data(r + 7, (capacity, 2), np.float64) + 1 for r in range(jc.size)]
+    w = jnp.asarray(weights[grid.rank])
+    x = jnp.asarray(rank_data(grid.rank, (rows, 2), np.float64))
+    want = want_of(weights)
+    grad = jax.jit(jax.grad(lambda x: jnp.sum(f(x) * w)))(x)
+    np.testing.assert_allclose(grad, want)
+    _, pullback = jax.vjp(f, x)
+    np.testing.assert_allclose(pullback(w)[0], want)
+    aval = jax.ShapeDtypeStruct(x.shape, x.dtype)
+    np.testing.assert_allclose(jax.linear_transpose(f, aval)(w)[0], want)
+    # Under vmap, a batch of cotangents.
+    batch = [[weights[r] * b for r in range(jc.size)] for b in (1, 2, 3)]
+    got = jax.jit(jax.vmap(lambda c: jax.vjp(f, x)[1](c)[0]))(
+        jnp.asarray([b[grid.rank] for b in batch])
+    )
+    for b, member in enumerate(batch):
+        np.testing.assert_allclose(got[b], want_of(member))
+    _still_matched(jc)
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("seed", [0, 1])
 def test_vmap_checkpoint_scan_while(jc, graphs, seed):

@@ -166,6 +166,68 @@ def known_counts(counts, handle, *, check_sizes, **_):
     return jnp.concatenate([sendcounts, recvcounts])
 
 
+def _to_nowhere(handle):
+    """Which destinations of ``handle`` are ``MPI.PROC_NULL`` (a mask), or None if none is."""
+    nowhere = np.array([d == MPI.PROC_NULL for d in _topologies[handle][1]], bool)
+    return nowhere if nowhere.any() else None
+
+
+def returned_counts(sendcounts, handle):
+    """The rows the transpose of an exchange by ``sendcounts`` gets back from each destination.
+
+    Rows sent to ``MPI.PROC_NULL`` went nowhere, and nothing comes back from there.
+    """
+    nowhere = _to_nowhere(handle)
+    if nowhere is None:
+        return sendcounts
+    return jnp.where(nowhere, jnp.zeros_like(sendcounts), sendcounts)
+
+
+def rows_sent_back(packed, sendcounts, handle):
+    """The cotangent of ``x``, from the rows a transposed exchange packed by ``returned_counts``.
+
+    The reverse exchange packs what comes back contiguously; block ``j``
+    belongs where the forward exchange read it, at ``sum(sendcounts[:j])``,
+    and the rows sent to ``MPI.PROC_NULL`` (none came back) get zeros.
+    """
+    nowhere = _to_nowhere(handle)
+    if nowhere is None:
+        return packed
+    returned = returned_counts(sendcounts, handle)
+    ends = jnp.cumsum(sendcounts)
+    starts = ends - sendcounts
+    packed_starts = jnp.cumsum(returned) - returned
+    rows = jnp.arange(packed.shape[0], dtype=ends.dtype)
+    block = jnp.searchsorted(ends, rows, side="right")
+    inside = jnp.minimum(block, len(nowhere) - 1)
+    kept = (block < len(nowhere)) & ~jnp.asarray(nowhere)[inside]
+    at = jnp.where(kept, packed_starts[inside] + rows - starts[inside], 0)
+    moved = packed[at]
+    return jnp.where(kept.reshape((-1,) + (1,) * (packed.ndim - 1)), moved, jnp.zeros_like(moved))
+
+
+def reverse_counts(counts, handle, *, check_sizes, reverse, **_):
+    """What the reverse of a started exchange by ``counts`` needs (``known_counts``).
+
+    Its receive counts are the rows each destination gets back
+    (``returned_counts``). A reverse exchange sends nothing to
+    ``MPI.PROC_NULL`` (nothing came from there), so its own reverse needs
+    its counts as they are.
+    """
+    known = known_counts(counts, handle, check_sizes=check_sizes)
+    if reverse:
+        return known
+    sendcounts = known[: _outdegree(handle)]
+    return jnp.concatenate([returned_counts(sendcounts, handle), known[_outdegree(handle) :]])
+
+
+def sent_back(packed, counts, handle, *, reverse, **_):
+    """``rows_sent_back`` for the exchange by ``counts`` (in its own order) a started reverse undoes."""
+    if reverse:
+        return packed
+    return rows_sent_back(packed, counts[: _outdegree(handle)], handle)
+
+
 def output_written(ct, counts, handle, *, reverse, **_):
     """``ct`` with the rows an exchange by ``counts`` (known, ``known_counts``) received zeroed."""
     received = counts[: indegree(handle)] if reverse else counts[_outdegree(handle) :]
@@ -189,7 +251,8 @@ _compat.fancy_primitive_batchers[neighbor_alltoallv_p] = partial(
 # blocks each destination sends back; neighbor_alltoallv to itself on the
 # reverse communicator with the counts swapped, the rows each source sent
 # learned by a neighbor_alltoall of the counts where the forward exchange
-# learned them.
+# learned them. Rows sent to MPI.PROC_NULL (off a non-periodic grid's edge)
+# went nowhere: nothing comes back for them, and their cotangent is zero.
 
 
 def _alltoall_transpose(ct, aval, *, handle):
@@ -210,13 +273,14 @@ def _alltoallv_transpose(cts, x, output, counts, *, handle, check_sizes):
     sendcounts, recvcounts = known[: _outdegree(handle)], known[_outdegree(handle) :]
     aval = x.aval if ad.is_undefined_primal(x) else jax.core.get_aval(x)
     zeros = batched_alike(jnp.zeros(aval.shape, aval.dtype))
-    x_t, _ = neighbor_alltoallv_p.bind(
+    packed, _ = neighbor_alltoallv_p.bind(
         ct,
         zeros,
-        jnp.concatenate([recvcounts, sendcounts]),
+        jnp.concatenate([recvcounts, returned_counts(sendcounts, handle)]),
         handle=reverse_comm(handle),
         check_sizes=1,
     )
+    x_t = rows_sent_back(packed, sendcounts, handle)
     output_t = None
     if ad.is_undefined_primal(output):
         output_t = output_written(ct, known, handle, reverse=0)

@@ -73,13 +73,14 @@ from .gather import allgather, alltoall, alltoallv, gather, scatter
 from .neighbor import (
     blocks_behind,
     indegree,
-    known_counts,
     neighbor_allgather,
     neighbor_alltoall,
     neighbor_alltoallv,
     neighbor_counts,
     output_written,
     reverse_comm,
+    reverse_counts,
+    sent_back,
     zero_from_nowhere,
 )
 from .p2p import recv, send, wildcard
@@ -302,6 +303,9 @@ class Counted:
         written: ``(ct, known index arrays, what the reverse learned, handle,
             **params)`` -> the output's cotangent: the result's ``ct`` with
             the rows the exchange wrote zeroed.
+        sent_back: ``(what the reverse received, the index arrays, handle,
+            **params)`` -> the operand's cotangent (run by the start's
+            transpose, after the reverse's wait).
     """
 
     received: Callable = lambda learned: learned[1]
@@ -309,6 +313,7 @@ class Counted:
     written: Callable = lambda ct, indices, learned, handle, *, reverse, **_: output_cotangent(
         ct, indices, learned, reverse
     )
+    sent_back: Callable = lambda packed, indices, handle, **params: packed
 
 
 # ragged_all_to_all and alltoallv by this rank's counts: the reversed exchange
@@ -316,13 +321,15 @@ class Counted:
 RAGGED = Counted()
 # neighbor_alltoallv: the reverse sends back what arrived, so where the
 # exchange learned its recvcounts, its transpose learns them again (a
-# neighbor_alltoall of the sendcounts), as the blocking form's does.
+# neighbor_alltoall of the sendcounts), as the blocking form's does; nothing
+# comes back from MPI.PROC_NULL.
 NEIGHBOR_COUNTED = Counted(
     received=lambda learned: learned,
-    known=known_counts,
+    known=reverse_counts,
     written=lambda ct, counts, learned, handle, **params: output_written(
         ct, counts, handle, **params
     ),
+    sent_back=sent_back,
 )
 
 
@@ -1095,16 +1102,17 @@ def _start_transpose(operation, cts, x, *extras, handle, **params):
     # Wait for the reverse request the wait's transpose started.
     reverse = OPERATIONS[transpose.op]
     described = _describe(reverse.start, transpose.params(params))
-    handle = transpose.comm(handle)
+    forward, handle = handle, transpose.comm(handle)
     outs = reverse.wait.prim.bind(cts[0], *_take(cts[0]), handle=handle, start=described)
     if not reverse.wait.receives:
         return [None]
     if operation.ragged:
         # The output's cotangent came from the wait's transpose, as the
         # receive buffer's.
-        output = extras[0]
+        output, indices = extras
+        x_ct = operation.ragged.sent_back(outs[0], indices, forward, **params)
         return [
-            outs[0] if ad.is_undefined_primal(x) else None,
+            x_ct if ad.is_undefined_primal(x) else None,
             cts[1] if ad.is_undefined_primal(output) else None,
             None,
         ]
