@@ -7,6 +7,7 @@ Eager calls go through cached jitted functions (``jaxcomm._eager``).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from functools import partial
 from typing import Any
@@ -78,9 +79,16 @@ class JaxComm:
     method call is an MPI call made in program order on every rank, also from
     compiled code, loops and conditionals; there are no tokens to manage.
 
+    A ``comm`` with a topology keeps it, for the neighbourhood collectives:
+    a Cartesian grid, a distributed graph (with or without weights, which
+    jaxcomm ignores) or an ``MPI_GRAPH`` graph (``comm.Create_graph``), whose
+    neighbours are both its sources and its destinations, in the order of
+    ``MPI_Graph_neighbors`` (MPI 4.1, section 8.6). Made collectively on
+    every rank: for a distributed graph, its reverse too.
+
     Args:
-        comm: any mpi4py ``Intracomm`` (``COMM_WORLD``, a split or a Cartesian
-            communicator). Defaults to ``MPI.COMM_WORLD``.
+        comm: any mpi4py ``Intracomm`` (``COMM_WORLD``, a split, a Cartesian
+            or a graph communicator). Defaults to ``MPI.COMM_WORLD``.
 
     Raises:
         TypeError: if ``comm`` is not an mpi4py ``Intracomm``.
@@ -435,8 +443,13 @@ class JaxComm:
         if it is not. Collective: also creates the reverse graph, on which
         the transposes of neighbourhood exchanges run.
 
-        Wrapping a communicator that already has a graph or Cartesian
-        topology with ``JaxComm(comm)`` keeps its topology too.
+        Wrapping a communicator that already has a topology with
+        ``JaxComm(comm)`` keeps it too: a distributed graph, a Cartesian grid
+        or an ``MPI_GRAPH`` graph (``comm.Create_graph``), whose neighbours
+        are both the sources and the destinations. MPI defines neighbourhood
+        collectives on an ``MPI_GRAPH`` only where every two ranks list each
+        other equally often; on one that is not symmetric they raise
+        ``ValueError`` on every rank.
 
         Args:
             sources: ranks of ``comm`` this rank receives from.
@@ -478,9 +491,15 @@ class JaxComm:
     def _topology(self) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
         handle = self._live()
         if self._neighbors is None:
+            if self._comm.Get_topology() == MPI.GRAPH:
+                raise ValueError(
+                    "MPI defines neighbourhood collectives on an MPI_GRAPH communicator "
+                    "only where every two ranks list each other equally often (MPI 4.1, "
+                    f"8.6): {_asymmetric_graph(self._comm)}"
+                )
             raise TypeError(
                 "this JaxComm has no neighbours: create it with from_graph or from_cart, "
-                "or wrap a communicator with a distributed graph or Cartesian topology"
+                "or wrap a communicator with a graph or Cartesian topology"
             )
         sources, destinations = self._neighbors
         return handle, tuple(sources), tuple(destinations)
@@ -1270,7 +1289,9 @@ class JaxComm:
         towards ``+1`` along dimension ``d``, and get back
         ``y[2 * d]`` (what the neighbour at ``-1`` sent towards ``+1``) and
         ``y[2 * d + 1]``. Blocks from ``MPI.PROC_NULL`` (off a non-periodic
-        edge) are zeros; blocks sent there go nowhere.
+        edge) are zeros; blocks sent there go nowhere. On an ``MPI_GRAPH``
+        communicator (``comm.Create_graph``) the neighbours, in the order of
+        ``MPI_Graph_neighbors``, are both the sources and the destinations.
 
         Works eagerly and under ``jit``, in ``scan``/``fori_loop``/``cond``,
         under ``vmap`` and differentiable (``jvp``, ``grad``, ``vjp``,
@@ -1288,9 +1309,12 @@ class JaxComm:
 
         Raises:
             TypeError: for a communicator without a topology, or a non-array ``x``.
-            ValueError: if ``x``'s leading axis is not the outdegree. Raised
-                on this rank only, before any MPI call: its neighbours, whose
-                ``x`` was right, wait for it (the watchdog, ``JAXCOMM_TIMEOUT``,
+            ValueError: on every rank, on an ``MPI_GRAPH`` communicator whose
+                ranks do not list each other equally often (MPI defines
+                neighbourhood collectives only on a symmetric graph). If
+                ``x``'s leading axis is not the outdegree: raised on this
+                rank only, before any MPI call; its neighbours, whose ``x``
+                was right, wait for it (the watchdog, ``JAXCOMM_TIMEOUT``,
                 reports them).
 
         Example:
@@ -1328,6 +1352,8 @@ class JaxComm:
 
         Raises:
             TypeError: for a communicator without a topology, or a non-array ``x``.
+            ValueError: on every rank, on an ``MPI_GRAPH`` communicator that is
+                not symmetric (see :meth:`neighbor_alltoall`).
 
         Example:
             >>> ring = JaxComm.from_graph([(jc.rank - 1) % jc.size], [(jc.rank + 1) % jc.size])
@@ -1390,7 +1416,9 @@ class JaxComm:
                 ``x`` or non-integer counts.
             ValueError: on this rank, before any MPI call, for counts of the
                 wrong length, negative static counts or static counts that do
-                not fit ``x`` or ``capacity``.
+                not fit ``x`` or ``capacity``; on every rank, on an
+                ``MPI_GRAPH`` communicator that is not symmetric (see
+                :meth:`neighbor_alltoall`).
             RuntimeError: raised by the kernel (``XlaRuntimeError``) for
                 traced counts that are negative or do not fit ``x`` or
                 ``capacity`` (on this rank and its destinations, which
@@ -1904,7 +1932,9 @@ class JaxComm:
         Raises:
             TypeError: for a communicator without a topology, or a non-array ``x``.
             ValueError: if ``x``'s leading axis is not the outdegree (on this
-                rank, before any MPI call).
+                rank, before any MPI call); on every rank, on an ``MPI_GRAPH``
+                communicator that is not symmetric (see
+                :meth:`neighbor_alltoall`).
 
         Example:
             >>> request = grid.ineighbor_alltoall(jnp.stack([u[0], u[-1]]))
@@ -1933,6 +1963,8 @@ class JaxComm:
 
         Raises:
             TypeError: for a communicator without a topology, or a non-array ``x``.
+            ValueError: on every rank, on an ``MPI_GRAPH`` communicator that is
+                not symmetric (see :meth:`neighbor_alltoall`).
         """
         handle, _, _ = self._topology()
         return nonblocking.start(nonblocking.ineighbor_allgather_p, held(x, "x"), handle=handle)
@@ -1976,8 +2008,8 @@ class JaxComm:
         Raises:
             TypeError: for a communicator without a topology, a non-array
                 ``x`` or non-integer counts.
-            ValueError: on this rank, before any MPI call, as
-                :meth:`neighbor_alltoallv`.
+            ValueError: as :meth:`neighbor_alltoallv` raises it, on the same
+                ranks.
             RuntimeError: raised by the start (``XlaRuntimeError``) where
                 :meth:`neighbor_alltoallv` raises, on the same ranks: the
                 rows still move (a failing rank receives into scratch memory
@@ -2276,7 +2308,7 @@ def _row_major(index: list[int], sizes: list[int]) -> int:
 
 
 def _neighbor_lists(comm: MPI.Intracomm) -> tuple[list[int], list[int]] | None:
-    """``(sources, destinations)`` of a distributed graph or Cartesian ``comm``, in MPI's order."""
+    """``(sources, destinations)`` of a ``comm`` with a topology, in MPI's order (None without one)."""
     topology = comm.Get_topology()
     if topology == MPI.DIST_GRAPH:
         sources, destinations, _ = comm.Get_dist_neighbors()
@@ -2285,6 +2317,32 @@ def _neighbor_lists(comm: MPI.Intracomm) -> tuple[list[int], list[int]] | None:
         # Per dimension, the neighbour at -1 then the one at +1 (MPI 4.1, 8.6).
         ranks = [rank for d in range(comm.Get_dim()) for rank in comm.Shift(d, 1)]
         return ranks, ranks
+    if topology == MPI.GRAPH and _asymmetric_graph(comm) is None:
+        # Its neighbours are both sources and destinations (MPI 4.1, 8.6).
+        ranks = list(comm.Get_neighbors(comm.Get_rank()))
+        return ranks, ranks
+    return None
+
+
+def _asymmetric_graph(comm: MPI.Graphcomm) -> str | None:
+    """Why MPI leaves neighbourhood collectives on the graph ``comm`` undefined, or None.
+
+    MPI 4.1, 8.6 defines them on an MPI_GRAPH only where every pair of
+    ranks lists each other equally often. Every rank holds the whole graph,
+    so every rank finds the same answer without a message.
+    """
+    ends, edges = comm.Get_topo()
+    listed = Counter()
+    start = 0
+    for node, end in enumerate(ends):
+        listed.update((node, int(neighbor)) for neighbor in edges[start:end])
+        start = end
+    for (a, b), times in sorted(listed.items()):
+        if listed[b, a] != times:
+            return (
+                f"rank {a} lists rank {b} {times} times among its neighbours, "
+                f"but rank {b} lists rank {a} {listed[b, a]} times"
+            )
     return None
 
 

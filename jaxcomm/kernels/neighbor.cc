@@ -1,5 +1,5 @@
 // Neighbourhood collectives on communicators with a topology (a distributed
-// graph or a Cartesian grid): MPI_Neighbor_alltoall, MPI_Neighbor_allgather
+// graph, a graph or a Cartesian grid): MPI_Neighbor_alltoall, MPI_Neighbor_allgather
 // and MPI_Neighbor_alltoallv, whose counts are operands.
 //
 // A rank's in- and out-degrees differ, so the buffers' leading axes do too:
@@ -31,8 +31,15 @@ ffi::Error NeighborDegrees(const Call& call, int* indegree, int* outdegree) {
     int ndims;
     JAXCOMM_MPI_CHECK(call, MPI_Cartdim_get, call.comm(), &ndims);
     *indegree = *outdegree = 2 * ndims;
+  } else if (topology == MPI_GRAPH) {
+    // MPI 4.1, 8.6: a graph's neighbours are both its sources and its
+    // destinations.
+    int rank;
+    JAXCOMM_MPI_CHECK(call, MPI_Comm_rank, call.comm(), &rank);
+    JAXCOMM_MPI_CHECK(call, MPI_Graph_neighbors_count, call.comm(), rank, indegree);
+    *outdegree = *indegree;
   } else {
-    return call.Invalid("the communicator has no distributed graph or Cartesian topology");
+    return call.Invalid("the communicator has no graph or Cartesian topology");
   }
   return ffi::Error::Success();
 }
@@ -240,7 +247,8 @@ constexpr size_t kPointToPointBytes = size_t{64} << 10;
 // A topology's edges as messages: a duplicate of the communicator, on which
 // no other message travels, the neighbours in MPI's order, and the tag of
 // each block. On a graph every tag is 0, so the k-th block to a process
-// matches the k-th block it expects from this one. On a Cartesian grid block
+// matches the k-th block it expects from this one (on an MPI_GRAPH too, whose
+// adjacency jaxcomm checks is symmetric). On a Cartesian grid block
 // s goes with tag s and block r is received with tag r ^ 1: a block sent
 // towards the positive side of a dimension lands in the negative-side block
 // of the receiver, as MPI defines, also where both neighbours of a dimension
@@ -303,6 +311,15 @@ ffi::Error EdgesOf(const Call& call, const Edges** found) {
         edges->receive_tags.push_back(s ^ 1);
       }
     }
+  } else if (topology == MPI_GRAPH) {
+    int rank, degree;
+    JAXCOMM_MPI_CHECK(call, MPI_Comm_rank, call.comm(), &rank);
+    JAXCOMM_MPI_CHECK(call, MPI_Graph_neighbors_count, call.comm(), rank, &degree);
+    edges->sources.resize(degree);
+    JAXCOMM_MPI_CHECK(call, MPI_Graph_neighbors, call.comm(), rank, degree, edges->sources.data());
+    edges->destinations = edges->sources;
+    edges->receive_tags.assign(degree, 0);
+    edges->send_tags.assign(degree, 0);
   } else {
     int indegree, outdegree, weighted;
     JAXCOMM_MPI_CHECK(call, MPI_Dist_graph_neighbors_count, call.comm(), &indegree, &outdegree,

@@ -4,7 +4,8 @@ Their nonblocking forms are in ``nonblocking.py``; the helpers of
 ``neighbor_alltoallv``'s counts below serve ``ineighbor_alltoallv`` too.
 
 They run on a communicator with a topology, a distributed graph
-(``MPI_Dist_graph_create_adjacent``) or a Cartesian grid, whose neighbour
+(``MPI_Dist_graph_create_adjacent``), a Cartesian grid or a graph
+(``MPI_Graph_create``, whose neighbours are both lists), whose neighbour
 lists each ``JaxComm`` registers here by handle (:func:`register_topology`):
 ``sources`` (this rank receives block ``i`` from ``sources[i]``) and
 ``destinations`` (block ``j`` goes to ``destinations[j]``), in MPI's order.
@@ -17,7 +18,9 @@ cotangent blocks go back to the neighbours they came from, as one
 neighbourhood collective on the reverse communicator (sources and
 destinations swapped), which every ``JaxComm`` with a graph topology makes
 when it is created. A Cartesian grid is its own reverse: the block a rank
-sent towards ``-1`` arrived at that neighbour from ``+1``.
+sent towards ``-1`` arrived at that neighbour from ``+1``. So is a graph,
+whose adjacency is symmetric: the k-th block from a rank to a neighbour is
+the k-th that neighbour receives from it, and the k-th it sends back.
 """
 
 from functools import partial
