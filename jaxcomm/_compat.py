@@ -335,11 +335,11 @@ def context_mesh_devices(axis_context):
 # eager call's jitted function) then fails against a mesh of several
 # processes' devices, or compiles for all of them. jaxcomm's own computations
 # belong to this process alone, so they run with the mesh context cleared.
-# jax 0.7 and newer clear it with ``jax.set_mesh(None)``; jax 0.6 has
-# ``jax.sharding.use_mesh`` (and, in 0.6.1 and newer, ``set_mesh``), which
-# take an empty mesh.
+# jax 0.7 and newer clear it with ``jax.set_mesh(None)``; jax 0.6 sets it
+# with the context manager ``jax.sharding.use_mesh`` (its
+# ``jax.sharding.set_mesh`` is a global setter), which takes an empty mesh.
 
-_set_mesh = getattr(jax, "set_mesh", None) or getattr(jax.sharding, "set_mesh", None)
+_set_mesh = getattr(jax, "set_mesh", None)
 _use_mesh = getattr(jax.sharding, "use_mesh", None)
 _device_context = getattr(_jax_config, "device_context", None)
 

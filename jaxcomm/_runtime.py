@@ -469,15 +469,17 @@ def sync() -> None:
 
     Raises:
         RuntimeError: if an MPI call that jaxcomm dispatched failed since the
-            last ``sync()`` in a computation XLA ran after its call returned.
-            JAX raises such a failure from its outputs, if they are read, but
-            a computation with no outputs has nowhere to report it; jaxcomm
-            keeps the first one for ``sync()`` (and the exit hook), so no
-            failure goes unnoticed. A failure JAX raised in the call that ran
-            it is the caller's and is not kept. It is raised once, and
-            jaxcomm goes on working. Also
-            for nonblocking requests started and never waited (an eager
-            request dropped without ``JaxComm.wait``), each reported once.
+            last ``sync()`` in a computation XLA ran after its call returned,
+            and the program was not given the failure. JAX raises such a
+            failure from its outputs, if they are read, but a computation
+            with no outputs (or outputs never read) has nowhere to report
+            it; jaxcomm keeps the first one for ``sync()`` (and the exit
+            hook), so no failure goes unnoticed. A failure JAX raised to the
+            program, in the call that ran it or from its results, is the
+            program's and is not raised again. It is raised once, and
+            jaxcomm goes on working. Also for nonblocking requests started
+            and never waited (an eager request dropped without
+            ``JaxComm.wait``), each reported once.
     """
     wait_for_dispatched()
     raise_recorded_error()
