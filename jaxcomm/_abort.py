@@ -25,10 +25,12 @@ ENVIRONMENT_VARIABLE = "JAXCOMM_ABORT_ON_EXCEPTION"
 def interactive() -> bool:
     """Whether this process is an interactive session, where an exception ends no program.
 
-    The plain REPL and ``python -i`` (whose prompt follows the script),
-    IPython and Jupyter kernels.
+    The plain REPL, ``python -i`` and ``PYTHONINSPECT`` (whose prompt follows
+    the script), IPython and Jupyter kernels.
     """
-    if hasattr(sys, "ps1") or sys.flags.interactive:
+    if hasattr(sys, "ps1") or getattr(sys.flags, "interactive", 0):
+        return True
+    if getattr(sys.flags, "inspect", 0):
         return True
     ipython = sys.modules.get("IPython")
     get_ipython = getattr(ipython, "get_ipython", None)
