@@ -1,9 +1,14 @@
-"""The opt-in hook that ends the whole MPI job when one rank fails.
+"""The hook that ends the whole MPI job when an exception escapes on one rank.
 
-jaxcomm never calls ``MPI_Abort`` on its own (an exception on one rank is
-that rank's to handle), so this hook is installed only on request.
+An exception that ends one rank's program leaves the other ranks waiting for
+it in their next collective or receive, and the job hangs until the batch
+system's time limit. So importing jaxcomm installs a ``sys.excepthook`` that
+prints the traceback and then calls ``MPI_Abort``; ``JAXCOMM_ABORT_ON_EXCEPTION=0``
+or :func:`abort_on_exception` with ``False`` keeps mpi4py's plain behaviour,
+and interactive sessions are left alone.
 """
 
+import os
 import sys
 import time
 
@@ -14,17 +19,33 @@ from mpi4py import MPI
 _previous = None
 _enabled = False
 _FORWARDING_SECONDS = 0.5
+ENVIRONMENT_VARIABLE = "JAXCOMM_ABORT_ON_EXCEPTION"
 
 
-def _abort_hook(kind, value, traceback):
-    (_previous or sys.__excepthook__)(kind, value, traceback)
-    if not _enabled or not MPI.Is_initialized() or MPI.Is_finalized():
-        return
+def interactive() -> bool:
+    """Whether this process is an interactive session, where an exception ends no program.
+
+    The plain REPL, ``python -i`` and ``PYTHONINSPECT`` (whose prompt follows
+    the script), IPython and Jupyter kernels.
+    """
+    if hasattr(sys, "ps1") or getattr(sys.flags, "interactive", 0):
+        return True
+    if getattr(sys.flags, "inspect", 0):
+        return True
+    ipython = sys.modules.get("IPython")
+    get_ipython = getattr(ipython, "get_ipython", None)
+    return get_ipython is not None and get_ipython() is not None
+
+
+def aborting() -> bool:
+    """Whether a failure that ends this rank's program should end the whole job now."""
+    return _enabled and not interactive() and MPI.Is_initialized() and not MPI.Is_finalized()
+
+
+def abort_job(reason: str, status: int = 1) -> None:
+    """Write ``reason`` on stderr, give the launcher time to forward it, and ``MPI_Abort``."""
     rank = MPI.COMM_WORLD.Get_rank()
-    sys.stderr.write(
-        f"jaxcomm: uncaught {kind.__name__} on rank {rank} (world): aborting the MPI job "
-        "(jaxcomm.abort_on_exception)\n"
-    )
+    sys.stderr.write(f"jaxcomm: {reason} on rank {rank} (world): aborting the MPI job\n")
     # MPI_Abort kills the processes, so nothing buffered would be written;
     # and the launcher drops the output it had not forwarded yet when it ends
     # the job (a traceback lost now and then in the test suite), so it is
@@ -35,40 +56,51 @@ def _abort_hook(kind, value, traceback):
         except (AttributeError, OSError, ValueError):
             pass
     time.sleep(_FORWARDING_SECONDS)
-    MPI.COMM_WORLD.Abort(1)
+    MPI.COMM_WORLD.Abort(status)
+
+
+def _abort_hook(kind, value, traceback):
+    (_previous or sys.__excepthook__)(kind, value, traceback)
+    if aborting():
+        abort_job(f"uncaught {kind.__name__}")
 
 
 def abort_on_exception(enabled: bool = True) -> None:
-    """End the whole MPI job when an exception escapes on any rank.
+    """End the whole MPI job when an exception escapes on any rank (the default).
 
     An exception that ends one rank's program leaves the other ranks waiting
-    for it in their next collective or receive: the job hangs until the batch
-    system's time limit. With this hook, an uncaught exception on any rank
-    prints its traceback as usual, then calls ``MPI_Abort`` on
-    ``MPI_COMM_WORLD`` with error code 1, which ends every rank of the job
-    with a non-zero exit status.
+    for it in their next collective or receive: the job would hang until the
+    batch system's time limit. So, from its import on, jaxcomm prints the
+    traceback of an exception that escapes the main thread as usual, then a
+    line ``jaxcomm: uncaught ValueError on rank 1 (world): aborting the MPI
+    job``, and half a second later (for the launcher to forward the output)
+    calls ``MPI_Abort`` on ``MPI_COMM_WORLD`` with error code 1, which ends
+    every rank of the job with a non-zero exit status. A failure of an MPI
+    call that no one was told of before exit (``jaxcomm.sync``) ends the
+    job the same way.
 
-    jaxcomm never calls ``MPI_Abort`` on its own: this is opt-in. Call it
-    once, early, on every rank. It installs a ``sys.excepthook``, so it
-    covers exceptions that escape the main thread; ``sys.exit()`` with a
-    non-zero code and exceptions in other threads do not reach that hook
-    (``python -m mpi4py script.py`` aborts on those as well).
+    Interactive sessions (the REPL, ``python -i``, IPython, Jupyter) are
+    never aborted. ``sys.exit()`` with a non-zero code and exceptions in
+    other threads do not reach the hook (a thread's exception ends only that
+    thread); ``python -m mpi4py script.py`` aborts on a non-zero
+    ``sys.exit`` too. ``JAXCOMM_ABORT_ON_EXCEPTION=0`` in the environment
+    turns the hook off from the start (mpi4py's plain behaviour).
 
     Args:
-        enabled: ``True`` installs the hook (again: nothing changes);
-            ``False`` puts back the ``sys.excepthook`` that was in place
-            before, or, when another hook has since been installed over
-            jaxcomm's, leaves jaxcomm's in that chain doing nothing but
-            passing the exception on.
+        enabled: ``True`` turns the hook on (installing it where it is not
+            in place); ``False`` turns it off: it puts back the
+            ``sys.excepthook`` that was in place before, or, when another
+            hook has since been installed over jaxcomm's, leaves jaxcomm's
+            in that chain doing nothing but passing the exception on.
 
     Example:
         >>> import jax.numpy as jnp
         >>> import jaxcomm
-        >>> jaxcomm.abort_on_exception()
         >>> jc = jaxcomm.JaxComm()
         >>> if jc.rank == 1:
         ...     raise ValueError("bad input")  # every rank ends, non-zero
         >>> jc.allreduce(jnp.ones(3))  # rank 0 would otherwise wait here forever
+        >>> jaxcomm.abort_on_exception(False)  # mpi4py's plain behaviour from now on
     """
     global _previous, _enabled
     _enabled = bool(enabled)
@@ -78,3 +110,13 @@ def abort_on_exception(enabled: bool = True) -> None:
     elif not _enabled and sys.excepthook is _abort_hook:
         sys.excepthook = _previous
         _previous = None
+
+
+def _from_environment():
+    text = os.environ.get(ENVIRONMENT_VARIABLE) or "1"
+    if text not in ("0", "1"):
+        raise ValueError(f"{ENVIRONMENT_VARIABLE} must be 0 (off) or 1 (on), got {text!r}")
+    return text == "1"
+
+
+abort_on_exception(_from_environment())

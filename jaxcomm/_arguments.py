@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from mpi4py import MPI
 
-from . import ops
+from . import _compat, ops
 from .ops._base import ALLOWED_DTYPES, REDUCTION_OPS, SUPPORTED_DTYPES
 from .ops._tree import tree_call
 
@@ -33,6 +33,7 @@ def check_dtype(dtype, name: str) -> None:
         raise TypeError(f"{name} has dtype {dtype}, which jaxcomm cannot send")
 
 
+@_compat.eager_outside_mesh
 def as_array(x: ArrayLike, name: str) -> jax.Array:
     if isinstance(x, (MPI.Status, str, bytes)) or x is None:
         raise TypeError(f"{name} must be an array or a scalar, got {type(x).__name__}")
@@ -48,6 +49,7 @@ def as_array(x: ArrayLike, name: str) -> jax.Array:
     return array
 
 
+@_compat.eager_outside_mesh
 def held(x: ArrayLike, name: str) -> jax.Array:
     """``x`` as an array that MPI may read after the call returns.
 
@@ -70,6 +72,7 @@ def shape_dtype(x: Any, name: str) -> tuple[tuple[int, ...], np.dtype]:
     return shape, dtype
 
 
+@_compat.eager_outside_mesh
 def template(x: Any, name: str) -> jax.Array:
     """An array shaped like ``x`` (zeros for a ``jax.ShapeDtypeStruct``)."""
     if isinstance(x, jax.ShapeDtypeStruct):

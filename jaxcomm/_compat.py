@@ -17,6 +17,7 @@ names it; fast dispatch, which relies on the runtime's order between
 computations, is applied only to the tested versions.
 """
 
+import contextlib
 import contextvars
 import functools
 import inspect
@@ -67,7 +68,7 @@ try:
     from jax._src.lib.mlir.dialects import hlo as _hlo
 
     abstract_token = _core.abstract_token
-    apply_primitive = _dispatch.apply_primitive
+    _apply_primitive = _dispatch.apply_primitive
     fancy_primitive_batchers = _batching.fancy_primitive_batchers
     _Effect = _effects.Effect
     _ordered_effects = _effects.ordered_effects
@@ -325,6 +326,67 @@ def context_mesh_devices(axis_context):
     if not isinstance(mesh, jax.sharding.Mesh):  # an AbstractMesh has no devices
         return None
     return np.vectorize(lambda d: d.id, otypes=[np.int64])(mesh.devices).tolist()
+
+
+# The user's mesh context ------------------------------------------------------
+#
+# Inside ``jax.set_mesh(mesh)`` every ``jit`` call takes the mesh's devices as
+# its own: one over this process's arrays (jaxcomm's fence in ``sync``, an
+# eager call's jitted function) then fails against a mesh of several
+# processes' devices, or compiles for all of them. jaxcomm's own computations
+# belong to this process alone, so they run with the mesh context cleared.
+# jax 0.7 and newer clear it with ``jax.set_mesh(None)``; jax 0.6 sets it
+# with the context manager ``jax.sharding.use_mesh`` (its
+# ``jax.sharding.set_mesh`` is a global setter), which takes an empty mesh.
+
+_set_mesh = getattr(jax, "set_mesh", None)
+_use_mesh = getattr(jax.sharding, "use_mesh", None)
+_device_context = getattr(_jax_config, "device_context", None)
+
+
+def _empty_mesh():
+    return jax.sharding.Mesh(np.empty((), dtype=object), ())
+
+
+def in_mesh_context() -> bool:
+    """Whether a mesh context (``jax.set_mesh``) is in force on this thread now."""
+    if _device_context is not None:
+        # One config read (about 1 us; the public getter takes 3): every eager
+        # call asks.
+        mesh = _device_context.value
+        return mesh is not None and not mesh.empty
+    return not getattr(jax.sharding.get_abstract_mesh(), "empty", True)
+
+
+def outside_mesh():
+    """A context in which ``jit`` sees no mesh context (nothing to do when none is set)."""
+    if tracing() or not in_mesh_context():
+        # Inside a trace the mesh belongs to the traced program (shard_map's).
+        return contextlib.nullcontext()
+    if _set_mesh is not None:
+        return _set_mesh(None)
+    if _use_mesh is not None:
+        return _use_mesh(_empty_mesh())
+    return contextlib.nullcontext()
+
+
+def eager_outside_mesh(function):
+    """``function``, run outside any mesh context when it is called eagerly (see ``outside_mesh``)."""
+
+    @functools.wraps(function)
+    def call(*args, **kwargs):
+        if in_mesh_context() and not tracing():
+            with outside_mesh():
+                return function(*args, **kwargs)
+        return function(*args, **kwargs)
+
+    return call
+
+
+def apply_primitive(prim, *args, **params):
+    """Run ``prim`` eagerly (JAX's ``apply_primitive``), on this process's arrays."""
+    with outside_mesh():
+        return _apply_primitive(prim, *args, **params)
 
 
 # Varying manual axes (shard_map's check_vma) ------------------------------------
@@ -591,6 +653,52 @@ def def_linearization(primitive, rule):
     )
 
 
+# Runtime errors the program is given ------------------------------------------
+#
+# A kernel that fails on one of XLA's threads reaches the program, if at all,
+# as the JaxRuntimeError JAX raises from the computation's results (read, or
+# waited with block_until_ready). jaxcomm keeps each such failure for sync()
+# and the exit hook, which must not raise it again once the program had it.
+# JAX offers no hook for an error it hands out, so the exception type's
+# __init__ shows every one created outside jaxcomm's own waits to
+# ``runtime_error_seen`` (set by _runtime), which forgets the kept failure
+# when it is that one.
+
+# Set by _runtime: called with the text of each runtime error the program is given.
+runtime_error_seen = None
+
+_own_wait = contextvars.ContextVar("jaxcomm_own_wait", default=False)
+
+
+@contextlib.contextmanager
+def own_wait():
+    """A block where the runtime errors JAX raises are jaxcomm's to handle, not the program's."""
+    token = _own_wait.set(True)
+    try:
+        yield
+    finally:
+        _own_wait.reset(token)
+
+
+def _noting(init):
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        if runtime_error_seen is not None and not _own_wait.get():
+            runtime_error_seen(str(self))
+
+    return __init__
+
+
+_JaxRuntimeError = getattr(jax.errors, "JaxRuntimeError", None)
+try:
+    _JaxRuntimeError.__init__ = _noting(_JaxRuntimeError.__init__)
+except (AttributeError, TypeError):
+    _skipped.append(
+        "forgetting a failure the program caught from its results: sync() and the exit "
+        "hook raise it again"
+    )
+
+
 # Fast dispatch -----------------------------------------------------------------
 #
 # An executable whose jaxpr has an ordered effect takes JAX's Python dispatch
@@ -714,9 +822,45 @@ _get_token_input = getattr(_RuntimeTokenSet, "get_token_input", None)
 _set_token_result = getattr(_RuntimeTokenSet, "set_token_result", None)
 
 
+def _drop_failed_token(tokens, effect):
+    # A failed computation leaves its failure in the runtime token it
+    # returns, which JAX hands to the next one: every later jaxcomm call would
+    # fail with it. The failure was the program's (from the results) or is
+    # kept for sync(); the failed computation has ended, so the next one may
+    # start from a fresh token without losing the order.
+    token = tokens.current_tokens.get(effect)
+    buffer = getattr(token, "_buf", None)
+    if buffer is None or not buffer.is_ready():
+        return
+    try:
+        with own_wait():
+            token.block_until_ready()
+    except Exception:  # noqa: BLE001  (a failed token: dropped)
+        del tokens.current_tokens[effect]
+
+
+def effects_barrier():
+    """``jax.effects_barrier()``, past a failed jaxcomm computation's runtime token.
+
+    That failure was the program's, or is kept for ``sync()``: the barrier
+    raises only for others.
+    """
+    with own_wait():
+        try:
+            jax.effects_barrier()
+            return
+        except Exception:  # noqa: BLE001  (raised again below unless it was jaxcomm's)
+            if _RuntimeTokenSet is None:
+                raise
+            _drop_failed_token(_dispatch.runtime_tokens, mpi_effect)
+        jax.effects_barrier()
+
+
 def _get_token_input_after_fast_device(self, effect, devices):
-    if effect is mpi_effect and fast_device is not None:
-        wait_for_fast_device()
+    if effect is mpi_effect:
+        if fast_device is not None:
+            wait_for_fast_device()
+        _drop_failed_token(self, effect)
     return _get_token_input(self, effect, devices)
 
 
@@ -724,16 +868,18 @@ def _set_token_result_when_done(self, effect, token):
     _set_token_result(self, effect, token)
     if effect is mpi_effect and fast_device is not None:
         try:
-            token.block_until_ready()
-        except Exception:  # noqa: BLE001  (the token's next user raises it)
+            with own_wait():
+                token.block_until_ready()
+        except Exception:  # noqa: BLE001  (dropped by its next user)
             pass
 
 
 if fast_dispatch_enabled:
     _pxla._cached_lowering_to_hlo = _cached_lowering_to_hlo
     _mlir.jaxpr_subcomp = _jaxpr_subcomp_with_token
-    _RuntimeTokenSet.get_token_input = _get_token_input_after_fast_device
     _RuntimeTokenSet.set_token_result = _set_token_result_when_done
+if _fast_dispatch_internals:
+    _RuntimeTokenSet.get_token_input = _get_token_input_after_fast_device
 
 
 # Checks on every jaxpr jaxcomm lowers ------------------------------------------

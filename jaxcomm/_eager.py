@@ -104,7 +104,10 @@ def eager_cached(*, arrays: tuple[str, ...]) -> Callable:
             )
         count = len(arrays)
 
+        # An eager call works on this process's arrays, whatever mesh the
+        # program set (jax.set_mesh) for its own computations.
         @functools.wraps(method)
+        @_compat.eager_outside_mesh
         def call(self, *args, **kwargs):
             cache = self._eager
             given, static = args[:count], args[count:]
@@ -122,7 +125,7 @@ def eager_cached(*, arrays: tuple[str, ...]) -> Callable:
             if monitoring():
                 # The checker and the watchdog name each call's own site, which
                 # the compiled function keeps from its first call.
-                caller = sys._getframe(1)
+                caller = sys._getframe(2)  # the user's, above eager_outside_mesh
                 key = (key, caller.f_code.co_filename, caller.f_lineno)
             jitted = cache.get(key)
             if jitted is None:

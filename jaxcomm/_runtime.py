@@ -23,7 +23,7 @@ import jax
 import numpy as np
 from mpi4py import MPI
 
-from . import _compat, _malloc
+from . import _abort, _compat, _malloc
 
 try:
     from . import _build_info
@@ -419,6 +419,8 @@ def raise_recorded_error() -> None:
         raise RuntimeError(f"an MPI call jaxcomm dispatched earlier failed: {message}")
 
 
+_compat.runtime_error_seen = _kernels_cpu.forget_error
+
 _increment = jax.jit(lambda x: x + 1)
 
 
@@ -467,15 +469,17 @@ def sync() -> None:
 
     Raises:
         RuntimeError: if an MPI call that jaxcomm dispatched failed since the
-            last ``sync()`` in a computation XLA ran after its call returned.
-            JAX raises such a failure from its outputs, if they are read, but
-            a computation with no outputs has nowhere to report it; jaxcomm
-            keeps the first one for ``sync()`` (and the exit hook), so no
-            failure goes unnoticed. A failure JAX raised in the call that ran
-            it is the caller's and is not kept. It is raised once, and
-            jaxcomm goes on working. Also
-            for nonblocking requests started and never waited (an eager
-            request dropped without ``JaxComm.wait``), each reported once.
+            last ``sync()`` in a computation XLA ran after its call returned,
+            and the program was not given the failure. JAX raises such a
+            failure from its outputs, if they are read, but a computation
+            with no outputs (or outputs never read) has nowhere to report
+            it; jaxcomm keeps the first one for ``sync()`` (and the exit
+            hook), so no failure goes unnoticed. A failure JAX raised to the
+            program, in the call that ran it or from its results, is the
+            program's and is not raised again. It is raised once, and
+            jaxcomm goes on working. Also for nonblocking requests started
+            and never waited (an eager request dropped without
+            ``JaxComm.wait``), each reported once.
     """
     wait_for_dispatched()
     raise_recorded_error()
@@ -488,7 +492,7 @@ def wait_for_dispatched() -> None:
     For collective steps (freeing or splitting a communicator): raising on the
     one rank whose kernel failed would leave the others waiting in them.
     """
-    jax.effects_barrier()
+    _compat.effects_barrier()
     _wait_for_fast_device()
 
 
@@ -496,7 +500,8 @@ def _wait_for_fast_device():
     # A device runs its computations in dispatch order, so a computation
     # dispatched now finishes after every earlier one.
     if _compat.fast_device is not None:
-        _increment(_probe_input(_compat.fast_device)).block_until_ready()
+        with _compat.outside_mesh():
+            _increment(_probe_input(_compat.fast_device)).block_until_ready()
 
 
 _compat.wait_for_fast_device = _wait_for_fast_device
@@ -612,13 +617,18 @@ _watch_for_interrupts()
 
 
 def _report_at_exit(failure):
-    """Report a failure found at exit on stderr, and end the process with status 1.
+    """Report a failure found at exit on stderr, and end the job, or the process, with status 1.
 
     An exception raised by an exit hook is printed, but leaves the exit
-    status at 0: a job whose MPI call failed would look successful.
+    status at 0: a job whose MPI call failed would look successful. The
+    failed call may also have left peers waiting for calls this rank will
+    not make, so, as for an uncaught exception, the job is aborted
+    (``jaxcomm.abort_on_exception``).
     """
     sys.stderr.write(f"jaxcomm: at exit: {type(failure).__name__}: {failure}\n")
     sys.stderr.flush()
+    if _abort.aborting():
+        _abort.abort_job("a failure at exit")
     _kernels_cpu.exit_with_status(1)
 
 

@@ -12,7 +12,9 @@ plain ``pytest`` run.
 """
 
 import re
+import subprocess
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +22,7 @@ import numpy as np
 import pytest
 from conftest import (
     RUNTIME_ERRORS,
+    environment_without_launcher,
     not_reported_again,
     run_job,
     spawns_own_mpi,
@@ -178,24 +181,59 @@ def test_failure_of_a_computation_without_outputs_is_raised_by_sync(jc):
     still_usable(jc)
 
 
+@pytest.mark.mpi(min_size=2)
+def test_a_failure_read_from_the_results_is_raised_once(jc):
+    # Rank 1's computation receives after a matrix product: XLA runs it on
+    # one of its threads after the call returned, and JAX raises the failure
+    # from its result. The program had it: sync() and later calls do not
+    # raise it again.
+    product = jnp.ones((256, 256), jnp.float32)
+    step = jax.jit(
+        lambda m: jc.recv(jnp.zeros(5, jnp.float32) * jnp.sin(m @ m).sum(), source=0, tag=29)
+    )
+    caught = []
+    for n in (5, 10, 5):
+        if jc.rank == 0:
+            jc.send(jnp.ones(n, jnp.float32), 1, tag=29)
+        elif jc.rank == 1:
+            try:
+                np.asarray(step(product))
+            except RUNTIME_ERRORS as err:
+                caught.append(str(err))
+    try:
+        jaxcomm.sync()
+        again = None
+    except RuntimeError as err:
+        again = err
+    still_usable(jc)
+    assert again is None, again
+    if jc.rank == 1:
+        assert len(caught) == 1 and re.search(truncated("MPI_Recv"), caught[0]), caught
+
+
 # abort_on_exception ---------------------------------------------------------
 
 
 @pytest.fixture
 def excepthook():
     """Restore sys.excepthook and jaxcomm's hook state after a test."""
-    saved = sys.excepthook
+    saved = (sys.excepthook, _abort._previous, _abort._enabled)
     yield
-    jaxcomm.abort_on_exception(False)
-    sys.excepthook = saved
-    _abort._previous = None
+    sys.excepthook, _abort._previous, _abort._enabled = saved
+
+
+def test_abort_on_exception_is_installed_at_import(excepthook):
+    # The suite's processes import jaxcomm without JAXCOMM_ABORT_ON_EXCEPTION.
+    assert sys.excepthook is _abort._abort_hook and _abort._enabled
 
 
 def test_abort_on_exception_installs_once_and_uninstalls(excepthook):
+    jaxcomm.abort_on_exception(False)
     original = sys.excepthook
+    assert original is not _abort._abort_hook
     jaxcomm.abort_on_exception()
     installed = sys.excepthook
-    assert installed is not original
+    assert installed is _abort._abort_hook
     jaxcomm.abort_on_exception()
     assert sys.excepthook is installed
     jaxcomm.abort_on_exception(False)
@@ -222,6 +260,36 @@ def test_abort_on_exception_stays_in_a_chain_of_hooks(excepthook):
     assert seen == [KeyError]
     jaxcomm.abort_on_exception()
     assert sys.excepthook is later
+
+
+@pytest.mark.parametrize("session", ["repl", "python -i", "ipython"])
+def test_interactive_sessions_are_not_aborted(excepthook, monkeypatch, session):
+    jaxcomm.abort_on_exception()
+    if session == "repl":
+        monkeypatch.setattr(sys, "ps1", ">>> ", raising=False)
+    elif session == "python -i":
+        monkeypatch.setattr(sys, "flags", type("Flags", (), {"interactive": 1})())
+    else:
+        shell = type(sys)("IPython")
+        shell.get_ipython = lambda: object()
+        monkeypatch.setitem(sys.modules, "IPython", shell)
+    assert _abort.interactive() and not _abort.aborting()
+    # The hook prints and returns: an abort would end this test run.
+    sys.excepthook(KeyError, KeyError("k"), None)
+
+
+@spawns_own_mpi
+def test_abort_on_exception_setting_is_checked(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-c", "import jaxcomm"],
+        env=environment_without_launcher(JAXCOMM_ABORT_ON_EXCEPTION="no"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert done.returncode != 0
+    assert "JAXCOMM_ABORT_ON_EXCEPTION must be 0 (off) or 1 (on), got 'no'" in done.stderr
 
 
 # The end of a job -----------------------------------------------------------
@@ -340,37 +408,129 @@ def test_a_failure_the_program_caught_leaves_the_exit_status_alone(tmp_path):
     assert "at exit" not in done.stderr, done.stderr
 
 
-ABORTING_JOB = """
+CAUGHT_JOB = """
     import sys
-    import jax.numpy as jnp
+    import numpy as np
+    import jax, jax.numpy as jnp
     import jaxcomm
+    from jaxcomm import JaxComm
 
-    if sys.argv[1:] == ["abort"]:
-        jaxcomm.abort_on_exception()
-    jc = jaxcomm.JaxComm()
-    if jc.rank == 1:
-        raise ValueError("rank 1 gives up")
-    jc.allreduce(jnp.ones(2)).block_until_ready()
-    print(f"rank {jc.rank} finished", flush=True)
+    jc = JaxComm()
+    product = jnp.ones((256, 256), jnp.float32)
+    step = jax.jit(
+        lambda m: jc.recv(jnp.zeros(5, jnp.float32) * jnp.sin(m @ m).sum(), source=0, tag=7)
+    )
+    for n in (5, 10, 5):
+        if jc.rank == 0:
+            jc.send(jnp.ones(n, jnp.float32), 1, tag=7)
+        else:
+            try:
+                np.asarray(step(product))
+            except Exception as e:
+                print(f"rank 1 caught {type(e).__name__}", flush=True)
+    total = np.asarray(jc.allreduce(jnp.ones(2)))
+    if sys.argv[1:] == ["sync"]:
+        jaxcomm.sync()
+    print(f"rank {jc.rank} done {total}", flush=True)
 """
 
 
 @spawns_own_mpi
-def test_abort_on_exception_ends_the_job(tmp_path):
-    done, seconds = run_job(tmp_path, ABORTING_JOB, "abort")
-    print(f"the job ended {seconds:.1f} s after it started")
+@pytest.mark.parametrize("fast_dispatch", ["1", "0"])
+@pytest.mark.parametrize("sync", [False, True])
+def test_a_failure_read_from_the_results_leaves_the_exit_status_alone(
+    tmp_path, fast_dispatch, sync
+):
+    done, _ = run_job(
+        tmp_path, CAUGHT_JOB, *(["sync"] if sync else []), JAXCOMM_FAST_DISPATCH=fast_dispatch
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr)
+    assert done.stdout.count("rank 1 caught") == 1, done.stdout
+    assert "rank 0 done [2. 2.]" in done.stdout and "rank 1 done [2. 2.]" in done.stdout
+    assert "at exit" not in done.stderr, done.stderr
+
+
+# A failed rank ends the job: drills. Rank 1 raises while rank 0 goes on
+# communicating (or already waits for rank 1). Each drill asserts only that
+# the job ended before its time limit, with a non-zero status and the
+# traceback; the seconds it took are printed (pytest -s shows them).
+DRILL_JOB = """
+    import sys, time
+    import jax, jax.numpy as jnp
+    from mpi4py import MPI
+    import jaxcomm
+
+    drill = sys.argv[1]
+    jc = jaxcomm.JaxComm()
+    x = jnp.ones(1024, jnp.float32)
+
+
+    def give_up(step):
+        if jc.rank == 1:
+            print(f"rank 1 raises at {time.time()}", flush=True)
+            raise ValueError(f"rank 1 gives up at step {step}")
+
+
+    if drill == "eager":
+        for step in range(1000):
+            if step == 20:
+                give_up(step)
+            x = jc.allreduce(x) / jc.size
+    elif drill == "jitted loop":
+        step_fn = jax.jit(lambda v: jax.lax.fori_loop(
+            0, 10, lambda i, v: jc.allreduce(jnp.tanh(v)) / jc.size, v))
+        for step in range(1000):
+            if step == 20:
+                give_up(step)
+            x = step_fn(x)
+    elif drill == "blocking call in flight":
+        # Rank 0 waits in a receive (eager, then jitted) that only rank 1 could match.
+        jc.allreduce(x).block_until_ready()
+        if jc.rank == 0:
+            jc.recv(x, source=1, tag=5).block_until_ready()
+            jax.jit(lambda t: jc.recv(t, source=1, tag=6))(x).block_until_ready()
+        time.sleep(0.5)
+        give_up(0)
+    elif drill == "nonblocking send in flight":
+        # Rank 1's send (large: no eager delivery) is never received.
+        big = jnp.ones(1 << 22, jnp.float32)
+        if jc.rank == 1:
+            request = jc.isend(big, 0, tag=9)
+            give_up(0)
+        jc.allreduce(x).block_until_ready()
+    print(f"rank {jc.rank} finished", flush=True)
+"""
+
+DRILLS = ["eager", "jitted loop", "blocking call in flight", "nonblocking send in flight"]
+
+
+def seconds_to_end(done):
+    """Seconds from rank 1's raise to the end of the job (printed by the drills)."""
+    raised = re.search(r"rank 1 raises at ([0-9.]+)", done.stdout)
+    return time.time() - float(raised.group(1)) if raised else float("nan")
+
+
+@spawns_own_mpi
+@pytest.mark.parametrize("drill", DRILLS)
+def test_an_uncaught_exception_ends_the_job(tmp_path, drill):
+    done, _ = run_job(tmp_path, DRILL_JOB, drill, limit=120)
+    print(f"{drill}: the job ended {seconds_to_end(done):.1f} s after rank 1 raised")
     assert done.returncode not in (0, 124, 137), (done.returncode, done.stderr)
     assert "Traceback" in done.stderr and "ValueError: rank 1 gives up" in done.stderr, done.stderr
-    assert "aborting the MPI job" in done.stderr, done.stderr
-    assert "finished" not in done.stdout, done.stdout
+    assert "jaxcomm: uncaught ValueError on rank 1 (world): aborting the MPI job" in (
+        done.stderr
+    ), done.stderr
+    assert "rank 0 finished" not in done.stdout, done.stdout
 
 
 @spawns_own_mpi
 @pytest.mark.skipif(
     "MPICH" not in MPI.Get_library_version(), reason="the hang is shown with MPICH only"
 )
-def test_without_abort_on_exception_the_job_hangs(tmp_path):
-    # The negative control: rank 0 waits in the allreduce until the time limit.
-    done, _ = run_job(tmp_path, ABORTING_JOB, limit=10)
+def test_with_the_opt_out_the_job_hangs(tmp_path):
+    # The negative control (JAXCOMM_ABORT_ON_EXCEPTION=0; abort_on_exception(False)
+    # is the same switch): rank 0 waits in its collective until the time limit.
+    done, _ = run_job(tmp_path, DRILL_JOB, "eager", limit=40, JAXCOMM_ABORT_ON_EXCEPTION="0")
     assert done.returncode == 124, (done.returncode, done.stderr)
     assert "ValueError: rank 1 gives up" in done.stderr, done.stderr
+    assert "aborting" not in done.stderr, done.stderr

@@ -7,6 +7,9 @@ the same mesh axes, results and gradients, over a mesh whose device order is
 not the processes' order, and checks the refusals.
 """
 
+import re
+import time
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,6 +19,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 from mpi4py import MPI
 
+import jaxcomm
 from jaxcomm import JaxComm
 
 _JOB = """
@@ -276,3 +280,195 @@ def test_for_mesh_needs_one_device_of_each_process():
     plain = JaxComm(MPI.COMM_WORLD)
     assert plain.mesh_axes is None
     plain.free()
+
+
+# One device per process, inside jax.set_mesh ------------------------------------
+
+# The context manager that sets a mesh: jax 0.7 and newer have jax.set_mesh,
+# jax 0.6 jax.sharding.use_mesh.
+_SET_MESH = getattr(jax, "set_mesh", None) or getattr(jax.sharding, "use_mesh", None)
+
+_MESH_CONTEXT_JOB = """
+import sys
+
+import jaxcomm
+from mpi4py import MPI
+
+jaxcomm.initialize_jax_distributed()
+
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+from jaxcomm import JaxComm
+
+size = MPI.COMM_WORLD.size
+set_mesh = getattr(jax, "set_mesh", None) or jax.sharding.use_mesh
+world = JaxComm()
+world.allreduce(jnp.float32(1))  # jaxcomm has run before the mesh is set
+ok = []
+for kind in (AxisType.Explicit, AxisType.Auto):
+    mesh = jax.make_mesh((size,), ("x",), axis_types=(kind,))
+    with set_mesh(mesh):
+        jaxcomm.sync()
+        half = world.split(world.rank % 2)
+        assert half.size == (size + 1 - world.rank % 2) // 2
+        half.free()
+        jx = JaxComm.for_mesh(mesh, "x")
+        # Eager calls work on this process's own arrays: NumPy, JAX, pytrees.
+        here = jax.device_put(np.float32(world.rank), jax.local_devices()[0])
+        # (Compared as NumPy values: JAX's own operations on them would take
+        # the mesh's devices.)
+        assert np.asarray(world.allreduce(np.float32(1))) == size
+        assert np.asarray(world.allreduce(here)) == size * (size - 1) / 2
+        tree = world.allreduce({"a": np.ones(2, np.float32), "b": np.int32(2)})
+        assert np.all(np.asarray(tree["a"]) == size) and np.asarray(tree["b"]) == 2 * size
+        assert np.all(np.asarray(world.wait(world.iallreduce(np.ones(3, np.float32)))) == size)
+        right, left = (world.rank + 1) % size, (world.rank - 1) % size
+        assert np.asarray(world.sendrecv(here, here, source=left, dest=right)) == left
+        # Programs over the mesh: shard_map with the mesh's communicator.
+        x = jax.make_array_from_callback(
+            (size,), NamedSharding(mesh, P("x")), lambda i: np.arange(size, dtype=np.float32)[i]
+        )
+        total = jax.jit(jax.shard_map(jx.allreduce, mesh=mesh, in_specs=P("x"), out_specs=P()))
+        summed = np.asarray(total(x).addressable_shards[0].data)
+        assert summed[0] == size * (size - 1) / 2, summed
+        jx.free()
+        jaxcomm.sync()
+    ok.append(kind.name)
+if world.rank == 0:
+    print("passed:", ", ".join(ok), flush=True)
+"""
+
+
+@spawns_own_mpi
+@pytest.mark.skipif(_SET_MESH is None, reason="this jax sets no mesh context")
+@pytest.mark.parametrize("fast_dispatch", ["1", "0"])
+def test_everything_works_inside_set_mesh(tmp_path, fast_dispatch):
+    # The mesh holds every process's device; jaxcomm's own computations (the
+    # fence of sync, split and for_mesh, eager calls) hold this process's only.
+    done, _ = run_job(tmp_path, _MESH_CONTEXT_JOB, limit=300, JAXCOMM_FAST_DISPATCH=fast_dispatch)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    assert "passed: Explicit, Auto" in done.stdout, done.stdout
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(_SET_MESH is None, reason="this jax sets no mesh context")
+def test_a_one_device_mesh_context_changes_nothing(jc):
+    # Without jax.distributed each process's mesh is its own device; the
+    # jax.distributed job above is the case that needs the mesh cleared.
+    mesh = Mesh(np.array(jax.local_devices()[:1]), ("x",))
+    jc.allreduce(jnp.ones(2)).block_until_ready()
+    with _SET_MESH(mesh):
+        jaxcomm.sync()
+        part = jc.split(0)
+        np.testing.assert_array_equal(part.allreduce(np.ones(2, np.float32)), np.full(2, jc.size))
+        part.free()
+        np.testing.assert_array_equal(jc.wait(jc.ibcast(np.arange(3.0))), np.arange(3.0))
+        jaxcomm.sync()
+
+
+# A caught failure, and a failed rank, under jax.distributed + shard_map ---------
+
+_CAUGHT_RAGGED_JOB = """
+import jaxcomm
+from mpi4py import MPI
+
+jaxcomm.initialize_jax_distributed()
+
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jaxcomm import JaxComm
+
+n = MPI.COMM_WORLD.size
+mesh = Mesh(np.array(jax.devices()), ("x",))
+jx = JaxComm.for_mesh(mesh, "x")
+blocks = NamedSharding(mesh, P("x"))
+
+
+def spread(values, dtype):
+    values = np.asarray(values, dtype)
+    return jax.make_array_from_callback(values.shape, blocks, lambda i: values[i])
+
+
+# Each device sends its row j to device j, which writes it at the sender's row,
+# after a matrix product: XLA runs the exchange on one of its threads, after
+# the call returned, and the failure reaches the program from the result.
+product = jax.make_array_from_callback(
+    (256, 256), NamedSharding(mesh, P()), lambda i: np.ones((256, 256), np.float32)[i])
+
+
+def after_product(m, operand, *rest):
+    return jx.ragged_all_to_all(operand + 0 * jnp.sin(m @ m).sum(), *rest)
+
+
+exchange = jax.jit(jax.shard_map(
+    after_product, mesh=mesh, in_specs=(P(),) + (P("x"),) * 6, out_specs=P("x")))
+operand = spread(np.arange(n * n * 2).reshape(n * n, 2), np.float32)
+output = spread(np.zeros((n * n, 2)), np.float32)
+ones = spread(np.ones(n * n), np.int32)
+starts = spread(np.tile(np.arange(n), n), np.int32)
+good = spread(np.repeat(np.arange(n), n), np.int32)
+# The last device writes past the end of its peers' outputs: every rank raises.
+bad = spread(np.r_[np.repeat(np.arange(n - 1), n), np.full(n, n)], np.int32)
+caught = 0
+for where in (good, bad, good):
+    try:
+        result = exchange(product, operand, output, starts, ones, where, ones)
+        np.asarray(result.addressable_shards[0].data)
+    except Exception as err:
+        assert "overruns the" in str(err) or "arguments are invalid" in str(err), err
+        caught += 1
+print(f"rank {jx.rank} caught {caught}", flush=True)
+"""
+
+
+@spawns_own_mpi
+@pytest.mark.parametrize("fast_dispatch", ["1", "0"])
+def test_a_failure_caught_inside_shard_map_is_raised_once(tmp_path, fast_dispatch):
+    done, _ = run_job(tmp_path, _CAUGHT_RAGGED_JOB, limit=300, JAXCOMM_FAST_DISPATCH=fast_dispatch)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    assert done.stdout.count("caught 1") == 2, done.stdout
+    assert "at exit" not in done.stderr, done.stderr
+
+
+_FAILED_RANK_JOB = """
+import time
+
+import jaxcomm
+from mpi4py import MPI
+
+jaxcomm.initialize_jax_distributed()
+
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jaxcomm import JaxComm
+
+mesh = Mesh(np.array(jax.devices()), ("x",))
+jx = JaxComm.for_mesh(mesh, "x")
+n = jx.size
+x = jax.make_array_from_callback(
+    (n, 256), NamedSharding(mesh, P("x")), lambda i: np.ones((n, 256), np.float32)[i])
+step = jax.jit(jax.shard_map(
+    lambda v: jax.lax.fori_loop(0, 10, lambda i, v: jnp.tanh(v) + jx.allreduce(v) / n, v),
+    mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+for i in range(1000):
+    if i == 20 and jx.rank == 1:
+        print(f"rank 1 raises at {time.time()}", flush=True)
+        raise ValueError("rank 1 gives up inside shard_map")
+    x = step(x)
+print(f"rank {jx.rank} finished", flush=True)
+"""
+
+
+@spawns_own_mpi
+def test_an_uncaught_exception_ends_a_shard_map_job(tmp_path):
+    done, _ = run_job(tmp_path, _FAILED_RANK_JOB, limit=120)
+    raised = re.search(r"rank 1 raises at ([0-9.]+)", done.stdout)
+    if raised:
+        print(
+            f"shard_map: the job ended {time.time() - float(raised[1]):.1f} s after rank 1 raised"
+        )
+    assert done.returncode not in (0, 124, 137), (done.returncode, done.stderr[-5000:])
+    assert "Traceback" in done.stderr, done.stderr[-5000:]
+    assert "ValueError: rank 1 gives up inside shard_map" in done.stderr, done.stderr[-5000:]
+    assert "aborting the MPI job" in done.stderr, done.stderr[-5000:]
+    assert "rank 0 finished" not in done.stdout, done.stdout

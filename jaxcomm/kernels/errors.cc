@@ -51,4 +51,16 @@ bool TakeRecordedError(std::string* message) {
   return true;
 }
 
+bool ForgetRecordedError(const std::string& delivered) {
+  if (!error_recorded.load(std::memory_order_acquire)) return false;
+  std::lock_guard<std::mutex> lock(error_mutex);
+  if (!error_recorded.load(std::memory_order_relaxed) ||
+      delivered.find(recorded_error) == std::string::npos) {
+    return false;
+  }
+  recorded_error.clear();
+  error_recorded.store(false, std::memory_order_relaxed);
+  return true;
+}
+
 }  // namespace jaxcomm

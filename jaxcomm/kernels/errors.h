@@ -44,13 +44,19 @@ ffi::Error Invalid(const char* op, MPI_Comm comm, const std::string& why);
 // The process-wide slot for the first failure of a handler not yet reported
 // to Python. XLA drops the error of a computation that has no outputs and
 // runs after its dispatch returned, so every failure is kept here until
-// jaxcomm.sync(), the next jaxcomm call or the exit hook raises it.
+// jaxcomm.sync() or the exit hook raises it, or JAX raises it to the program
+// from the computation's results (ForgetRecordedError).
 // Returns `error` unchanged.
 ffi::Error Recorded(ffi::Error error);
 
 // Moves the recorded failure's message into `message`, emptying the slot;
 // false if there is none.
 bool TakeRecordedError(std::string* message);
+
+// Empties the slot if the recorded failure's message is part of `delivered`,
+// the text of an error JAX has handed to the program: a failure the program
+// was given is its own. True if it did.
+bool ForgetRecordedError(const std::string& delivered);
 
 }  // namespace jaxcomm
 

@@ -307,6 +307,9 @@ PYBIND11_MODULE(JAXCOMM_MODULE, m) {
       },
       "The first failure of a handler not yet reported (emptying the slot), "
       "or None.");
+  m.def("forget_error", &jaxcomm::ForgetRecordedError, py::arg("delivered"),
+        "Empty the slot if its failure is part of the text of an error the "
+        "program was given; true if it was.");
   m.def("register_site", &jaxcomm::RegisterSite, py::arg("text"),
         "The id of a call site's text, the 'site' attribute of its calls.");
   m.def("set_check", &jaxcomm::SetCheck, py::arg("enabled"),

@@ -584,6 +584,7 @@ def _describe(prim, params):
     return (prim.name, tuple(sorted((k, v) for k, v in params.items() if k != "handle")))
 
 
+@_compat.eager_outside_mesh
 def start(prim, x, *extras, learned=False, **params):
     """Bind the start primitive ``prim`` on ``x``.
 
@@ -766,7 +767,8 @@ _eager = contextvars.ContextVar("jaxcomm_eager_request", default=False)
 def _eagerly(impl, *args, **params):
     token = _eager.set(True)
     try:
-        return impl(*args, **params)
+        with _compat.outside_mesh():
+            return impl(*args, **params)
     finally:
         _eager.reset(token)
 
