@@ -177,6 +177,11 @@ def sequence(value: Any, name: str) -> list[Any]:
     # every rank would agree on.
     if isinstance(value, (str, bytes, Set, Mapping)):
         raise TypeError(f"{name} must be a sequence, got {type(value).__name__}")
+    if isinstance(value, jax.Array):
+        # A concrete array closed over by a jitted function is a constant, but
+        # iterating it there stages each indexing out and gives tracers: read
+        # its values on the host instead.
+        value = np.asarray(value)
     try:
         return list(value)
     except TypeError:
