@@ -14,6 +14,7 @@ wait, which must give the same results and raise the same errors.
 """
 
 import os
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -49,7 +50,7 @@ def _ragged(jc, form):
     """``ragged_all_to_all`` in ``form``: the method, or its start completed by a wait."""
     if form == "blocking":
         return jc.ragged_all_to_all
-    return lambda *args: jc.wait(jc.iragged_all_to_all(*args))
+    return lambda *args, **kwargs: jc.wait(jc.iragged_all_to_all(*args, **kwargs))
 
 
 def _alltoallv(jc, form):
@@ -598,3 +599,84 @@ def test_python_checks():
             jc.alltoallv(jnp.ones(2), [1], [2], capacity=1)
     finally:
         jc.free()
+
+
+# axis_name, as jax.lax.ragged_all_to_all takes it ------------------------------------
+
+
+def _exchange_written_for_jax(exchange, operand, output, indices, axis_name):
+    """A step written against ``jax.lax.ragged_all_to_all``'s signature, the exchange an argument."""
+    input_offsets, send_sizes, output_offsets, recv_sizes = indices
+    y = exchange(
+        operand * 2,
+        output,
+        input_offsets,
+        send_sizes,
+        output_offsets,
+        recv_sizes,
+        axis_name=axis_name,
+    )
+    return jnp.tanh(y)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("form", FORMS)
+def test_axis_name_needs_a_for_mesh_communicator(jc, form):
+    # A JaxComm not made by for_mesh spans no mesh axis: only None names its
+    # ranks, and the refusal comes on every rank, while tracing.
+    operands, outputs, args = _pattern(jc, 0)
+    mine = _int(args[jc.rank])
+    want = ragged_model(operands, outputs, args)[jc.rank]
+    call = _ragged(jc, form)
+    got = call(operands[jc.rank], outputs[jc.rank], *mine, axis_name=None)
+    np.testing.assert_array_equal(np.asarray(got), want)
+    for run in (call, jax.jit(call, static_argnames="axis_name")):
+        with pytest.raises(ValueError, match="was not made by JaxComm.for_mesh"):
+            run(operands[jc.rank], outputs[jc.rank], *mine, axis_name="x")
+        with pytest.raises(TypeError, match="axis_name must be a mesh axis name"):
+            run(operands[jc.rank], outputs[jc.rank], *mine, axis_name=3)
+    _still_matched(jc)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("form", FORMS)
+def test_a_drop_in_for_jax_lax_ragged_all_to_all_on_one_process(jc, form):
+    # for_mesh needs one device of each process: without jax.distributed,
+    # one process. tests/test_shard_map.py runs the same on 2 and 4 processes.
+    if jc.size != 1:
+        pytest.skip("for_mesh on several processes needs jax.distributed (test_shard_map.py)")
+    from jax.sharding import Mesh
+    from jax.sharding import PartitionSpec as P
+
+    from jaxcomm import JaxComm
+
+    mesh = Mesh(np.array(jax.local_devices()[:1]), ("x",))
+    jx = JaxComm.for_mesh(mesh, "x")
+    try:
+        operands, outputs, args = _pattern(jx, 2, (3,))
+        indices = _int(args[0])
+        exchange = _ragged(jx, form)
+        want = np.tanh(ragged_model([o * 2 for o in operands], outputs, args)[0])
+
+        def run(axis_name):
+            body = partial(_exchange_written_for_jax, exchange, axis_name=axis_name)
+            mapped = jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x"))
+            return jax.jit(mapped)(operands[0], outputs[0], indices)
+
+        for axis_name in ("x", ("x",)):
+            np.testing.assert_allclose(run(axis_name), want, rtol=1e-6)
+        # JAX's own collective lowers from the same function (XLA:CPU cannot run it).
+        body = partial(_exchange_written_for_jax, jax.lax.ragged_all_to_all, axis_name="x")
+        mapped = jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x"))
+        assert (
+            "ragged_all_to_all" in jax.jit(mapped).lower(operands[0], outputs[0], indices).as_text()
+        )
+        for axis_name, error, reason in (
+            ("y", ValueError, "communicates along the mesh axes"),
+            (("x", "x"), ValueError, "communicates along the mesh axes"),
+            (["x", 1], TypeError, "axis_name must be a mesh axis name"),
+        ):
+            with pytest.raises(error, match=reason):
+                run(axis_name)
+    finally:
+        jx.free()
