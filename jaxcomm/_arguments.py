@@ -180,10 +180,57 @@ def sequence(value: Any, name: str) -> list[Any]:
     # every rank would agree on.
     if isinstance(value, (str, bytes, Set, Mapping)):
         raise TypeError(f"{name} must be a sequence, got {type(value).__name__}")
+    if isinstance(value, jax.Array):
+        # A concrete array closed over by a jitted function is a constant, but
+        # iterating it there stages each indexing out and gives tracers: read
+        # its values on the host instead.
+        value = np.asarray(value)
     try:
         return list(value)
     except TypeError:
         raise TypeError(f"{name} must be a sequence, got {type(value).__name__}") from None
+
+
+def mesh_axis_name(
+    axis_name: Any, axis_index_groups: Any, mesh_axes: tuple[str, ...] | None, op: str
+) -> None:
+    """Check ``jax.lax``'s ``axis_name`` and ``axis_index_groups`` against a communicator.
+
+    ``axis_name`` (a name or a tuple of names) must be None, or the axes of a
+    ``JaxComm.for_mesh`` communicator (``mesh_axes``) in the order they were
+    given to it, which is the order its ranks are numbered in.
+    """
+    if axis_index_groups is not None:
+        raise NotImplementedError(
+            f"{op}: axis_index_groups is not supported; split the communicator instead "
+            "(JaxComm.split, or JaxComm.for_mesh over a mesh axis whose lines are the groups)"
+        )
+    if axis_name is None:
+        return
+    names = (axis_name,) if isinstance(axis_name, str) else axis_name
+    if not isinstance(names, (tuple, list)) or not all(isinstance(a, str) for a in names):
+        raise TypeError(
+            f"{op}: axis_name must be a mesh axis name or a tuple of them, got {axis_name!r}"
+        )
+    names = tuple(names)
+    if mesh_axes is None:
+        raise ValueError(
+            f"{op}: axis_name={axis_name!r} names mesh axes, but this JaxComm was not made by "
+            "JaxComm.for_mesh: its ranks are those of its MPI communicator, along no mesh axis. "
+            f"Call it on JaxComm.for_mesh(mesh, {axis_name!r}), or leave axis_name unset"
+        )
+    if names == mesh_axes:
+        return
+    if sorted(names) == sorted(mesh_axes):
+        raise ValueError(
+            f"{op}: axis_name={axis_name!r} numbers the positions along {names} in that order, "
+            f"but this JaxComm's ranks are numbered along {mesh_axes}; "
+            f"make one with JaxComm.for_mesh(mesh, {names!r})"
+        )
+    raise ValueError(
+        f"{op}: axis_name={axis_name!r}, but this JaxComm communicates along the mesh axes "
+        f"{mesh_axes}; make one with JaxComm.for_mesh(mesh, {names!r}) for those axes"
+    )
 
 
 def static_rank(

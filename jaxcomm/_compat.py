@@ -129,6 +129,11 @@ def tracing() -> bool:
     return not _core.trace_state_clean()
 
 
+def eager_tracer(x) -> bool:
+    """Whether ``x`` is a tracer of an eager transformation (``jvp``, ``vjp``) over a known value."""
+    return isinstance(x, jax.core.Tracer) and _core.is_concrete(x)
+
+
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 

@@ -30,6 +30,7 @@ from ._arguments import (
     intracomm,
     is_matrix,
     leading_axis,
+    mesh_axis_name,
     per_rank,
     pytree_leaves,
     received,
@@ -1186,6 +1187,9 @@ class JaxComm:
         send_sizes: ArrayLike,
         output_offsets: ArrayLike,
         recv_sizes: ArrayLike,
+        *,
+        axis_name: str | tuple[str, ...] | None = None,
+        axis_index_groups: Any = None,
     ) -> jax.Array:
         """Send slices of rows to every rank, each written where its sender says.
 
@@ -1199,7 +1203,11 @@ class JaxComm:
         ``output`` with the received slices written in; other rows keep
         ``output``'s values. A program written for
         ``jax.lax.ragged_all_to_all(..., axis_name=...)`` inside
-        ``shard_map`` ports by calling this method instead.
+        ``shard_map`` ports by calling this method instead, with the same
+        arguments: ``axis_name`` is checked against the communicator's axes,
+        so a function that takes the exchange as an argument can be given
+        this method of a :meth:`for_mesh` communicator where it was given
+        ``jax.lax.ragged_all_to_all``.
 
         The index arrays may be computed inside ``jit``. Works eagerly and
         under ``jit``, in ``scan``/``fori_loop``/``cond``, under ``vmap`` and
@@ -1222,15 +1230,26 @@ class JaxComm:
                 ``j``'s result this rank's slice for it starts.
             recv_sizes: integer array of shape ``(size,)``: rows received
                 from each rank.
+            axis_name: None (the communicator's ranks), or, as
+                ``jax.lax.ragged_all_to_all`` takes it, the mesh axis name or
+                tuple of names of a :meth:`for_mesh` communicator, in the
+                order given to :meth:`for_mesh`. Only checked: the
+                communicator decides who takes part.
+            axis_index_groups: None; JAX's groups of positions along the
+                axis are not supported (split the communicator instead).
 
         Returns:
             A new array shaped like ``output``.
 
         Raises:
             TypeError: for non-arrays, operand and output of different
-                dtypes, or non-integer index arrays.
-            ValueError: for operand and output rows of different shapes, or
-                index arrays not of shape ``(size,)``.
+                dtypes, non-integer index arrays, or an ``axis_name`` that is
+                not a name or a tuple of names.
+            ValueError: for operand and output rows of different shapes,
+                index arrays not of shape ``(size,)``, or an ``axis_name``
+                other than None on a communicator not made by
+                :meth:`for_mesh`, or other than its axes on one that is.
+            NotImplementedError: for ``axis_index_groups`` other than None.
             RuntimeError: raised by the kernel (``XlaRuntimeError``) before
                 anything moves, on every rank, for a negative offset or size
                 or a slice that overruns ``operand`` or its destination's
@@ -1252,6 +1271,7 @@ class JaxComm:
             Array([1, 3, 0, 0], dtype=int32)   # on rank 0; [2, 2, 4, 0] on rank 1
         """
         handle = self._live()
+        mesh_axis_name(axis_name, axis_index_groups, self.mesh_axes, "ragged_all_to_all")
         operand, output = rows_arrays(operand, output)
         indices = index_arrays(
             {
@@ -2146,11 +2166,15 @@ class JaxComm:
         send_sizes: ArrayLike,
         output_offsets: ArrayLike,
         recv_sizes: ArrayLike,
+        *,
+        axis_name: str | tuple[str, ...] | None = None,
+        axis_index_groups: Any = None,
     ) -> Request:
         """Start :meth:`ragged_all_to_all`; see :meth:`wait`, which returns its result.
 
-        Same arguments, checks and errors as :meth:`ragged_all_to_all`; the
-        index arrays may be traced. The start makes the small exchange of
+        Same arguments (``axis_name`` and ``axis_index_groups`` too), checks
+        and errors as :meth:`ragged_all_to_all`; the index arrays may be
+        traced. The start makes the small exchange of
         where each slice goes (``MPI_Alltoall``, blocking) and its checks,
         then starts the rows' ``MPI_Ialltoallv``; the wait completes it and
         returns ``output`` with the received slices written in. So the rows
@@ -2167,6 +2191,8 @@ class JaxComm:
             send_sizes: integer array of shape ``(size,)``.
             output_offsets: integer array of shape ``(size,)``.
             recv_sizes: integer array of shape ``(size,)``.
+            axis_name: as :meth:`ragged_all_to_all`'s.
+            axis_index_groups: None, as :meth:`ragged_all_to_all`'s.
 
         Returns:
             A :class:`jaxcomm.Request`; its wait returns a new array shaped
@@ -2175,6 +2201,7 @@ class JaxComm:
         Raises:
             TypeError: as :meth:`ragged_all_to_all`.
             ValueError: as :meth:`ragged_all_to_all`.
+            NotImplementedError: as :meth:`ragged_all_to_all`.
             RuntimeError: raised by the kernel (``XlaRuntimeError``): by the
                 start on every rank, nothing moved, where
                 :meth:`ragged_all_to_all` raises before anything moves; by
@@ -2195,6 +2222,7 @@ class JaxComm:
             Array([1, 3, 0, 0], dtype=int32)   # on rank 0; [2, 2, 4, 0] on rank 1
         """
         handle = self._live()
+        mesh_axis_name(axis_name, axis_index_groups, self.mesh_axes, "iragged_all_to_all")
         operand, output = rows_arrays(held(operand, "operand"), output)
         indices = index_arrays(
             {

@@ -1242,3 +1242,163 @@ def rotations(jc):
             yield rotated
         finally:
             rotated.free()
+
+
+# Counts given every way a program may hold them ---------------------------------
+
+
+@dataclass(frozen=True)
+class Counted:
+    """A call that takes counts or index arrays, for the ways a program may give them.
+
+    ``test_operations.py`` gives this rank's counts as Python lists, NumPy
+    arrays or JAX arrays, to an eager call, to a jitted function that closes
+    over them (concrete values: constants of the trace), and to one that takes
+    them as arguments (traced).
+
+    Attributes:
+        id: the test id.
+        call: ``call(jc, x, *counts)``, this rank's result.
+        counts: ``counts(size, rank)``, this rank's counts arguments as lists.
+        shape: ``shape(size, rank)``, the shape of ``rank``'s input.
+        expected: ``expected(data, rank, size)``, ``rank``'s result, where
+            ``data(r)`` is rank ``r``'s input.
+        static: whether the counts must be known while tracing; traced
+            ones then raise a ``TypeError``.
+        grid: whether ``call`` needs a Cartesian ``JaxComm``.
+    """
+
+    id: str
+    call: Callable[..., Any]
+    counts: Callable[[int, int], tuple[Any, ...]]
+    shape: Callable[[int, int], tuple[int, ...]]
+    expected: Callable[[Callable[[int], np.ndarray], int, int], np.ndarray]
+    static: bool = False
+    grid: bool = False
+
+
+def _symmetric(size):
+    """Counts where each rank receives as many rows as it sends, none for some pairs.
+
+    So ``x`` holds exactly the rows sent and, by default, the result exactly
+    the rows received, whether ``recvcounts`` are static or traced.
+    """
+    return [[(i + j) % 3 for j in range(size)] for i in range(size)]
+
+
+def _symmetric_shape(size, rank):
+    return (sum(_symmetric(size)[rank]), ROWS)
+
+
+def _symmetric_exchange(data, rank, size):
+    m = _symmetric(size)
+    return np.concatenate([data(r)[sum(m[r][:rank]) :][: m[r][rank]] for r in range(size)])
+
+
+def _own_and_received(size, rank):
+    m = _symmetric(size)
+    return m[rank], [row[rank] for row in m]
+
+
+def _ragged_with_counts(name):
+    def call(jc, x, *indices):
+        output = jax.numpy.zeros((ragged(jc.size)[1], *x.shape[1:]), x.dtype)
+        if name == "ragged_all_to_all":
+            return jc.ragged_all_to_all(x, output, *indices)
+        return jc.wait(jc.iragged_all_to_all(x, output, *indices))
+
+    return call
+
+
+COUNTED = (
+    Counted(
+        "allgatherv",
+        call=lambda jc, x, c: jc.allgatherv(x, c),
+        counts=lambda size, rank: (counts(size),),
+        shape=_own_count,
+        expected=_reduced(_concatenate),
+        static=True,
+    ),
+    Counted(
+        "gatherv",
+        call=lambda jc, x, c: jc.gatherv(x, c, root=0),
+        counts=lambda size, rank: (counts(size),),
+        shape=_own_count,
+        expected=_rooted(_concatenate, root=_FIRST),
+        static=True,
+    ),
+    Counted(
+        "scatterv",
+        call=lambda jc, x, c: jc.scatterv(x, c, root=_last(jc)),
+        counts=lambda size, rank: (counts(size),),
+        shape=_all_counts,
+        expected=_scatterv,
+        static=True,
+    ),
+    Counted(
+        "alltoallv-matrix",
+        call=lambda jc, x, m: jc.alltoallv(x, m),
+        counts=lambda size, rank: (matrix(size),),
+        shape=_row_of_matrix,
+        expected=_alltoallv,
+        static=True,
+    ),
+    Counted(
+        "alltoallv-learned",
+        call=lambda jc, x, s: jc.alltoallv(x, s, capacity=_capacity(jc.size))[0],
+        counts=lambda size, rank: (matrix(size)[rank],),
+        shape=_row_of_matrix,
+        expected=_alltoallv_padded,
+    ),
+    Counted(
+        "alltoallv-recvcounts",
+        call=lambda jc, x, s, r: jc.alltoallv(x, s, r),
+        counts=_own_and_received,
+        shape=_symmetric_shape,
+        expected=_symmetric_exchange,
+    ),
+    Counted(
+        "ialltoallv-learned",
+        call=lambda jc, x, s: jc.wait(jc.ialltoallv(x, s, capacity=_capacity(jc.size)))[0],
+        counts=lambda size, rank: (matrix(size)[rank],),
+        shape=_row_of_matrix,
+        expected=_alltoallv_padded,
+    ),
+    Counted(
+        "ialltoallv-recvcounts",
+        call=lambda jc, x, s, r: jc.wait(jc.ialltoallv(x, s, r)),
+        counts=_own_and_received,
+        shape=_symmetric_shape,
+        expected=_symmetric_exchange,
+    ),
+    Counted(
+        "neighbor_alltoallv",
+        call=lambda jc, x, s, r: jc.neighbor_alltoallv(x, s, r),
+        counts=lambda size, rank: ([1, 2], [2, 1]),
+        shape=_neighbor_alltoallv_shape,
+        expected=_neighbor_alltoallv,
+        grid=True,
+    ),
+    Counted(
+        "ineighbor_alltoallv",
+        call=lambda jc, x, s, r: jc.wait(jc.ineighbor_alltoallv(x, s, r)),
+        counts=lambda size, rank: ([1, 2], [2, 1]),
+        shape=_neighbor_alltoallv_shape,
+        expected=_neighbor_alltoallv,
+        grid=True,
+    ),
+    Counted(
+        "ragged_all_to_all",
+        call=_ragged_with_counts("ragged_all_to_all"),
+        counts=lambda size, rank: tuple(a.tolist() for a in ragged(size)[2][rank]),
+        shape=_ragged_shape,
+        expected=_ragged,
+    ),
+    Counted(
+        "iragged_all_to_all",
+        call=_ragged_with_counts("iragged_all_to_all"),
+        counts=lambda size, rank: tuple(a.tolist() for a in ragged(size)[2][rank]),
+        shape=_ragged_shape,
+        expected=_ragged,
+    ),
+)

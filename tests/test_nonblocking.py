@@ -25,6 +25,7 @@ from conftest import (
     unchanged,
 )
 from mpi4py import MPI
+from operations import GRAD, JVP, params, select
 
 import jaxcomm
 from jaxcomm import Request
@@ -559,6 +560,38 @@ def test_eager_vmap_of_numpy_input(jc):
     everywhere = MPI.COMM_WORLD.allgather(failures)
     assert everywhere == [[]] * jc.size
     unchanged(xs, every[jc.rank])
+
+
+@pytest.fixture(scope="module")
+def grid(jc):
+    """A periodic one-axis Cartesian JaxComm over the ranks, for the rows that need one."""
+    comm = jaxcomm.JaxComm.from_cart([jc.size], periods=[True])
+    yield comm
+    comm.free()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("row", params(select(JVP, kind="nonblocking", grid=None)))
+def test_eager_derivatives_of_numpy_input(jc, grid, row):
+    # Eager jvp and vjp hand the start's and the wait's rules the primal,
+    # tangent and cotangent as given: NumPy arrays, which each eager call
+    # would copy to a device buffer of its own (the wait refused the second
+    # as a copy XLA made, after MPI had read from the first, since freed).
+    comm = grid if row.grid else jc
+    shape = row.shape(comm.size, comm.rank)
+    x = rank_data(comm.rank, shape, np.float64)
+    t = rank_data(comm.rank + 1, shape, np.float64) - 2.0
+    f = lambda v: row.call(comm, v)  # noqa: E731
+    y, y_t = jax.jvp(f, (x,), (t,))
+    want, want_t = jax.jit(lambda a, b: jax.jvp(f, (a,), (b,)))(x, t)
+    np.testing.assert_allclose(y, want)
+    np.testing.assert_allclose(y_t, want_t)
+    if GRAD in row.transforms:
+        ct = rank_data(comm.rank + 2, np.shape(want), np.float64) - 1.0
+        (back,) = jax.vjp(f, x)[1](ct)
+        (want_back,) = jax.jit(lambda a, c: jax.vjp(f, a)[1](c))(x, ct)
+        np.testing.assert_allclose(back, want_back)
+    unchanged(x, rank_data(comm.rank, shape, np.float64))
 
 
 # Derivatives ---------------------------------------------------------------------

@@ -15,6 +15,7 @@ import pytest
 from conftest import mpi_debug, rank_data, unchanged
 from operations import (
     BY_ID,
+    COUNTED,
     INTERNAL_TARGETS,
     NOT_COMMUNICATING,
     OPERATIONS,
@@ -144,3 +145,38 @@ def test_internal_target_is_used_as_the_table_says(jc, target):
     call = INTERNAL_TARGETS[target].call
     x = jax.ShapeDtypeStruct((2, 3), np.float64)
     assert target in _lowered_targets(lambda x: call(jc, x), x)
+
+
+def _counts_as(value, given):
+    if given == "list":
+        return value
+    array = np.asarray(value, np.int32)
+    return array if given == "numpy" else jax.numpy.asarray(array)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("given", ["list", "numpy", "jax"])
+@pytest.mark.parametrize("mode", ["eager", "closed", "argument"])
+@pytest.mark.parametrize("row", [pytest.param(row, id=row.id) for row in COUNTED])
+def test_counts_given_as(jc, grid, row, mode, given):
+    """Counts as lists, NumPy or JAX arrays: eager, closed over by jit (constants) or jit arguments."""
+    comm = grid if row.grid else jc
+    data = lambda r: rank_data(r, row.shape(comm.size, r), np.dtype(np.float64))  # noqa: E731
+    x = jax.numpy.asarray(data(comm.rank))
+    counts = [_counts_as(c, given) for c in row.counts(comm.size, comm.rank)]
+    if mode == "eager":
+        got = row.call(comm, x, *counts)
+    elif mode == "closed":
+        got = jax.jit(lambda x: row.call(comm, x, *counts))(x)
+    else:
+        traced = jax.jit(lambda x, *counts: row.call(comm, x, *counts))
+        if row.static:
+            # Raised while tracing, alike on every rank, before any MPI call.
+            with pytest.raises(TypeError, match="traced value"):
+                traced(x, *counts)
+            return
+        got = traced(x, *counts)
+    want = row.expected(data, comm.rank, comm.size)
+    assert np.shape(got) == want.shape
+    np.testing.assert_array_equal(np.asarray(got), want)
+    unchanged(x, data(comm.rank))

@@ -14,6 +14,7 @@ wait, which must give the same results and raise the same errors.
 """
 
 import os
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -49,7 +50,7 @@ def _ragged(jc, form):
     """``ragged_all_to_all`` in ``form``: the method, or its start completed by a wait."""
     if form == "blocking":
         return jc.ragged_all_to_all
-    return lambda *args: jc.wait(jc.iragged_all_to_all(*args))
+    return lambda *args, **kwargs: jc.wait(jc.iragged_all_to_all(*args, **kwargs))
 
 
 def _alltoallv(jc, form):
@@ -598,3 +599,297 @@ def test_python_checks():
             jc.alltoallv(jnp.ones(2), [1], [2], capacity=1)
     finally:
         jc.free()
+
+
+# What JAX's own tests of jax.lax.ragged_all_to_all check, on MPI ranks -------------
+#
+# JAX tests its collective on a mesh axis (tests/ragged_collective_test.py):
+# its docstring's example forward, with axis_index_groups (groups of two, and
+# groups of one), first derivatives by finite differences, vmap with the batch
+# on either axis of the data and of the index arrays, and errors for index
+# arrays that are not 1-D integer arrays. The same behaviour here, with the
+# communicator (split into groups) in place of the axis.
+
+# JAX's example, one entry per rank of a pair: operand, input_offsets,
+# send_sizes, output_offsets, recv_sizes, and the result on a zero output of 4 rows.
+PAIR = (
+    ([1, 2, 2], [0, 1], [1, 2], [0, 0], [1, 1], [1, 3, 0, 0]),
+    ([3, 4, 0], [0, 1], [1, 1], [1, 2], [2, 1], [2, 2, 4, 0]),
+)
+# A rank alone: one block to itself, written away from the output's start.
+ALONE = (
+    ([1, 0, 0, 0], [0], [1], [2], [1], [0, 0, 1, 0]),
+    ([2, 3, 4, 0], [0], [3], [1], [3], [0, 2, 3, 4]),
+)
+
+
+def _group_case(jc, group, dtype):
+    """This rank's arguments in ``group`` and its result: JAX's example in a pair, else alone.
+
+    The second pair's data is ten times the first's (as in JAX's test of
+    groups); ranks alone take the two cases of JAX's test of groups of one in turn.
+    """
+    if group.size == 2:
+        operand, *indices, want = PAIR[group.rank]
+        factor = 10 ** (jc.rank // 2 % 2)
+    else:
+        operand, *indices, want = ALONE[jc.rank % 2]
+        factor = 1
+    indices = [np.asarray(i, np.int32) for i in indices]
+    operand = np.asarray(operand, dtype) * factor
+    return operand, np.zeros(4, dtype), indices, np.asarray(want, dtype) * factor
+
+
+def _groups(jc, grouping):
+    """``jc`` split into pairs (a rank left over alone) or into ranks alone."""
+    return jc.split(color=jc.rank // 2 if grouping == "pairs" else jc.rank, key=jc.rank)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("dtype", [np.int32, np.float32])
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("grouping", ["pairs", "alone"])
+def test_jax_example_in_groups(jc, grouping, form, jit, dtype):
+    # JAX's axis_index_groups ((0, 1), (2, 3)) and ((0,), (1,)): here each
+    # group is a communicator of its own.
+    group = _groups(jc, grouping)
+    try:
+        operand, output, indices, want = _group_case(jc, group, dtype)
+        call = jax.jit(_ragged(group, form)) if jit else _ragged(group, form)
+        got = call(operand, output, *indices)
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(np.asarray(got), want)
+        unchanged(output, np.zeros(4))
+    finally:
+        group.free()
+
+
+@pytest.mark.x64
+@pytest.mark.mpi
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("grouping", ["pairs", "alone"])
+def test_jax_example_first_derivatives(jc, grouping, form):
+    # JAX checks them by finite differences in both modes. Forward mode is
+    # checked on each rank (every rank moves its primals together); reverse
+    # mode by <ct, J t> = <J^T ct, t> summed over the ranks, since a rank's
+    # J^T ct holds what its peers' cotangents sent back.
+    from jax.test_util import check_grads
+
+    group = _groups(jc, grouping)
+    try:
+        operand, output, indices, _ = _group_case(jc, group, np.float64)
+        f = lambda operand, output: _ragged(group, form)(operand, output, *indices)  # noqa: E731
+        primals = (operand + 0.5, output + 0.25)
+        check_grads(f, primals, order=1, modes=["fwd"])
+        tangents = (rank_data(jc.rank, operand.shape, np.float64), np.ones(4))
+        y, f_t = jax.jvp(f, primals, tangents)
+        ct = rank_data(jc.rank + 1, y.shape, np.float64) - 1.5
+        back = jax.vjp(f, *primals)[1](jnp.asarray(ct))
+        left = _total(jc, np.sum(ct * np.asarray(f_t)))
+        right = _total(jc, sum(np.sum(np.asarray(b) * t) for b, t in zip(back, tangents)))
+        np.testing.assert_allclose(left, right, rtol=1e-12)
+    finally:
+        group.free()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("index_axis", [None, 0, 1])
+@pytest.mark.parametrize("data_axis", [0, 1])
+@pytest.mark.parametrize("form", FORMS)
+def test_vmap_with_the_batch_on_either_axis(jc, form, data_axis, index_axis):
+    # Two members with rows of 3 columns, the batch axis first or second in
+    # the data and in the index arrays (or the index arrays shared): the same
+    # as a loop over the members.
+    seeds = (5, 5) if index_axis is None else (5, 6)
+    patterns = [ragged(jc.size, seed) for seed in seeds]
+    rows = max(p[0] for p in patterns)
+    out_rows = max(p[1] for p in patterns)
+    indices = [[jnp.asarray(p[2][jc.rank][i], jnp.int32) for p in patterns] for i in range(4)]
+    operands = [jnp.asarray(rank_data(jc.rank + b, (rows, 3), np.float32)) for b in (0, 1)]
+    outputs = [jnp.asarray(rank_data(jc.rank + 9 + b, (out_rows, 3), np.float32)) for b in (0, 1)]
+    looped = jnp.stack(
+        [_ragged(jc, form)(operands[b], outputs[b], *(i[b] for i in indices)) for b in (0, 1)]
+    )
+    batched = [jnp.stack(a, axis=data_axis) for a in (operands, outputs)]
+    if index_axis is None:
+        batched += [i[0] for i in indices]
+    else:
+        batched += [jnp.stack(i, axis=index_axis) for i in indices]
+    in_axes = (data_axis, data_axis, *[index_axis] * 4)
+    mapped = jax.jit(jax.vmap(_ragged(jc, form), in_axes=in_axes))
+    if form == "started" and index_axis is not None:
+        # One request moves one exchange: refused on every rank alike.
+        with pytest.raises(NotImplementedError, match="index arrays that differ"):
+            mapped(*batched)
+        _still_matched(jc)
+        return
+    np.testing.assert_array_equal(mapped(*batched), looped)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("form", FORMS)
+def test_axis_index_groups_are_refused_on_every_rank(jc, form):
+    operands, outputs, args = _pattern(jc, 0)
+    mine = _int(args[jc.rank])
+
+    def call(operand, output, *indices):
+        return _ragged(jc, form)(operand, output, *indices, axis_index_groups=[[0]])
+
+    with pytest.raises(NotImplementedError, match="axis_index_groups is not supported"):
+        call(operands[jc.rank], outputs[jc.rank], *mine)
+    with pytest.raises(NotImplementedError, match="axis_index_groups is not supported"):
+        jax.jit(call)(operands[jc.rank], outputs[jc.rank], *mine)
+    with pytest.raises(NotImplementedError, match="axis_index_groups is not supported"):
+        batched = (np.stack([operands[jc.rank]] * 2), np.stack([outputs[jc.rank]] * 2))
+        jax.vmap(call, in_axes=(0, 0, None, None, None, None))(*batched, *mine)
+    _still_matched(jc)
+
+
+NAMES = ["input_offsets", "send_sizes", "output_offsets", "recv_sizes"]
+BAD_INDEX_ARRAYS = {
+    "float": (lambda a: a.astype(np.float32), TypeError, "must be an integer array"),
+    "2-d": (lambda a: a[None, :], ValueError, r"has shape \(1, "),
+    "empty": (lambda a: a[:0], ValueError, r"has shape \(0,\)"),
+}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("case", sorted(BAD_INDEX_ARRAYS))
+@pytest.mark.parametrize("which", NAMES)
+@pytest.mark.parametrize("form", FORMS)
+def test_index_arrays_of_the_wrong_kind_fail_every_rank(jc, form, which, case):
+    # Raised while tracing, on every rank alike, before any MPI call.
+    spoil, error, reason = BAD_INDEX_ARRAYS[case]
+    operands, outputs, args = _pattern(jc, 0)
+    mine = _int(args[jc.rank])
+    mine[NAMES.index(which)] = spoil(mine[NAMES.index(which)])
+    for call in (_ragged(jc, form), jax.jit(_ragged(jc, form))):
+        with pytest.raises(error, match=f"{which} {reason}"):
+            call(operands[jc.rank], outputs[jc.rank], *mine)
+    _still_matched(jc)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(
+    "dtype", ["float64", "int64", "float16", "bfloat16", "uint8", "complex128"]
+)
+@pytest.mark.parametrize("form", FORMS)
+def test_more_row_shapes_and_dtypes(jc, form, dtype):
+    # Rows of two trailing dimensions, in the dtypes the model test above leaves out.
+    dtype = jnp.dtype(dtype)
+    operands, outputs, args = _pattern(jc, 1, (2, 3), dtype)
+    want = ragged_model(operands, outputs, args)[jc.rank]
+    got = jax.jit(_ragged(jc, form))(operands[jc.rank], outputs[jc.rank], *_int(args[jc.rank]))
+    assert got.dtype == dtype and got.shape == want.shape
+    np.testing.assert_array_equal(np.asarray(got), want)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("form", FORMS)
+def test_blocks_in_any_order_and_empty_ones_anywhere(jc, form):
+    # Each rank reads its blocks from the end of the operand backwards and
+    # writes them in reverse rank order on the receiver; every block for an
+    # even-numbered receiver from an odd-numbered sender is empty, with its
+    # offsets at the buffers' very ends.
+    size, rank = jc.size, jc.rank
+    sizes = np.array(
+        [[0 if s % 2 and r % 2 == 0 else 1 + (s + r) % 2 for r in range(size)] for s in range(size)]
+    )
+    rows = int(sizes.sum(axis=1).max())
+    out_rows = int(sizes.sum(axis=0).max())
+    args = []
+    for s in range(size):
+        ends = rows - np.cumsum(sizes[s])
+        input_offsets = np.where(sizes[s] > 0, ends, rows)
+        output_offsets = [
+            int(sizes[s + 1 :, r].sum()) if sizes[s, r] else out_rows for r in range(size)
+        ]
+        args.append((input_offsets, sizes[s], np.asarray(output_offsets), sizes[:, s].copy()))
+    operands = [rank_data(r, (rows, 2), np.float32) for r in range(size)]
+    outputs = [rank_data(r + 4, (out_rows, 2), np.float32) for r in range(size)]
+    want = ragged_model(operands, outputs, args)[rank]
+    for call in (_ragged(jc, form), jax.jit(_ragged(jc, form))):
+        got = call(operands[rank], outputs[rank], *_int(args[rank]))
+        np.testing.assert_array_equal(np.asarray(got), want)
+
+
+# axis_name, as jax.lax.ragged_all_to_all takes it ------------------------------------
+
+
+def _exchange_written_for_jax(exchange, operand, output, indices, axis_name):
+    """A step written against ``jax.lax.ragged_all_to_all``'s signature, the exchange an argument."""
+    input_offsets, send_sizes, output_offsets, recv_sizes = indices
+    y = exchange(
+        operand * 2,
+        output,
+        input_offsets,
+        send_sizes,
+        output_offsets,
+        recv_sizes,
+        axis_name=axis_name,
+    )
+    return jnp.tanh(y)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("form", FORMS)
+def test_axis_name_needs_a_for_mesh_communicator(jc, form):
+    # A JaxComm not made by for_mesh spans no mesh axis: only None names its
+    # ranks, and the refusal comes on every rank, while tracing.
+    operands, outputs, args = _pattern(jc, 0)
+    mine = _int(args[jc.rank])
+    want = ragged_model(operands, outputs, args)[jc.rank]
+    call = _ragged(jc, form)
+    got = call(operands[jc.rank], outputs[jc.rank], *mine, axis_name=None)
+    np.testing.assert_array_equal(np.asarray(got), want)
+    for run in (call, jax.jit(call, static_argnames="axis_name")):
+        with pytest.raises(ValueError, match="was not made by JaxComm.for_mesh"):
+            run(operands[jc.rank], outputs[jc.rank], *mine, axis_name="x")
+        with pytest.raises(TypeError, match="axis_name must be a mesh axis name"):
+            run(operands[jc.rank], outputs[jc.rank], *mine, axis_name=3)
+    _still_matched(jc)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("form", FORMS)
+def test_a_drop_in_for_jax_lax_ragged_all_to_all_on_one_process(jc, form):
+    # for_mesh needs one device of each process: without jax.distributed,
+    # one process. tests/test_shard_map.py runs the same on 2 and 4 processes.
+    if jc.size != 1:
+        pytest.skip("for_mesh on several processes needs jax.distributed (test_shard_map.py)")
+    from jax.sharding import Mesh
+    from jax.sharding import PartitionSpec as P
+
+    from jaxcomm import JaxComm
+
+    mesh = Mesh(np.array(jax.local_devices()[:1]), ("x",))
+    jx = JaxComm.for_mesh(mesh, "x")
+    try:
+        operands, outputs, args = _pattern(jx, 2, (3,))
+        indices = _int(args[0])
+        exchange = _ragged(jx, form)
+        want = np.tanh(ragged_model([o * 2 for o in operands], outputs, args)[0])
+
+        def run(axis_name):
+            body = partial(_exchange_written_for_jax, exchange, axis_name=axis_name)
+            mapped = jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x"))
+            return jax.jit(mapped)(operands[0], outputs[0], indices)
+
+        for axis_name in ("x", ("x",)):
+            np.testing.assert_allclose(run(axis_name), want, rtol=1e-6)
+        # JAX's own collective lowers from the same function (XLA:CPU cannot run it).
+        body = partial(_exchange_written_for_jax, jax.lax.ragged_all_to_all, axis_name="x")
+        mapped = jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x"))
+        assert (
+            "ragged_all_to_all" in jax.jit(mapped).lower(operands[0], outputs[0], indices).as_text()
+        )
+        for axis_name, error, reason in (
+            ("y", ValueError, "communicates along the mesh axes"),
+            (("x", "x"), ValueError, "communicates along the mesh axes"),
+            (["x", 1], TypeError, "axis_name must be a mesh axis name"),
+        ):
+            with pytest.raises(error, match=reason):
+                run(axis_name)
+    finally:
+        jx.free()

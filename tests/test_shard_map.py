@@ -472,3 +472,159 @@ def test_an_uncaught_exception_ends_a_shard_map_job(tmp_path):
     assert "ValueError: rank 1 gives up inside shard_map" in done.stderr, done.stderr[-5000:]
     assert "aborting the MPI job" in done.stderr, done.stderr[-5000:]
     assert "rank 0 finished" not in done.stdout, done.stdout
+
+
+_DROP_IN_JOB = """
+import jaxcomm
+from mpi4py import MPI
+
+jaxcomm.initialize_jax_distributed()
+
+from functools import partial
+
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jaxcomm import JaxComm
+
+size = MPI.COMM_WORLD.size
+devices = np.array(sorted(jax.devices(), key=lambda d: -d.process_index))
+cases = [(Mesh(devices, ("x",)), "x"), (Mesh(devices, ("x",)), ("x",))]
+if size == 4:
+    grid = Mesh(devices.reshape(2, 2), ("x", "y"))
+    cases += [(grid, ("x", "y")), (grid, ("y", "x")), (grid, "y")]
+ok = []
+
+
+def exchange_step(exchange, axis_name, operand, output, input_offsets, send_sizes,
+                  output_offsets, recv_sizes):
+    # Written against jax.lax.ragged_all_to_all's signature: the exchange is an argument.
+    y = exchange(operand * 2, output, input_offsets, send_sizes, output_offsets, recv_sizes,
+                 axis_name=axis_name)
+    return jnp.tanh(y)
+
+
+def pattern(n, rows, out_rows):
+    # Blocks of 0 to 2 rows from every sender to every receiver, read in
+    # order with a gap, written on the receiver in reverse sender order.
+    rng = np.random.default_rng(n)
+    sizes = rng.integers(0, 3, (n, n))
+    input_offsets = np.cumsum(sizes + 1, axis=1) - sizes - 1
+    output_offsets = np.array([[sizes[s + 1:, r].sum() for r in range(n)] for s in range(n)])
+    assert input_offsets.max() + sizes.max() <= rows and sizes.sum(axis=0).max() <= out_rows
+    return [input_offsets, sizes, output_offsets, sizes.T.copy()]
+
+
+def model(operands, outputs, indices):
+    # One process computes every position's result with JAX's semantics, as global arrays.
+    input_offsets, sizes, output_offsets, _ = indices
+    results = list(jnp.asarray(outputs))
+    for s in range(len(results)):
+        for r in range(len(results)):
+            k, at, start = sizes[s, r], output_offsets[s, r], input_offsets[s, r]
+            results[r] = results[r].at[at:at + k].set(2 * operands[s][start:start + k])
+    return jnp.tanh(jnp.stack(results))
+
+
+for mesh, axis_name in cases:
+    names = (axis_name,) if isinstance(axis_name, str) else axis_name
+    n = int(np.prod([mesh.shape[a] for a in names]))
+    others = [a for a in mesh.axis_names if a not in names]
+    rows, out_rows, width = 3 * n, 2 * n + 1, 2
+    indices = pattern(n, rows, out_rows)
+    rng = np.random.default_rng(3)
+    operands = rng.standard_normal((n, rows, width))
+    outputs = rng.standard_normal((n, out_rows, width))
+    weights = rng.standard_normal((n, out_rows, width))
+    # Every line of the mesh along the axes makes the same exchange: the
+    # global arrays repeat along the other axes.
+    spec = P(*others, names) if others else P(names)
+    repeat = lambda a: np.broadcast_to(a, (*[mesh.shape[o] for o in others], *a.shape))
+    put = lambda a: jax.make_array_from_callback(
+        repeat(a).shape, NamedSharding(mesh, spec), lambda i, a=a: repeat(a)[i])
+    args = [put(a.astype(np.float32)) for a in (operands, outputs)]
+    args += [put(a.astype(np.int32)) for a in indices]
+    w = put(weights.astype(np.float32))
+    jx = JaxComm.for_mesh(mesh, axis_name)
+    exchanges = {
+        "jax": jax.lax.ragged_all_to_all,
+        "blocking": jx.ragged_all_to_all,
+        "started": lambda *a, **k: jx.wait(jx.iragged_all_to_all(*a, **k)),
+    }
+    runs = {}
+    for name, exchange in exchanges.items():
+        def body(*a, exchange=exchange):
+            squeeze = lambda v: v.reshape(v.shape[len(others) + 1:])
+            y = exchange_step(exchange, axis_name, *map(squeeze, a))
+            return y.reshape((1,) * (len(others) + 1) + y.shape)
+        f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec))
+        # Global arrays cannot be closed over: every one is an argument.
+        loss = lambda operand, output, w, *rest, f=f: jnp.sum(jnp.sin(f(operand, output, *rest)) * w)
+        if name == "jax":
+            # The same function lowers with JAX's collective; XLA:CPU cannot
+            # compile it, other platforms compare with it too.
+            assert "ragged_all_to_all" in f.lower(*args).as_text()
+            if jax.devices()[0].platform == "cpu":
+                continue
+        runs[name] = (f(*args), jax.jit(jax.grad(loss, argnums=(0, 1)))(*args[:2], w, *args[2:]))
+    want = model(operands, outputs, indices)
+    want_grads = jax.grad(
+        lambda a, b: jnp.sum(jnp.sin(model(a, b, indices)) * weights), argnums=(0, 1)
+    )(operands, outputs)
+    for name, (y, grads) in runs.items():
+        for got, expected in ((y, want), *zip(grads, want_grads)):
+            for shard in got.addressable_shards:
+                block = np.asarray(shard.data).reshape(np.asarray(shard.data).shape[len(others):])
+                index = shard.index[len(others):]
+                assert np.allclose(block, np.asarray(expected)[index], rtol=1e-5, atol=1e-5), (
+                    name, axis_name, block, np.asarray(expected)[index])
+    ok.append(f"drop-in {axis_name!r}")
+    jx.free()
+
+# Refusals, on every rank while tracing, before any MPI call.
+def refused(error, text, jc, mesh, axis_name, **kwargs):
+    spec = P(mesh.axis_names)
+    exchange = partial(jc.ragged_all_to_all, **kwargs)
+    body = lambda *a: exchange_step(exchange, axis_name, *(v.reshape(-1) for v in a))
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec))
+    ones = jax.make_array_from_callback(
+        (size * size,), NamedSharding(mesh, spec), lambda i: np.ones(size * size, np.int32)[i])
+    try:
+        f(ones.astype(np.float32), ones.astype(np.float32), ones, ones, ones, ones)
+    except error as err:
+        assert text in str(err), err
+        return
+    raise AssertionError(f"not refused: {text}")
+
+
+line = Mesh(devices, ("x",))
+jx = JaxComm.for_mesh(line, "x")
+world = JaxComm(MPI.COMM_WORLD)
+refused(ValueError, "communicates along the mesh axes", jx, line, "z")
+refused(ValueError, "was not made by JaxComm.for_mesh", world, line, "x")
+refused(NotImplementedError, "axis_index_groups", jx, line, "x", axis_index_groups=[[0, 1]])
+if size == 4:
+    grid = Mesh(devices.reshape(2, 2), ("x", "y"))
+    both = JaxComm.for_mesh(grid, ("x", "y"))
+    refused(ValueError, "numbers the positions", both, grid, ("y", "x"))
+    refused(ValueError, "communicates along the mesh axes", both, grid, "x")
+    both.free()
+ok.append("refusals")
+jaxcomm.sync()
+if MPI.COMM_WORLD.rank == 0:
+    print("passed:", ", ".join(ok), flush=True)
+"""
+
+
+@spawns_own_mpi
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_ragged_all_to_all_is_a_drop_in_for_jax(tmp_path, ranks):
+    # A function written against jax.lax.ragged_all_to_all's signature, given
+    # jaxcomm's exchange of a for_mesh communicator: forward and gradients as
+    # JAX's semantics give them, over 1-D and 2-D meshes and groups of axes.
+    done, _ = run_job(tmp_path, _DROP_IN_JOB, ranks=ranks, limit=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    expected = ["drop-in 'x'", "drop-in ('x',)", "refusals"]
+    if ranks == 4:
+        expected += ["drop-in ('x', 'y')", "drop-in ('y', 'x')", "drop-in 'y'"]
+    for case in expected:
+        assert case in done.stdout, (case, done.stdout)

@@ -607,6 +607,12 @@ def start(prim, x, *extras, learned=False, **params):
         # A constant: XLA may give each use of a literal its own copy, but
         # the start and the wait must see the same buffer.
         x = jax.lax.optimization_barrier(x)
+    elif operation.wait.sends and _compat.eager_tracer(x):
+        # Under an eager jvp or vjp the start's and the wait's rules get the
+        # primal and tangent values as given, where a NumPy array becomes a
+        # device buffer of its own for each eager call (freed after it):
+        # both must get one device array that lives until the wait.
+        x = jax.lax.optimization_barrier(x)
     outs = prim.bind(x, *extras, **params)
     request_id = outs[0]
     sent = ((x,) if operation.wait.sends else ()) + (extras[-1:] if operation.wait.indexed else ())
@@ -991,7 +997,8 @@ def _sendable(ct, aval):
     if type(ct) is ad.Zero:
         # A constant: keep XLA from giving the start and the wait each a copy.
         ct = jax.lax.optimization_barrier(jnp.zeros(aval.shape, aval.dtype))
-    return batched_alike(ct)
+    # An eager vjp hands over the cotangent as given, maybe a NumPy array.
+    return _sent_from(batched_alike(ct))
 
 
 def _tangent_by_wait(operation, params):
