@@ -20,6 +20,7 @@ import pytest
 from conftest import RUNTIME_ERRORS, mpi_debug, not_reported_again, rank_data, unchanged
 from mpi4py import MPI
 
+import jaxcomm
 from jaxcomm import JaxComm
 
 SEEDS = range(4)
@@ -1124,4 +1125,25 @@ def test_allgatherv_counts_that_disagree_with_the_sender_fail_the_receiver(jc, r
     y = exchange(x * jc.rank, [3], capacity=4)
     want = np.concatenate([np.full((3, 2), (jc.rank - 1) % jc.size), np.zeros((1, 2))])
     np.testing.assert_array_equal(y, want)
+    _still_matched(jc)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_allgatherv_against_another_neighbour_call_is_a_checked_mismatch(jc, ring):
+    jaxcomm.set_check(True)
+    try:
+        x = jnp.ones((2, 2))
+        # Rank 0 gathers; the others make a neighbor_alltoallv of the same rows.
+        call = jax.jit(
+            (lambda x: ring.neighbor_allgatherv(x, [2]))
+            if jc.rank == 0
+            else (lambda x: ring.neighbor_alltoallv(x, [2], [2]))
+        )
+        with pytest.raises(RUNTIME_ERRORS, match="collective mismatch") as raised:
+            jax.block_until_ready(call(x))
+        assert "neighbor_allgatherv" in str(raised.value)
+        assert "neighbor_alltoallv" in str(raised.value)
+        not_reported_again()
+    finally:
+        jaxcomm.set_check(False)
     _still_matched(jc)
