@@ -1469,6 +1469,91 @@ class JaxComm:
             handle,
         )
 
+    @eager_cached(arrays=("x",))
+    def neighbor_allgatherv(
+        self,
+        x: ArrayLike,
+        recvcounts: Any = None,
+        *,
+        sendcount: Any = None,
+        capacity: int | None = None,
+    ) -> Any:
+        """Send the same rows to every destination; receive blocks of different sizes from the sources.
+
+        Wraps ``MPI_Neighbor_allgatherv`` on a communicator with a topology
+        (see :meth:`neighbor_alltoall` for the neighbours' order). This rank's
+        first ``sendcount`` rows of ``x`` (all of them by default) go to every
+        destination; the result holds the blocks from ``sources[0]``,
+        ``sources[1]``, ... one after another, then zeros. A source that is
+        ``MPI.PROC_NULL`` (off a non-periodic edge) sends no rows. The
+        counts may be static or integer arrays, traced or not (computed
+        inside ``jit``). One ``MPI_Neighbor_alltoall`` of a small header per
+        edge comes first (the rows each block has), then the
+        ``MPI_Neighbor_allgatherv``:
+
+        - ``neighbor_allgatherv(x)``: the receive counts are learned. Returns
+          ``(y, recvcounts)``: ``y`` of ``capacity`` rows (default: indegree
+          times ``x``'s rows) and the rows received from each source (int32,
+          or int64 where the counts are).
+        - ``neighbor_allgatherv(x, recvcounts)``: also the rows expected from
+          each source (0 from ``MPI.PROC_NULL``), checked against what
+          arrives. Returns ``y`` alone, of ``capacity`` rows: by default
+          ``sum(recvcounts)`` for static ``recvcounts``, indegree times
+          ``x``'s rows for traced ones.
+
+        Works eagerly and under ``jit``, in ``scan``/``fori_loop``/``cond``,
+        under ``vmap`` and differentiable in ``x`` (``jvp``, ``grad``,
+        ``vjp``, ``linear_transpose``): the transpose sends each cotangent
+        block back to its source (one ``neighbor_alltoallv`` on the reverse
+        graph), and each rank sums the cotangents of its rows that come back
+        from its destinations.
+
+        Args:
+            x: array of rows; the row shape and dtype must match on every
+                rank, the number of rows need not.
+            recvcounts: rows from each source, ``indegree`` entries, or None.
+            sendcount: rows of ``x`` sent, from its first row on (default:
+                all of them); a static int or an integer scalar, traced or not.
+            capacity: static number of rows of the result.
+
+        Returns:
+            ``(y, recvcounts)`` without ``recvcounts``, else ``y``.
+
+        Raises:
+            TypeError: for a communicator without a topology, a non-array
+                ``x`` or non-integer counts.
+            ValueError: on this rank, before any MPI call, for ``recvcounts``
+                of the wrong length, a negative static count, a static
+                ``sendcount`` over ``x``'s rows or static ``recvcounts`` over
+                ``capacity``.
+            RuntimeError: raised by the kernel (``XlaRuntimeError``) for a
+                traced ``sendcount`` that is negative or over ``x``'s rows
+                (on this rank and its destinations, which receive nothing
+                from it), and for traced ``recvcounts`` that are negative, or
+                received rows that overflow ``capacity`` or differ from
+                ``recvcounts`` (on the receiving rank). Every rank still
+                makes both MPI calls with the rows it announced, so no
+                neighbour waits; nothing is written outside the buffers
+                (``docs/irregular.md``).
+
+        Example:
+            Each rank of a ring sends its ``k`` particles, ``k`` computed in
+            the step, to both neighbours:
+
+            >>> ring = JaxComm.from_cart([0], periods=[True])
+            >>> near, got = ring.neighbor_allgatherv(particles, sendcount=k, capacity=64)
+        """
+        handle, sources, _ = self._topology()
+        return _gathered_exchange(
+            ops.neighbor_allgatherv,
+            as_array(x, "x"),
+            sendcount,
+            recvcounts,
+            capacity,
+            len(sources),
+            handle,
+        )
+
     # Point to point ----------------------------------------------------------
 
     @eager_cached(arrays=("x",))
@@ -2059,6 +2144,66 @@ class JaxComm:
             started=True,
         )
 
+    def ineighbor_allgatherv(
+        self,
+        x: ArrayLike,
+        recvcounts: Any = None,
+        *,
+        sendcount: Any = None,
+        capacity: int | None = None,
+    ) -> Request:
+        """Start sending the same rows to every destination; see :meth:`wait`.
+
+        The nonblocking :meth:`neighbor_allgatherv`, with the same arguments,
+        checks and neighbours' order; its wait returns what
+        :meth:`neighbor_allgatherv` returns: ``(y, recvcounts)`` without
+        ``recvcounts`` (learned), else ``y``. The start makes the blocking
+        form's header exchange (one ``MPI_Neighbor_alltoall`` of a small
+        header per edge) and its checks, then starts the rows'
+        ``MPI_Ineighbor_allgatherv``, which the wait completes. The counts
+        may be static or traced. Works eagerly and under ``jit``, in loops
+        and conditionals, under ``vmap`` (counts shared by the batch);
+        differentiable in ``x`` (its transpose is the blocking
+        :meth:`neighbor_allgatherv`'s).
+
+        Args:
+            x: array of rows; the row shape and dtype must match on every rank.
+            recvcounts: rows from each source, ``indegree`` entries, or None.
+            sendcount: rows of ``x`` sent (default: all of them), static or traced.
+            capacity: static number of rows of the result (default as
+                :meth:`neighbor_allgatherv`'s).
+
+        Returns:
+            A :class:`jaxcomm.Request`; its wait returns the received rows
+            (and the counts received, without ``recvcounts``).
+
+        Raises:
+            TypeError: for a communicator without a topology, a non-array
+                ``x`` or non-integer counts.
+            ValueError: on this rank, before any MPI call, as
+                :meth:`neighbor_allgatherv`.
+            RuntimeError: raised by the start (``XlaRuntimeError``) where
+                :meth:`neighbor_allgatherv` raises, on the same ranks: the
+                rows still move, so no neighbour waits and no request is left
+                under way.
+
+        Example:
+            >>> request = ring.ineighbor_allgatherv(particles, sendcount=k, capacity=64)
+            >>> forces = interact(particles)  # while the neighbours' particles travel
+            >>> near, got = ring.wait(request)
+        """
+        handle, sources, _ = self._topology()
+        return _gathered_exchange(
+            nonblocking.start_gathered,
+            held(x, "x"),
+            sendcount,
+            recvcounts,
+            capacity,
+            len(sources),
+            handle,
+            started=True,
+        )
+
     def ialltoallv(
         self,
         x: ArrayLike,
@@ -2280,8 +2425,10 @@ class JaxComm:
         collective's result (``iallreduce``, ``ireduce``, ``iscan``,
         ``ibcast``, ``iallgather``, ``igather``, ``iscatter``, ``ialltoall``,
         ``ialltoallv``, ``ineighbor_alltoall``, ``ineighbor_allgather``,
-        ``iragged_all_to_all``; ``(y, recvcounts)`` for ``ialltoallv``
-        without ``recvcounts``) or None (``isend``). Waits are ordered with
+        ``ineighbor_alltoallv``, ``ineighbor_allgatherv``,
+        ``iragged_all_to_all``; ``(y, recvcounts)`` for ``ialltoallv``,
+        ``ineighbor_alltoallv`` and ``ineighbor_allgatherv`` without
+        ``recvcounts``) or None (``isend``). Waits are ordered with
         every other jaxcomm call, in program order. Each request is waited exactly once,
         in the traced function (loop body, cond branch) that started it, or
         eagerly for a request started eagerly.
@@ -2447,6 +2594,61 @@ def _counted_exchange(
         return bind(x, output, send, recv, handle=handle)
     y, received = bind(x, output, send, recv, handle=handle)
     return (y, received) if learn else y
+
+
+def _gathered_exchange(
+    bind, x, sendcount, recvcounts, capacity, indegree, handle, *, started=False
+):
+    """An exchange of this rank's first ``sendcount`` rows to every destination (``neighbor_allgatherv``).
+
+    Checks the counts, picks the capacity and binds ``bind`` with a zero
+    output of that many rows, as :func:`_counted_exchange`.
+    """
+    rows = leading_axis(x, "of rows")
+    send = _sendcount(sendcount, rows)
+    learn = recvcounts is None
+    recv = None
+    if not learn:
+        (recv,) = index_arrays({"recvcounts": recvcounts}, {"recvcounts": indegree}, "neighbour")
+    static = None if learn else _concrete(recvcounts)
+    if static is not None:
+        _check_static_counts("recvcounts", static, int(static.sum()), "their sum")
+    if capacity is None:
+        capacity = indegree * rows if static is None else int(static.sum())
+    capacity = static_int(capacity, "capacity")
+    if capacity < 0:
+        raise ValueError(f"capacity={capacity} is negative")
+    if static is not None:
+        _check_static_counts("recvcounts", static, capacity, "the capacity")
+    output = jnp.zeros((capacity, *x.shape[1:]), x.dtype)
+    if started:
+        return bind(x, output, send, recv, handle=handle)
+    y, received = bind(x, output, send, recv, handle=handle)
+    return (y, received) if learn else y
+
+
+def _sendcount(sendcount: Any, rows: int) -> Any:
+    """``sendcount`` as an int32 scalar where it is known (checked against ``rows``), else the traced scalar."""
+    if sendcount is None:
+        return np.int32(rows)
+    if isinstance(sendcount, bool):
+        raise TypeError("sendcount must be an integer, got bool")
+    try:
+        value = sendcount if isinstance(sendcount, jax.core.Tracer) else np.asarray(sendcount)
+    except TypeError:
+        raise TypeError(f"sendcount must be an integer, got {sendcount!r}") from None
+    if not jnp.issubdtype(value.dtype, jnp.integer):
+        raise TypeError(f"sendcount must be an integer, got {value.dtype}")
+    if value.shape != ():
+        raise ValueError(f"sendcount must be one integer, got shape {value.shape}")
+    if isinstance(value, jax.core.Tracer):
+        return value
+    count = int(value)
+    if count < 0:
+        raise ValueError(f"sendcount={count} is negative")
+    if count > rows:
+        raise ValueError(f"sendcount={count} is more than x's rows ({rows})")
+    return np.asarray(count, value.dtype if value.dtype == np.int64 else np.int32)
 
 
 def _check_static_counts(name: str, counts: np.ndarray, rows: int, what: str) -> None:

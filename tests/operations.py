@@ -420,6 +420,39 @@ def _neighbor_alltoallv(data, rank, size):
     return np.concatenate([data(behind)[1:3], data(ahead)[:1]])
 
 
+def _around(jc):
+    """The rows the ranks behind and ahead on the ring send in the allgatherv rows."""
+    behind, ahead = ring(jc.rank, jc.size)
+    return [counts(jc.size)[behind], counts(jc.size)[ahead]]
+
+
+def _neighbor_allgatherv_call(jc, x):
+    return jc.neighbor_allgatherv(x, _around(jc))
+
+
+def _neighbor_allgatherv_learned(jc, x):
+    # The send count computed inside the function (traced under jit), the
+    # receive counts learned.
+    y, received = jc.neighbor_allgatherv(
+        x, sendcount=jax.numpy.int32(x.shape[0]), capacity=sum(_around(jc))
+    )
+    return y
+
+
+def _ineighbor_allgatherv_call(jc, x):
+    return jc.wait(jc.ineighbor_allgatherv(x, _around(jc)))
+
+
+def _ineighbor_allgatherv_learned(jc, x):
+    y, received = jc.wait(jc.ineighbor_allgatherv(x, capacity=sum(_around(jc))))
+    return y
+
+
+def _neighbor_allgatherv(data, rank, size):
+    behind, ahead = ring(rank, size)
+    return np.concatenate([data(behind), data(ahead)])
+
+
 def _from_chain(data, rank, size):
     source, _ = chain(rank, size)
     return data(source) if source != MPI.PROC_NULL else np.zeros_like(data(rank))
@@ -863,6 +896,28 @@ OPERATIONS = (
         grid=True,
     ),
     Operation(
+        "neighbor_allgatherv",
+        family="neighbor",
+        kind="v",
+        call=_neighbor_allgatherv_call,
+        shape=_own_count,
+        expected=_neighbor_allgatherv,
+        mpi=("MPI_Neighbor_alltoall", "MPI_Neighbor_allgatherv"),
+        targets=("neighbor_allgatherv",),
+        grid=True,
+    ),
+    Operation(
+        "neighbor_allgatherv-learned",
+        family="neighbor",
+        kind="v",
+        call=_neighbor_allgatherv_learned,
+        shape=_own_count,
+        expected=_neighbor_allgatherv,
+        mpi=("MPI_Neighbor_alltoall", "MPI_Neighbor_allgatherv"),
+        targets=("neighbor_allgatherv",),
+        grid=True,
+    ),
+    Operation(
         "shift",
         family="p2p",
         kind="p2p",
@@ -1118,6 +1173,32 @@ OPERATIONS = (
         mpi=("MPI_Neighbor_alltoall", "MPI_Ineighbor_alltoallv", "MPI_Wait"),
         targets=("ineighbor_alltoallv", "wait_ragged"),
         methods=("ineighbor_alltoallv", "wait"),
+        transforms=NONBLOCKING,
+        grid=True,
+    ),
+    Operation(
+        "ineighbor_allgatherv",
+        family="nonblocking",
+        kind="nonblocking",
+        call=_ineighbor_allgatherv_call,
+        shape=_own_count,
+        expected=_neighbor_allgatherv,
+        mpi=("MPI_Neighbor_alltoall", "MPI_Ineighbor_allgatherv", "MPI_Wait"),
+        targets=("ineighbor_allgatherv", "wait_ragged"),
+        methods=("ineighbor_allgatherv", "wait"),
+        transforms=NONBLOCKING,
+        grid=True,
+    ),
+    Operation(
+        "ineighbor_allgatherv-learned",
+        family="nonblocking",
+        kind="nonblocking",
+        call=_ineighbor_allgatherv_learned,
+        shape=_own_count,
+        expected=_neighbor_allgatherv,
+        mpi=("MPI_Neighbor_alltoall", "MPI_Ineighbor_allgatherv", "MPI_Wait"),
+        targets=("ineighbor_allgatherv", "wait_ragged"),
+        methods=("ineighbor_allgatherv", "wait"),
         transforms=NONBLOCKING,
         grid=True,
     ),

@@ -127,6 +127,8 @@ def test_mpi_wrapping_methods_name_their_mpi_call():
         "gatherv": "MPI_Gatherv",
         "scatterv": "MPI_Scatterv",
         "alltoallv": "MPI_Alltoallv",
+        "neighbor_allgatherv": "MPI_Neighbor_allgatherv",
+        "ineighbor_allgatherv": "MPI_Ineighbor_allgatherv",
         "isend": "MPI_Isend",
         "irecv": "MPI_Irecv",
         "iallreduce": "MPI_Iallreduce",

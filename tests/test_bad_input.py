@@ -1314,6 +1314,82 @@ CASES = [
     ),
     *(
         case
+        for name in ("neighbor_allgatherv", "ineighbor_allgatherv")
+        for case in cases(
+            name,
+            [
+                *x_cases(lambda c, x, name=name: getattr(c.grid, name)(x)),
+                (
+                    "recvcounts-length",
+                    lambda c, name=name: getattr(c.grid, name)(ones(4), [1]),
+                    ValueError,
+                    r"^recvcounts has shape \(1,\); it needs one entry per neighbour, shape \(2,\)",
+                ),
+                (
+                    "recvcounts-float",
+                    lambda c, name=name: getattr(c.grid, name)(ones(4), [1.0, 1.0]),
+                    TypeError,
+                    r"^recvcounts must be an integer array, got float",
+                ),
+                (
+                    "recvcounts-negative",
+                    lambda c, name=name: getattr(c.grid, name)(ones(4), [-1, 1]),
+                    ValueError,
+                    r"^recvcounts\[0\]=-1 is negative",
+                ),
+                (
+                    "recvcounts-over-capacity",
+                    lambda c, name=name: getattr(c.grid, name)(ones(4), [2, 2], capacity=3),
+                    ValueError,
+                    r"^recvcounts add up to 4 rows, more than the capacity \(3\)",
+                ),
+                (
+                    "sendcount-float",
+                    lambda c, name=name: getattr(c.grid, name)(ones(4), sendcount=1.0),
+                    TypeError,
+                    r"^sendcount must be an integer, got float",
+                ),
+                (
+                    "sendcount-negative",
+                    lambda c, name=name: getattr(c.grid, name)(ones(4), sendcount=-1),
+                    ValueError,
+                    r"^sendcount=-1 is negative",
+                ),
+                (
+                    "sendcount-overrun-x",
+                    lambda c, name=name: getattr(c.grid, name)(ones(4), sendcount=5),
+                    ValueError,
+                    r"^sendcount=5 is more than x's rows \(4\)",
+                ),
+                (
+                    "capacity-negative",
+                    lambda c, name=name: getattr(c.grid, name)(ones(4), capacity=-1),
+                    ValueError,
+                    r"^capacity=-1 is negative",
+                ),
+                (
+                    "x-0-d",
+                    lambda c, name=name: getattr(c.grid, name)(ones()),
+                    ValueError,
+                    r"^x must have a leading axis of rows",
+                ),
+                (
+                    "no-topology",
+                    lambda c, name=name: getattr(c.jc, name)(ones(1)),
+                    TypeError,
+                    r"^this JaxComm has no neighbours",
+                ),
+                (
+                    "freed",
+                    lambda c, name=name: getattr(c.freed_grid, name)(ones(2)),
+                    RuntimeError,
+                    FREED,
+                ),
+            ],
+        )
+    ),
+    *(
+        case
         for name in ("ineighbor_alltoall", "ineighbor_allgather")
         for case in cases(
             name,
@@ -1635,6 +1711,8 @@ TRACEABLE = frozenset(
         "ineighbor_alltoall",
         "ineighbor_allgather",
         "ineighbor_alltoallv",
+        "neighbor_allgatherv",
+        "ineighbor_allgatherv",
     ]
 )
 

@@ -20,6 +20,7 @@ import pytest
 from conftest import RUNTIME_ERRORS, mpi_debug, not_reported_again, rank_data, unchanged
 from mpi4py import MPI
 
+import jaxcomm
 from jaxcomm import JaxComm
 
 SEEDS = range(4)
@@ -903,4 +904,317 @@ def test_nonblocking_alltoallv_transformations_match_the_blocking_form(jc, graph
     )
     np.testing.assert_array_equal(branch(x, True), blocking(x)[0])
     np.testing.assert_array_equal(branch(x, False), np.zeros((11, 2)))
+    _still_matched(jc)
+
+
+# neighbor_allgatherv -----------------------------------------------------------------
+#
+# Each rank sends its first sendcount rows (a number of its own) to every
+# destination; what arrives is packed in source order. The model takes each
+# rank's landing list (``(d, i)``: its block arrives as block ``i`` on rank ``d``;
+# None for MPI.PROC_NULL) and each rank's sources (MPI.PROC_NULL sends nothing).
+
+
+def graph_land(sources, destinations):
+    return landing(sources, destinations)
+
+
+def grid_land(lists):
+    """Block ``k`` of a grid's rank goes to ``lists[r][k]``, which gets it as block ``k ^ 1``."""
+    return [[None if d == MPI.PROC_NULL else (d, k ^ 1) for k, d in enumerate(ds)] for ds in lists]
+
+
+def model_allgatherv(xs, sendcount, sources, capacity):
+    """Every rank's ``(y, recvcounts)`` of neighbor_allgatherv (NumPy)."""
+    ys, counts = [], []
+    for srcs in sources:
+        got = [xs[s][: sendcount[s]] if s != MPI.PROC_NULL else xs[0][:0] for s in srcs]
+        y = np.zeros((capacity, *xs[0].shape[1:]), xs[0].dtype)
+        packed = np.concatenate([xs[0][:0], *got])
+        y[: len(packed)] = packed
+        ys.append(y)
+        counts.append(np.array([len(g) for g in got], np.int32))
+    return ys, counts
+
+
+def model_allgatherv_grad(weights, counts, land, sendcount, rows, rank):
+    """d/dx of sum(w * neighbor_allgatherv(x)) on ``rank``: what each destination weighs its rows by, summed."""
+    grad = np.zeros((rows, *weights[0].shape[1:]))
+    for edge in land[rank]:
+        if edge is None:
+            continue
+        d, i = edge
+        start = int(counts[d][:i].sum())
+        grad[: sendcount[rank]] += weights[d][start : start + sendcount[rank]]
+    return grad
+
+
+def allgatherv_of(g, started):
+    """``g.neighbor_allgatherv``, or ``ineighbor_allgatherv`` and its wait."""
+    if not started:
+        return g.neighbor_allgatherv
+    return lambda *args, **kwargs: g.wait(g.ineighbor_allgatherv(*args, **kwargs))
+
+
+def _gathered_rows(size, seed):
+    """``(rows, sendcount)`` per rank: 0 to 3 rows, of which 0 to all are sent."""
+    rng = np.random.default_rng(seed + 200)
+    rows = rng.integers(0, 4, size)
+    return rows, [int(rng.integers(0, r + 1)) for r in rows]
+
+
+def _topology(jc, graphs, grids, where):
+    """``(g, sources, land)`` of a random graph (``seed-N``) or a grid (``GRIDS`` name)."""
+    if where.startswith("seed-"):
+        g, sources, destinations = graphs[int(where[5:])]
+        return g, sources, graph_land(sources, destinations)
+    dims, periods = GRIDS[where](jc.size)
+    lists = grid_lists(dims, periods)
+    return grids[where], lists, grid_land(lists)
+
+
+WHERE = [f"seed-{seed}" for seed in SEEDS] + sorted(GRIDS)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("where", WHERE)
+@pytest.mark.parametrize("form", ["learned", "recvcounts", "static"])
+@pytest.mark.parametrize("mode", ["eager", "jit"])
+@STARTED
+def test_allgatherv_matches_the_model(jc, graphs, grids, where, form, mode, started):
+    g, sources, _ = _topology(jc, graphs, grids, where)
+    exchange = allgatherv_of(g, started)
+    rows, sendcount = _gathered_rows(jc.size, len(where))
+    xs = [rank_data(r, (rows[r], 2), np.float32) + 1 for r in range(jc.size)]
+    capacity = 13
+    ys, counts = model_allgatherv(xs, sendcount, sources, capacity)
+    mine = counts[g.rank]
+
+    def call(x):
+        if form == "learned":
+            return exchange(x, sendcount=sendcount[g.rank], capacity=capacity)
+        if form == "recvcounts":
+            return exchange(x, jnp.asarray(mine), sendcount=sendcount[g.rank], capacity=capacity)
+        return exchange(x, mine.tolist(), sendcount=sendcount[g.rank], capacity=capacity)
+
+    x = jnp.asarray(xs[g.rank])
+    got = call(x) if mode == "eager" else jax.jit(call)(x)
+    unchanged(x, xs[g.rank])
+    if form == "learned":
+        got, received = got
+        np.testing.assert_array_equal(received, mine)
+    np.testing.assert_array_equal(got, ys[g.rank])
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("where", WHERE)
+@STARTED
+def test_allgatherv_counts_computed_inside_jit(jc, graphs, grids, where, started):
+    g, sources, _ = _topology(jc, graphs, grids, where)
+    exchange = allgatherv_of(g, started)
+    sendcount = [r % 3 for r in range(jc.size)]
+    xs = [rank_data(r, (3, 2), np.float32) + 1 for r in range(jc.size)]
+    ys, counts = model_allgatherv(xs, sendcount, sources, 3 * len(sources[g.rank]))
+
+    @jax.jit
+    def step(x, shifted, expected):
+        # The default capacity: indegree times x's rows.
+        y = exchange(x, expected - 1, sendcount=shifted - 1)
+        learned, received = exchange(x, sendcount=shifted - 1)
+        return y, learned, received
+
+    y, learned, received = step(xs[g.rank], sendcount[g.rank] + 1, jnp.asarray(counts[g.rank]) + 1)
+    np.testing.assert_array_equal(y, ys[g.rank])
+    np.testing.assert_array_equal(learned, ys[g.rank])
+    np.testing.assert_array_equal(received, counts[g.rank])
+
+
+@pytest.mark.x64
+@pytest.mark.mpi
+@pytest.mark.parametrize("where", WHERE)
+@pytest.mark.parametrize("learn", [True, False])
+@STARTED
+def test_allgatherv_grad_sums_what_comes_back(jc, graphs, grids, where, learn, started):
+    g, sources, land = _topology(jc, graphs, grids, where)
+    exchange = allgatherv_of(g, started)
+    rows, sendcount = _gathered_rows(jc.size, len(where) + 1)
+    capacity = 12
+    xs = [rank_data(r, (rows[r], 2), np.float64) + 1 for r in range(jc.size)]
+    ys, counts = model_allgatherv(xs, sendcount, sources, capacity)
+    weights = [rank_data(r + 7, (capacity, 2), np.float64) for r in range(jc.size)]
+    recv = None if learn else jnp.asarray(counts[g.rank])
+    k = jnp.asarray(sendcount[g.rank])
+
+    def gathered(x):
+        y = exchange(x, recv, sendcount=k, capacity=capacity)
+        return y[0] if learn else y
+
+    x = jnp.asarray(xs[g.rank])
+    want = model_allgatherv_grad(weights, counts, land, sendcount, rows[g.rank], g.rank)
+    grad = jax.jit(jax.grad(lambda x: jnp.sum(gathered(x) * weights[g.rank])))(x)
+    np.testing.assert_allclose(grad, want)
+    _, vjp = jax.vjp(gathered, x)
+    np.testing.assert_allclose(vjp(jnp.asarray(weights[g.rank]))[0], want)
+    (ct,) = jax.linear_transpose(gathered, x)(jnp.asarray(weights[g.rank]))
+    np.testing.assert_allclose(ct, want)
+    # jvp: the tangent is the same exchange of the tangent.
+    t = [rank_data(r + 3, (rows[r], 2), np.float64) for r in range(jc.size)]
+    y, dy = jax.jit(lambda x, t: jax.jvp(gathered, (x,), (t,)))(x, jnp.asarray(t[g.rank]))
+    np.testing.assert_allclose(y, ys[g.rank])
+    np.testing.assert_allclose(dy, model_allgatherv(t, sendcount, sources, capacity)[0][g.rank])
+    _still_matched(jc)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("where", ["seed-0", "seed-1", "line"])
+@STARTED
+def test_allgatherv_vmap_scan_fori_loop_cond(jc, graphs, grids, where, started):
+    g, sources, _ = _topology(jc, graphs, grids, where)
+    exchange = allgatherv_of(g, started)
+    capacity = 2 * max(1, len(sources[g.rank]))
+    xs = jnp.asarray(rank_data(g.rank, (3, 2, 2), np.float32))
+
+    def one(x):
+        return exchange(x, sendcount=1, capacity=capacity)[0]
+
+    got = jax.jit(jax.vmap(one))(xs)
+    for b in range(3):
+        np.testing.assert_array_equal(got[b], one(xs[b]))
+    # Counts given per batch member: one exchange each (blocking only).
+    recv = jnp.asarray([0 if s == MPI.PROC_NULL else 1 for s in sources[g.rank]], jnp.int32)
+    per_member = jax.vmap(lambda x, r: exchange(x, r, sendcount=1, capacity=capacity))
+    if started:
+        with pytest.raises(NotImplementedError, match="index arrays that differ between batch"):
+            per_member(xs, jnp.stack([recv] * 3))
+    else:
+        got = per_member(xs, jnp.stack([recv] * 3))
+        for b in range(3):
+            np.testing.assert_array_equal(got[b], one(xs[b]))
+
+    # A step that gathers its neighbours' first row and folds it in, in a
+    # scan (with checkpointed gradients), a fori_loop and a cond.
+    def body(c, _):
+        y = exchange(c, sendcount=1, capacity=capacity)[0]
+        return c + jnp.sin(y[:1]).sum(0), None
+
+    def unrolled(v):
+        for _ in range(3):
+            v, _ = body(v, None)
+        return v
+
+    x = xs[0]
+    scanned = jax.jit(lambda v: jax.lax.scan(jax.checkpoint(body), v, None, length=3)[0])
+    np.testing.assert_allclose(scanned(x), unrolled(x), rtol=1e-6)
+    looped = jax.jit(lambda v: jax.lax.fori_loop(0, 3, lambda i, c: body(c, i)[0], v))
+    np.testing.assert_allclose(looped(x), unrolled(x), rtol=1e-6)
+    grads = [
+        jax.jit(jax.grad(lambda v: jnp.sum(scanned(v) ** 2)))(x),
+        jax.grad(lambda v: jnp.sum(unrolled(v) ** 2))(x),
+    ]
+    np.testing.assert_allclose(grads[0], grads[1], rtol=1e-5)
+    branch = jax.jit(
+        lambda v, p: jax.lax.cond(p, one, lambda v: jnp.zeros((capacity, 2), v.dtype), v)
+    )
+    np.testing.assert_array_equal(branch(x, True), one(x))
+    np.testing.assert_array_equal(branch(x, False), np.zeros((capacity, 2)))
+    _still_matched(jc)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("name", ["neighbor_allgatherv", "ineighbor_allgatherv"])
+def test_allgatherv_wrong_arguments_raise_before_mpi(jc, graphs, ring, jit, name):
+    # Wrong on every rank alike, so that every rank raises.
+    g, sources, _ = graphs[0]
+    call = getattr(g, name)
+    x = jnp.ones((3, 2))
+    maybe_jit = jax.jit if jit else (lambda f: f)
+    with pytest.raises(ValueError, match="one entry per neighbour"):
+        maybe_jit(lambda x: call(x, [1] * (len(sources[jc.rank]) + 1)))(x)
+    with pytest.raises(ValueError, match=r"recvcounts\[0\]=-1 is negative"):
+        maybe_jit(lambda x: getattr(ring, name)(x, [-1]))(x)
+    with pytest.raises(ValueError, match="sendcount=-1 is negative"):
+        maybe_jit(lambda x: getattr(ring, name)(x, sendcount=-1))(x)
+    with pytest.raises(ValueError, match=r"sendcount=4 is more than x's rows \(3\)"):
+        maybe_jit(lambda x: getattr(ring, name)(x, sendcount=4))(x)
+    with pytest.raises(ValueError, match=r"more than the capacity \(2\)"):
+        maybe_jit(lambda x: getattr(ring, name)(x, [3], capacity=2))(x)
+    with pytest.raises(TypeError, match="integer array"):
+        getattr(ring, name)(x, [1.5])
+    with pytest.raises(TypeError, match="sendcount must be an integer"):
+        getattr(ring, name)(x, sendcount=1.5)
+    with pytest.raises(ValueError, match="sendcount must be one integer"):
+        getattr(ring, name)(x, sendcount=jnp.array([1, 2]))
+    _still_matched(jc)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(
+    "count, reason",
+    [(-1, "sendcount = -1 is negative"), (5, "sendcount = 5 is more than x's 4 rows")],
+)
+@pytest.mark.parametrize("name", ["neighbor_allgatherv", "ineighbor_allgatherv"])
+def test_allgatherv_bad_traced_sendcount_fails_this_rank_and_its_destinations(
+    jc, ring, count, reason, name
+):
+    step = jax.jit(lambda x, k: allgatherv_of(ring, name.startswith("i"))(x, sendcount=k))
+    # Only rank 0's count is bad; rank 1 (its destination) fails naming it.
+    mine = jnp.int32(count if jc.rank == 0 else 1)
+    if jc.rank == 0:
+        match = rf"{name} on rank 0: {reason}; nothing was sent"
+    elif jc.rank == 1 % jc.size:
+        match = f"{name} on rank 1: the arguments of source 0 are invalid"
+    if jc.rank in (0, 1 % jc.size):
+        with pytest.raises(RUNTIME_ERRORS, match=match):
+            jax.block_until_ready(step(jnp.ones((4, 2)), mine))
+        not_reported_again()
+    else:
+        y, received = step(jnp.ones((4, 2)), mine)
+        np.testing.assert_array_equal(received, [1])
+    _still_matched(jc)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("name", ["neighbor_allgatherv", "ineighbor_allgatherv"])
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_allgatherv_counts_that_disagree_with_the_sender_fail_the_receiver(jc, ring, name, jit):
+    x = jnp.ones((3, 2))
+    exchange = allgatherv_of(ring, name.startswith("i"))
+    maybe_jit = jax.jit if jit else (lambda f: f)
+    with pytest.raises(RUNTIME_ERRORS, match=r"recvcounts\[0\] = 2, but source 0 sends 3 rows"):
+        jax.block_until_ready(maybe_jit(lambda x, r: exchange(x, r, capacity=4))(x, jnp.array([2])))
+    not_reported_again()
+    with pytest.raises(
+        RUNTIME_ERRORS, match="sources 0 to 0 send 3 rows, more than the capacity of 2"
+    ):
+        jax.block_until_ready(maybe_jit(lambda x: exchange(x, capacity=2))(x))
+    not_reported_again()
+    with pytest.raises(RUNTIME_ERRORS, match=r"recvcounts\[0\] = -1 is negative"):
+        jax.block_until_ready(jax.jit(lambda x, r: exchange(x, r, capacity=4))(x, jnp.array([-1])))
+    not_reported_again()
+    # Nothing past the capacity was written: the next exchange is right.
+    y = exchange(x * jc.rank, [3], capacity=4)
+    want = np.concatenate([np.full((3, 2), (jc.rank - 1) % jc.size), np.zeros((1, 2))])
+    np.testing.assert_array_equal(y, want)
+    _still_matched(jc)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_allgatherv_against_another_neighbour_call_is_a_checked_mismatch(jc, ring):
+    jaxcomm.set_check(True)
+    try:
+        x = jnp.ones((2, 2))
+        # Rank 0 gathers; the others make a neighbor_alltoallv of the same rows.
+        call = jax.jit(
+            (lambda x: ring.neighbor_allgatherv(x, [2]))
+            if jc.rank == 0
+            else (lambda x: ring.neighbor_alltoallv(x, [2], [2]))
+        )
+        with pytest.raises(RUNTIME_ERRORS, match="collective mismatch") as raised:
+            jax.block_until_ready(call(x))
+        assert "neighbor_allgatherv" in str(raised.value)
+        assert "neighbor_alltoallv" in str(raised.value)
+        not_reported_again()
+    finally:
+        jaxcomm.set_check(False)
     _still_matched(jc)

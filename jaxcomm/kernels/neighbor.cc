@@ -1,6 +1,6 @@
 // Neighbourhood collectives on communicators with a topology (a distributed
-// graph, a graph or a Cartesian grid): MPI_Neighbor_alltoall, MPI_Neighbor_allgather
-// and MPI_Neighbor_alltoallv, whose counts are operands.
+// graph, a graph or a Cartesian grid): MPI_Neighbor_alltoall, MPI_Neighbor_allgather,
+// MPI_Neighbor_alltoallv and MPI_Neighbor_allgatherv, whose counts are operands.
 //
 // A rank's in- and out-degrees differ, so the buffers' leading axes do too:
 // each rank checks its own. Blocks from MPI_PROC_NULL neighbours (the edges
@@ -208,12 +208,22 @@ std::string Entry(const char* name, size_t i, int64_t value) {
   return std::string(name) + "[" + std::to_string(i) + "] = " + std::to_string(value);
 }
 
-// The checks of this rank's counts, which need no neighbour.
+// The checks of this rank's counts, which need no neighbour. `gather`: the
+// send counts are one count that every destination gets, from x's first row.
 std::string CountsError(const std::vector<int64_t>& sendcounts,
                         const std::vector<int64_t>& recvcounts, bool check_sizes, int64_t rows,
-                        int64_t capacity) {
+                        int64_t capacity, bool gather) {
   int64_t sent = 0, expected = 0;
   for (size_t j = 0; j < sendcounts.size(); ++j) {
+    if (gather) {
+      if (sendcounts[j] < 0) return "sendcount = " + std::to_string(sendcounts[j]) + " is negative";
+      if (sendcounts[j] != sendcounts[0]) return "the send count differs between destinations";
+      if (sendcounts[j] > rows) {
+        return "sendcount = " + std::to_string(sendcounts[j]) + " is more than x's " +
+               std::to_string(rows) + " rows";
+      }
+      continue;
+    }
     if (sendcounts[j] < 0) return Entry("sendcounts", j, sendcounts[j]) + " is negative";
     sent += sendcounts[j];
   }
@@ -456,7 +466,7 @@ ffi::Error NeighborAllgatherImpl(const Call& call, Memory& memory, ffi::Token, f
 ffi::Error RunNeighborAlltoallv(const Call& call, Memory& memory, const ffi::AnyBuffer& x,
                                 const ffi::AnyBuffer& output, const ffi::AnyBuffer& counts,
                                 ffi::AnyBuffer& y, ffi::AnyBuffer& received, bool check_sizes,
-                                bool reverse, NeighborMover& mover) {
+                                bool reverse, NeighborMover& mover, bool gather) {
   JAXCOMM_RETURN_IF_ERROR(call.Announce(Collective::OfType(x.element_type())));
   int indegree, outdegree;
   JAXCOMM_RETURN_IF_ERROR(NeighborDegrees(call, &indegree, &outdegree));
@@ -489,7 +499,7 @@ ffi::Error RunNeighborAlltoallv(const Call& call, Memory& memory, const ffi::Any
     for (int i = 0; i < indegree; ++i) {
       recvcounts[i] = IndexAt(counts_data, counts.element_type(), recv_at + i);
     }
-    local_error = CountsError(sendcounts, recvcounts, check_sizes, rows, capacity);
+    local_error = CountsError(sendcounts, recvcounts, check_sizes, rows, capacity, gather);
   }
   const bool valid = local_error.empty();
   if (!valid) sendcounts.assign(outdegree, 0);
@@ -547,7 +557,7 @@ ffi::Error RunNeighborAlltoallv(const Call& call, Memory& memory, const ffi::Any
   int* sdispls = scounts + outdegree;
   int* rcounts = sdispls + outdegree;
   int* rdispls = rcounts + indegree;
-  for (int j = 0, at = 0; j < outdegree; at += scounts[j], ++j) {
+  for (int j = 0, at = 0; j < outdegree; at += gather ? 0 : scounts[j], ++j) {
     scounts[j] = static_cast<int>(sendcounts[j]);
     sdispls[j] = at;
   }
@@ -558,6 +568,8 @@ ffi::Error RunNeighborAlltoallv(const Call& call, Memory& memory, const ffi::Any
   }
   int64_t sent = 0;
   for (int64_t c : sendcounts) sent += c;
+  const int gather_count = !gather ? -1 : outdegree > 0 ? scounts[0] : 0;
+  if (gather) sent = gather_count;
   const NeighborRows moved{NotNull(in),
                            NotNull(recv_data),
                            ints.data(),
@@ -566,7 +578,8 @@ ffi::Error RunNeighborAlltoallv(const Call& call, Memory& memory, const ffi::Any
                            row_type.type(),
                            row * ffi::ByteWidth(x.element_type()),
                            static_cast<size_t>(sent) * row,
-                           x.element_type()};
+                           x.element_type(),
+                           gather_count};
   JAXCOMM_RETURN_IF_ERROR(mover.Move(moved));
   if (!valid) return mover.Fail(call.Invalid(local_error + "; nothing was sent"));
   if (!learned_error.empty()) return mover.Fail(call.Invalid(learned_error));
@@ -597,6 +610,12 @@ class BlockingNeighborMove final : public NeighborMover {
   }
 
   ffi::Error Move(const NeighborRows& r) override {
+    if (r.gather_count >= 0) {
+      call_.Log([&] { return "MPI_Neighbor_allgatherv " + Elements(r.sent, r.dtype); });
+      JAXCOMM_MPI_CHECK(call_, MPI_Neighbor_allgatherv, r.in, r.gather_count, r.row, r.out,
+                        r.recv_counts(), r.recv_displs(), r.row, call_.comm());
+      return ffi::Error::Success();
+    }
     call_.Log([&] { return "MPI_Neighbor_alltoallv " + Elements(r.sent, r.dtype); });
     JAXCOMM_MPI_CHECK(call_, MPI_Neighbor_alltoallv, r.in, r.send_counts(), r.send_displs(), r.row,
                       r.out, r.recv_counts(), r.recv_displs(), r.row, call_.comm());
@@ -620,6 +639,18 @@ ffi::Error NeighborAlltoallvImpl(const Call& call, Memory& memory, ffi::Token, f
   BlockingNeighborMove mover(call, memory);
   return RunNeighborAlltoallv(call, memory, x, output, counts, *y, *received, check_sizes != 0,
                               false, mover);
+}
+
+// neighbor_alltoallv's exchange with x's first sendcount rows to every
+// destination (the counts: sendcount repeated outdegree times, then the
+// receive counts), as MPI_Neighbor_allgatherv.
+ffi::Error NeighborAllgathervImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffer x,
+                                  ffi::AnyBuffer output, ffi::AnyBuffer counts,
+                                  ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> y,
+                                  ffi::Result<ffi::AnyBuffer> received, int64_t check_sizes) {
+  BlockingNeighborMove mover(call, memory);
+  return RunNeighborAlltoallv(call, memory, x, output, counts, *y, *received, check_sizes != 0,
+                              false, mover, true);
 }
 
 }  // namespace jaxcomm

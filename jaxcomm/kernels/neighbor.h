@@ -58,6 +58,10 @@ struct NeighborRows {
   size_t row_bytes;
   size_t sent;  // elements, for the log
   ffi::DataType dtype;
+  // neighbor_allgatherv: every destination gets the same rows (all send
+  // counts equal, every send displacement 0), so they move by
+  // MPI_Neighbor_allgatherv with this send count; -1 for an alltoallv.
+  int gather_count = -1;
 
   const int* send_counts() const { return ints; }
   const int* send_displs() const { return ints + outdegree; }
@@ -88,10 +92,12 @@ class NeighborMover {
 // then indegree receive counts; `reverse`: the other way round) into `y`,
 // the output's copy, with the rows received from each source written to
 // `received`: the header exchange and every check, then the rows by `mover`.
+// `gather`: a neighbor_allgatherv, whose send counts are one count repeated
+// and whose blocks all start at x's first row.
 ffi::Error RunNeighborAlltoallv(const Call& call, Memory& memory, const ffi::AnyBuffer& x,
                                 const ffi::AnyBuffer& output, const ffi::AnyBuffer& counts,
                                 ffi::AnyBuffer& y, ffi::AnyBuffer& received, bool check_sizes,
-                                bool reverse, NeighborMover& mover);
+                                bool reverse, NeighborMover& mover, bool gather = false);
 
 // MPI refuses null buffers even where a rank has no neighbours to move them
 // to (MPICH checks the pointer before the count): a zero-length buffer of

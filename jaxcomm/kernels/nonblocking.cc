@@ -3,8 +3,9 @@
 // MPI_Ialltoallv, MPI_Ineighbor_alltoall, MPI_Ineighbor_allgather, the
 // exchanges whose counts are operands (iragged_all_to_all, ialltoallv with
 // this rank's counts: the header step of gather.cc, then MPI_Ialltoallv;
-// ineighbor_alltoallv: neighbor.cc's, then MPI_Ineighbor_alltoallv), and the
-// MPI_Wait that completes each.
+// ineighbor_alltoallv and ineighbor_allgatherv: neighbor.cc's, then
+// MPI_Ineighbor_alltoallv or MPI_Ineighbor_allgatherv), and the MPI_Wait that
+// completes each.
 //
 // A start handler makes the MPI call and writes a request handle: the bits
 // of two int32 (slot, serial) in a float32[2] (a float type, so that a
@@ -933,10 +934,21 @@ class StartedNeighborMove final : public NeighborMover {
   void* Scratch(size_t bytes) override { return start_.Scratch(bytes); }
 
   ffi::Error Move(const NeighborRows& r) override {
-    std::vector<int> order;
-    JAXCOMM_RETURN_IF_ERROR(NeighborReceiveOrder(call_, &order));
     Slot& slot = start_.slot();
     const size_t n_out = r.outdegree, n_in = r.indegree;
+    if (r.gather_count >= 0) {
+      // Every block from one process holds the same rows, so the order in
+      // which the library matches duplicate Cartesian edges cannot matter.
+      slot.counts.assign(r.recv_counts(), r.recv_counts() + 2 * n_in);
+      const int* ints = slot.counts.data();
+      call_.Log([&] { return "MPI_Ineighbor_allgatherv " + Elements(r.sent, r.dtype); });
+      const int rc = MPI_Ineighbor_allgatherv(r.in, r.gather_count, r.row, r.out, ints, ints + n_in,
+                                              r.row, call_.comm(), start_.request());
+      if (rc != MPI_SUCCESS) return MpiFailure("MPI_Ineighbor_allgatherv", rc, call_);
+      return ffi::Error::Success();
+    }
+    std::vector<int> order;
+    JAXCOMM_RETURN_IF_ERROR(NeighborReceiveOrder(call_, &order));
     call_.Log([&] { return "MPI_Ineighbor_alltoallv " + Elements(r.sent, r.dtype); });
     int rc;
     if (order.empty()) {
@@ -993,6 +1005,17 @@ ffi::Error IneighborAlltoallvImpl(const Call& call, Memory& memory, ffi::Token, 
   StartedNeighborMove mover(call, memory, *handle);
   return RunNeighborAlltoallv(call, memory, x, output, counts, *y, *received, check_sizes != 0,
                               reverse != 0, mover);
+}
+
+// As NeighborAllgathervImpl (neighbor.cc), started.
+ffi::Error IneighborAllgathervImpl(const Call& call, Memory& memory, ffi::Token, ffi::AnyBuffer x,
+                                   ffi::AnyBuffer output, ffi::AnyBuffer counts,
+                                   ffi::Result<ffi::Token>, ffi::Result<ffi::AnyBuffer> handle,
+                                   ffi::Result<ffi::AnyBuffer> y,
+                                   ffi::Result<ffi::AnyBuffer> received, int64_t check_sizes) {
+  StartedNeighborMove mover(call, memory, *handle);
+  return RunNeighborAlltoallv(call, memory, x, output, counts, *y, *received, check_sizes != 0,
+                              false, mover, true);
 }
 
 // Waits -----------------------------------------------------------------------

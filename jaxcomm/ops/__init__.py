@@ -29,6 +29,8 @@ from .gather import (
 from .neighbor import (
     neighbor_allgather,
     neighbor_allgather_p,
+    neighbor_allgatherv,
+    neighbor_allgatherv_p,
     neighbor_alltoall,
     neighbor_alltoall_p,
     neighbor_alltoallv,
@@ -88,6 +90,8 @@ __all__ = [
     "gatherv_p",
     "neighbor_allgather",
     "neighbor_allgather_p",
+    "neighbor_allgatherv",
+    "neighbor_allgatherv_p",
     "neighbor_alltoall",
     "neighbor_alltoall_p",
     "neighbor_alltoallv",

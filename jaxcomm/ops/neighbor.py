@@ -1,7 +1,8 @@
-"""Neighbourhood collectives: ``neighbor_alltoall``, ``neighbor_allgather``, ``neighbor_alltoallv``.
+"""Neighbourhood collectives: ``neighbor_alltoall``, ``neighbor_allgather``, ``neighbor_alltoallv``, ``neighbor_allgatherv``.
 
 Their nonblocking forms are in ``nonblocking.py``; the helpers of
-``neighbor_alltoallv``'s counts below serve ``ineighbor_alltoallv`` too.
+``neighbor_alltoallv``'s and ``neighbor_allgatherv``'s counts below serve
+``ineighbor_alltoallv`` and ``ineighbor_allgatherv`` too.
 
 They run on a communicator with a topology, a distributed graph
 (``MPI_Dist_graph_create_adjacent``), a Cartesian grid or a graph
@@ -107,6 +108,15 @@ neighbor_alltoallv_p = comm_primitive(
     ("handle", "check_sizes"),
     aliases={1: 0},
 )
+# neighbor_alltoallv_p's operands and results, with the sendcounts one count
+# repeated: the same first rows of x go to every destination.
+neighbor_allgatherv_p = comm_primitive(
+    "neighbor_allgatherv",
+    _counted,
+    "jaxcomm_neighbor_allgatherv",
+    ("handle", "check_sizes"),
+    aliases={1: 0},
+)
 
 
 def zero_from_nowhere(y, handle):
@@ -140,6 +150,27 @@ def neighbor_alltoallv(x, output, sendcounts, recvcounts, *, handle):
     """
     counts, check = neighbor_counts(sendcounts, recvcounts, handle)
     return neighbor_alltoallv_p.bind(x, output, counts, handle=handle, check_sizes=int(check))
+
+
+def neighbor_allgatherv(x, output, sendcount, recvcounts, *, handle):
+    """Bind ``neighbor_allgatherv_p``: x's first ``sendcount`` rows to every destination, packed into ``output``.
+
+    ``recvcounts`` (or None: learned) are checked against what arrives.
+
+    Returns:
+        The output and the rows received from each source.
+    """
+    counts, check = gathered_counts(sendcount, recvcounts, handle)
+    return neighbor_allgatherv_p.bind(x, output, counts, handle=handle, check_sizes=int(check))
+
+
+def gathered_counts(sendcount, recvcounts, handle):
+    """The counts operand of a neighbor_allgatherv (``sendcount`` per destination, then recvcounts), and whether it checks them."""
+    dtype = jnp.result_type(sendcount)
+    if recvcounts is not None:
+        dtype = jnp.promote_types(dtype, recvcounts.dtype)
+    sendcounts = jnp.full((_outdegree(handle),), sendcount, dtype)
+    return neighbor_counts(sendcounts, recvcounts, handle)
 
 
 def neighbor_counts(sendcounts, recvcounts, handle):
@@ -292,3 +323,56 @@ def _alltoallv_transpose(cts, x, output, counts, *, handle, check_sizes):
 
 ad.primitive_jvps[neighbor_alltoallv_p] = partial(exchange_jvp, neighbor_alltoallv_p)
 ad.primitive_transposes[neighbor_alltoallv_p] = _alltoallv_transpose
+
+
+# neighbor_allgatherv transposes to a neighbor_alltoallv on the reverse
+# communicator: each source gets back the cotangent of the rows it sent
+# (as the forward learned or checked them), each destination returns its
+# cotangent of this rank's rows, and this rank sums them. A destination
+# that is MPI.PROC_NULL received nothing, so nothing comes back from it.
+
+
+def allgatherv_transpose(ct, x, output, counts, *, handle, check_sizes):
+    """Cotangents of ``(x, output, counts)`` of a neighbor_allgatherv by ``counts``, for ``ct`` of its result."""
+    ct = batched_alike(ad.instantiate_zeros(ct))
+    known = known_counts(counts, handle, check_sizes=check_sizes)
+    outdegree = _outdegree(handle)
+    sendcounts, recvcounts = known[:outdegree], known[outdegree:]
+    aval = x.aval if ad.is_undefined_primal(x) else jax.core.get_aval(x)
+    rows, row = aval.shape[0], aval.shape[1:]
+    reached = np.array([d != MPI.PROC_NULL for d in _topologies[handle][1]], bool)
+    back = jnp.where(reached, sendcounts, 0)
+    zeros = batched_alike(jnp.zeros((outdegree * rows, *row), aval.dtype))
+    returned, _ = neighbor_alltoallv_p.bind(
+        ct,
+        zeros,
+        jnp.concatenate([recvcounts, back]),
+        handle=reverse_comm(handle),
+        check_sizes=1,
+    )
+    x_t = _sum_blocks(returned, back, rows)
+    output_t = None
+    if ad.is_undefined_primal(output):
+        output_t = output_written(ct, known, handle, reverse=0)
+    return [x_t if ad.is_undefined_primal(x) else None, output_t, None]
+
+
+def _sum_blocks(packed, counts, rows):
+    """The sum of the blocks of ``counts`` rows packed in ``packed``, each padded to ``rows`` rows."""
+    if counts.shape[0] == 0 or rows == 0:
+        return jnp.zeros((rows, *packed.shape[1:]), packed.dtype)
+    starts = jnp.cumsum(counts) - counts
+    at = jnp.arange(rows)
+    index = jnp.minimum(starts[:, None] + at, packed.shape[0] - 1)
+    blocks = packed[index]
+    kept = (at < counts[:, None]).reshape(index.shape + (1,) * (packed.ndim - 1))
+    return jnp.where(kept, blocks, jnp.zeros_like(blocks)).sum(0)
+
+
+_compat.fancy_primitive_batchers[neighbor_allgatherv_p] = partial(
+    exchange_batch, neighbor_allgatherv_p
+)
+ad.primitive_jvps[neighbor_allgatherv_p] = partial(exchange_jvp, neighbor_allgatherv_p)
+ad.primitive_transposes[neighbor_allgatherv_p] = lambda cts, x, output, counts, **params: (
+    allgatherv_transpose(cts[0], x, output, counts, **params)
+)

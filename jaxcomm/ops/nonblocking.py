@@ -4,7 +4,7 @@ A start (``isend_p``, ``irecv_p``, ``iallreduce_p``, ``ireduce_p``,
 ``iscan_p``, ``ibcast_p``, ``iallgather_p``, ``igather_p``, ``iscatter_p``,
 ``ialltoall_p``, ``ialltoallv_p``, ``ineighbor_alltoall_p``,
 ``ineighbor_allgather_p``, ``iragged_all_to_all_p``, ``ialltoallv_counts_p``,
-``ineighbor_alltoallv_p``) makes the ``MPI_I*`` call and returns a request id (a slot of the kernels'
+``ineighbor_alltoallv_p``, ``ineighbor_allgatherv_p``) makes the ``MPI_I*`` call and returns a request id (a slot of the kernels'
 request table and its serial, as the bits of a float32[2]) and, where MPI
 fills one, the receive buffer. A wait (``wait_send_p``, ``wait_recv_p``,
 ``wait_exchange_p``, ``wait_ragged_p``) takes the request id and every buffer
@@ -20,7 +20,9 @@ then starts the rows' ``MPI_Ialltoallv``; it also returns what the headers
 told it (the blocking form's second result). Their wait (``wait_ragged_p``)
 takes the index arrays too, which only ride along for the derivative rules.
 ``ineighbor_alltoallv_p`` is the same with ``neighbor.py``'s header exchange
-(an ``MPI_Neighbor_alltoall``) and ``MPI_Ineighbor_alltoallv``.
+(an ``MPI_Neighbor_alltoall``) and ``MPI_Ineighbor_alltoallv``, and
+``ineighbor_allgatherv_p`` with that header exchange and
+``MPI_Ineighbor_allgatherv``.
 
 Starts and waits carry jaxcomm's ordered effect, so they run in program
 order with every other jaxcomm call. Because the wait
@@ -71,9 +73,12 @@ from ._crossing import contribution
 from .bcast import bcast
 from .gather import allgather, alltoall, alltoallv, gather, scatter
 from .neighbor import (
+    allgatherv_transpose,
     blocks_behind,
+    gathered_counts,
     indegree,
     neighbor_allgather,
+    neighbor_allgatherv,
     neighbor_alltoall,
     neighbor_alltoallv,
     neighbor_counts,
@@ -189,6 +194,12 @@ ineighbor_alltoallv_p = comm_primitive(
     _neighbor_exchange_start,
     "jaxcomm_ineighbor_alltoallv",
     ("handle", "reverse", "check_sizes"),
+)
+ineighbor_allgatherv_p = comm_primitive(
+    "ineighbor_allgatherv",
+    _neighbor_exchange_start,
+    "jaxcomm_ineighbor_allgatherv",
+    ("handle", "check_sizes"),
 )
 
 # Operands (request_id, send) / (request_id, receive) / (request_id, send, receive); the
@@ -306,6 +317,9 @@ class Counted:
         sent_back: ``(what the reverse received, the index arrays, handle,
             **params)`` -> the operand's cotangent (run by the start's
             transpose, after the reverse's wait).
+        transpose: for one transposed as its blocking form (:class:`Blocking`),
+            ``(ct, operand, output, index arrays, handle, **params)`` -> the
+            cotangents of the start's operands for ``ct`` of the result.
     """
 
     received: Callable = lambda learned: learned[1]
@@ -314,6 +328,7 @@ class Counted:
         ct, indices, learned, reverse
     )
     sent_back: Callable = lambda packed, indices, handle, **params: packed
+    transpose: Callable | None = None
 
 
 # ragged_all_to_all and alltoallv by this rank's counts: the reversed exchange
@@ -331,6 +346,11 @@ NEIGHBOR_COUNTED = Counted(
     ),
     sent_back=sent_back,
 )
+# neighbor_allgatherv: what comes back to a rank is a block per destination
+# to be summed, which a reverse request could not hand over as the result's
+# cotangent; it transposes as the blocking form (a neighbor_alltoallv on the
+# reverse graph, then the sum).
+NEIGHBOR_GATHERED = Counted(received=lambda learned: learned, transpose=allgatherv_transpose)
 
 
 @dataclass(frozen=True)
@@ -473,6 +493,14 @@ OPERATIONS = {
             behind_rows,
             Reverse("ineighbor_alltoallv", _reversed_known, comm=reverse_comm),
             ragged=NEIGHBOR_COUNTED,
+        ),
+        Operation(
+            ineighbor_allgatherv_p,
+            WAIT_RAGGED,
+            neighbor_allgatherv,
+            behind_rows,
+            Blocking(),
+            ragged=NEIGHBOR_GATHERED,
         ),
     )
 }
@@ -659,6 +687,27 @@ def start_counts(x, output, sendcounts, recvcounts, *, handle, neighbors=False):
         indices,
         learned=not check,
         reverse=0,
+        check_sizes=int(check),
+        handle=handle,
+    )
+
+
+def start_gathered(x, output, sendcount, recvcounts, *, handle):
+    """Start ``ineighbor_allgatherv_p``: x's first ``sendcount`` rows to every destination, packed into ``output``.
+
+    ``recvcounts`` (or None: learned, and the wait returns them beside the
+    rows) are checked against what arrives, as ``neighbor.neighbor_allgatherv``.
+
+    Returns:
+        The :class:`Request`.
+    """
+    counts, check = gathered_counts(sendcount, recvcounts, handle)
+    return start(
+        ineighbor_allgatherv_p,
+        x,
+        output,
+        counts,
+        learned=not check,
         check_sizes=int(check),
         handle=handle,
     )
@@ -964,8 +1013,9 @@ for _wait in _WAITS.values():
 # the primal wait. The exchanges whose counts are operands (ragged) reverse
 # as their blocking forms do, started by the wait's transpose, which also
 # gives the output's cotangent to the receive buffer; their index arrays ride
-# with the wait, so that its transpose has them. Rules run on every rank
-# (_compat.py).
+# with the wait, so that its transpose has them. ineighbor_allgatherv, whose
+# reverse ends in a sum, transposes as its blocking form (Blocking, through
+# Counted.transpose). Rules run on every rank (_compat.py).
 
 # id(request_id) -> (request_id, buffers that go with it).
 _companions = {}
@@ -1105,6 +1155,8 @@ def _start_transpose(operation, cts, x, *extras, handle, **params):
         # A replicated one among per-device values transposes exactly, as
         # its blocking form does there (replicated_operand).
         ct = ad.instantiate_zeros(cts[1])
+        if operation.ragged:
+            return operation.ragged.transpose(ct, x, *extras, handle=handle, **params)
         blocking = partial(operation.blocking, handle=handle, **params)
         aval = jax.ShapeDtypeStruct(x.aval.shape, x.aval.dtype)
         return list(jax.linear_transpose(blocking, aval)(ct))
