@@ -358,6 +358,39 @@ def test_gpu_command_on_cpu_arrays(jc, tmp_path, capsys):
         assert "results in" in printed
 
 
+@pytest.mark.mpi
+def test_gpu_ragged_layout_agrees_between_senders_and_receivers(jc):
+    for n in (jc.size, 4 * jc.size, 1000 * jc.size):
+        starts, sends, lands, receives = gpu.ragged_layout(jc.rank, jc.size, n)
+        everyone = jc.comm.allgather(sends)
+        # What rank j sends here is what this rank expects from j.
+        assert [int(everyone[j][jc.rank]) for j in range(jc.size)] == receives.tolist()
+        chunk = n // jc.size
+        assert starts.tolist() == [j * chunk for j in range(jc.size)]
+        assert lands.tolist() == [jc.rank * chunk] * jc.size
+        assert all(0 < s <= chunk for s in sends)  # each slice within its share
+        if jc.size > 1 and chunk > 1:
+            assert len(set(np.concatenate(everyone).tolist())) == 2  # ragged, not uniform
+
+
+@pytest.mark.mpi
+def test_gpu_command_measures_alltoall_and_ragged_on_cpu_arrays(jc, tmp_path):
+    out = pathlib.Path(jc.comm.bcast(str(tmp_path / "gpu")))
+    size_bytes = 8 * jc.size  # two float32 per rank and share
+    argv = ["--cpu", "--quick", "--ops", "alltoall", "ragged", "--sizes", "8", str(size_bytes)]
+    assert gpu.main([*argv, "--out", str(out)]) == 0
+    if jc.rank == 0:
+        data = json.loads((out / "results.json").read_text())
+        # 8 B is two float32: one share per rank only on 1 or 2 ranks.
+        sizes = sorted({8, size_bytes} if 2 % jc.size == 0 else {size_bytes})
+        for op in ("alltoall", "ragged"):
+            measured = {r["bytes"] for r in data["results"] if r["op"] == op}
+            assert sorted(measured) == sizes, (op, measured)
+        assert all(r["seconds"] > 0 and r["error"] is None for r in data["results"])
+        table = (out / "table.md").read_text()
+        assert f"| ragged | {size_bytes} B | cpu |" in table
+
+
 def test_gpu_command_says_why_mpi4jax_has_no_columns(tmp_path, monkeypatch):
     """An mpi4jax whose import fails (a build against another jaxlib's FFI) is left out, with why."""
     fake = tmp_path / "mpi4jax"

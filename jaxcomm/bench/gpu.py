@@ -2,24 +2,31 @@
 
 Run:  mpiexec -n 2 python -m jaxcomm.bench.gpu [--quick] [--out DIR]
 
-For allreduce (float32 sum), bcast (root 0), allgather and sendrecv (a ring),
-from 8 B to 256 MiB per rank, rank 0 prints the median time of one call and
-its bandwidth (bytes per rank / time) for:
+For allreduce (float32 sum), bcast (root 0), allgather, sendrecv (a ring),
+alltoall and a ragged exchange (ragged_all_to_all of float32, every other
+pair of ranks sending half a share), from 8 B to 256 MiB per rank, rank 0
+prints the median time of one call and its bandwidth (bytes per rank / time)
+for:
   jaxcomm       jax.jit(jc.<op>) on GPU arrays, once per data path jaxcomm
                 has here (host staging; cuda-aware where the MPI library is);
                 with --pieces, again at each pipeline piece size
   jaxcomm loop  the op in a jitted fori_loop, per iteration
   mpi4jax       jax.jit(mpi4jax.<op>), and in a fori_loop, where mpi4jax is
-                installed (it is never a dependency of jaxcomm)
+                installed (it is never a dependency of jaxcomm; it has no
+                ragged exchange); its CUDA-aware mode is
+                MPI4JAX_USE_CUDA_MPI=1 in the environment
   by hand       jax.device_get + mpi4py on NumPy + jax.device_put
   C++ ref       cudaMemcpyAsync into pinned buffers, the MPI call, and back, in
                 C++ (gpu_reference.cc): host staging without pipelining
+  C++ direct    the MPI call alone on the device pointers, in C++, where the
+                MPI library is CUDA-aware: the floor of the direct path
 and, for 8 B, the allreduce in a jitted fori_loop (time per iteration) next
 to the same loop in mpi4jax, the C++ reference, an empty loop (XLA's own
 cost of an iteration), mpi4py on NumPy, and jaxcomm's handler clock (time
 in the handler, and the part of it waiting for the GPU). It prints whether
 jaxcomm meets its targets (not asserted) and writes results.csv,
-results.json, table.md and, with matplotlib, bandwidth.png to --out.
+results.json, table.md (rewritten after each op, so that a run cut short keeps
+what it measured) and, with matplotlib, bandwidth.png to --out.
 --latency-only measures the 8 B loops alone (to compare settings: one rank,
 ranks sharing a GPU with and without MPS); --hlo FILE writes the compiled
 HLO of jaxcomm's loop.
@@ -56,7 +63,9 @@ from .report import dump_json, format_table, pyplot, save_figure
 from .sizes import format_size, parse_size
 from .timing import median_seconds
 
-OPS = ("allreduce", "bcast", "allgather", "sendrecv")
+OPS = ("allreduce", "bcast", "allgather", "sendrecv", "alltoall", "ragged")
+# Ops that split each rank's operand into one share per rank.
+SPLIT = ("alltoall", "ragged")
 KIND = {name: code for code, name in enumerate(OPS)}  # gpu_reference.cc's `kind`
 MIB = 1 << 20
 FULL_SIZES = [8 * 4**k for k in range(13)] + [256 * MIB]  # 8 B .. 128 MiB, 256 MiB
@@ -111,6 +120,32 @@ def sizes_for(args):
     return [s for s in sizes if s <= args.max_bytes]
 
 
+def fits(op, nbytes, size):
+    """Whether ``op`` can move ``nbytes`` per rank of float32 among ``size`` ranks."""
+    return nbytes % 4 == 0 and (op not in SPLIT or (nbytes // 4) % size == 0)
+
+
+def ragged_layout(rank, size, n):
+    """The ragged exchange's index arrays for ``n`` float32 rows per rank.
+
+    Rank i sends rank j a slice of ``n // size`` rows, halved where i + j is
+    odd, from its j-th share; it lands at share i of rank j's output, whose
+    other rows keep their values (gpu_reference.cc's RaggedRows is the same).
+    """
+    chunk = n // size
+
+    def rows(i, j):
+        return chunk - ((i + j) % 2) * (chunk // 2)
+
+    peers = np.arange(size)
+    return (
+        (peers * chunk).astype(np.int32),
+        np.array([rows(rank, j) for j in peers], np.int32),
+        np.full(size, rank * chunk, np.int32),
+        np.array([rows(j, rank) for j in peers], np.int32),
+    )
+
+
 def iterations_for(nbytes, quick):
     """Timed calls per size: enough to move about 1 GiB (256 MiB with --quick)."""
     budget, low, high = (256 * MIB, 3, 50) if quick else (1024 * MIB, 5, 200)
@@ -144,6 +179,7 @@ def table_rows(results):
         loop = refs.get((*key, f"jaxcomm loop: {path}"))
         cpp, m4j, m4j_loop = (refs.get((*key, m)) for m in ("C++ ref", "mpi4jax", "mpi4jax loop"))
         hand = refs.get((*key, "by hand"))
+        direct = refs.get((*key, "C++ direct"))
         rows.append(
             {
                 "op": r["op"],
@@ -155,6 +191,7 @@ def table_rows(results):
                 "mpi4jax_loop_us": _us(m4j_loop),
                 "by_hand_us": _us(hand),
                 "cpp_us": _us(cpp),
+                "cpp_direct_us": _us(direct),
                 "jaxcomm_gbs": bandwidth(r["bytes"], r["seconds"]),
                 "cpp_gbs": bandwidth(r["bytes"], cpp),
                 "vs_cpp": ratio(cpp, r["seconds"]),
@@ -178,6 +215,7 @@ COLUMNS = (
     ("mpi4jax loop us", "mpi4jax_loop_us", ".1f"),
     ("by hand us", "by_hand_us", ".1f"),
     ("C++ ref us", "cpp_us", ".1f"),
+    ("C++ direct us", "cpp_direct_us", ".1f"),
     ("jaxcomm GB/s", "jaxcomm_gbs", ".3g"),
     ("C++ ref GB/s", "cpp_gbs", ".3g"),
     ("x C++ ref", "vs_cpp", ".2f"),
@@ -258,7 +296,7 @@ def check_targets(rows, loop):
     return checks
 
 
-def write_results(out, results, rows, loop, checks, meta):
+def write_results(out, results, rows, loop, checks, meta, plot=True):
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "results.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=["op", "bytes", "method", "seconds", "error"])
@@ -280,8 +318,8 @@ def write_results(out, results, rows, loop, checks, meta):
         text += "\n\nTargets (reported, not asserted):\n\n"
         text += "\n".join(f"- {v.upper()}: {t}" for v, t in checks)
     (out / "table.md").write_text(text + "\n")
-    if not results:
-        return None  # --latency-only: nothing to plot
+    if not results or not plot:
+        return None  # --latency-only, or a partial write: nothing to plot
     try:
         plt = pyplot()
     except RuntimeError:
@@ -312,15 +350,29 @@ def call_seconds(call, iterations, comm):
     return median_seconds(call, iterations, comm, warmup=2, barrier_each=False)
 
 
-def op_functions(rank, size, allreduce, bcast, allgather, sendrecv):
-    """The four ops from one library's functions; allgather's result flat, as jaxcomm's tiled."""
+def op_functions(rank, size, allreduce, bcast, allgather, sendrecv, alltoall, ragged=None):
+    """The ops from one library's functions, each on a flat array and flat results.
+
+    allgather's and alltoall's results are flat, as jaxcomm's ``tiled=True``;
+    ``ragged`` (operand, output, input_offsets, send_sizes, output_offsets,
+    recv_sizes) is left out where None.
+    """
     right, left = (rank + 1) % size, (rank - 1) % size
-    return {
+    functions = {
         "allreduce": allreduce,
         "bcast": bcast,
         "allgather": lambda v: allgather(v).reshape(-1),
         "sendrecv": lambda v: sendrecv(v, left, right),
+        "alltoall": lambda v: alltoall(v).reshape(-1),
     }
+    if ragged is not None:
+
+        def exchange(v):
+            layout = ragged_layout(rank, size, v.shape[0])
+            return ragged(v, jax.numpy.zeros_like(v), *layout)
+
+        functions["ragged"] = exchange
+    return functions
 
 
 def jaxcomm_functions(jc):
@@ -331,6 +383,8 @@ def jaxcomm_functions(jc):
         lambda v: jc.bcast(v, root=0),
         lambda v: jc.allgather(v, tiled=True),
         lambda v, left, right: jc.sendrecv(v, v, source=left, dest=right),
+        lambda v: jc.alltoall(v, tiled=True),
+        jc.ragged_all_to_all,
     )
 
 
@@ -348,13 +402,15 @@ def mpi4jax_functions(comm):
     except Exception as err:  # noqa: BLE001 (JaxRuntimeError, and whatever a broken build raises)
         first_line = (str(err).strip().splitlines() or [""])[0]
         return None, f"mpi4jax failed to load: {type(err).__name__}: {first_line}"
+    size = comm.Get_size()
     functions = op_functions(
         comm.Get_rank(),
-        comm.Get_size(),
+        size,
         lambda v: mpi4jax.allreduce(v, op=MPI.SUM, comm=comm),
         lambda v: mpi4jax.bcast(v, 0, comm=comm),
         lambda v: mpi4jax.allgather(v, comm=comm),
         lambda v, left, right: mpi4jax.sendrecv(v, v, left, right, comm=comm),
+        lambda v: mpi4jax.alltoall(v.reshape(size, -1), comm=comm),
     )
     return functions, None
 
@@ -392,6 +448,11 @@ def by_hand_call(op, comm, x, device):
                 comm.Allreduce(host, out, op=MPI.SUM)
             elif op == "allgather":
                 comm.Allgather(host, out)
+            elif op == "alltoall":
+                comm.Alltoall(host, out)
+            elif op == "ragged":
+                starts, sends, _, receives = ragged_layout(rank, size, n)
+                comm.Alltoallv([host, sends, starts, MPI.FLOAT], [out, receives, starts, MPI.FLOAT])
             else:
                 comm.Sendrecv(host, (rank + 1) % size, recvbuf=out, source=(rank - 1) % size)
             result = out
@@ -444,12 +505,13 @@ def load_reference(comm, build_dir):
         ctypes.c_int64,
         ctypes.c_int,
         ctypes.c_int,
+        ctypes.c_int,
     ]
     lib.jaxcomm_reference_error.restype = ctypes.c_char_p
     return lib, None
 
 
-def reference_seconds(lib, op, comm, x, out, iterations):
+def reference_seconds(lib, op, comm, x, out, iterations, direct=False):
     x.block_until_ready()
     out.block_until_ready()
     comm.Barrier()
@@ -461,6 +523,7 @@ def reference_seconds(lib, op, comm, x, out, iterations):
         x.nbytes,
         iterations,
         2,
+        int(direct),
     )
     if seconds < 0:
         raise RuntimeError(lib.jaxcomm_reference_error().decode())
@@ -572,7 +635,7 @@ def measure_size(op, nbytes, args, comm, device, paths, use_path, lib, m4j, log)
                 record(f"jaxcomm: {label}, pieces {format_size(piece)}", timed(calls["jit"][op]))
             finally:
                 set_pipeline_bytes(default)
-    if m4j is not None:
+    if m4j is not None and op in m4j["jit"]:
         record("mpi4jax", timed(m4j["jit"][op]))
         record("mpi4jax loop", loop_timed(m4j["functions"][op]))
     record("by hand", lambda: call_seconds(by_hand_call(op, comm, x, device), iterations, comm))
@@ -580,6 +643,11 @@ def measure_size(op, nbytes, args, comm, device, paths, use_path, lib, m4j, log)
         out_rows = n * comm.Get_size() if op == "allgather" else n
         target = jax.device_put(np.zeros(out_rows, np.float32), device)
         record("C++ ref", lambda: reference_seconds(lib, op, comm, x, target, iterations))
+        if any(cuda_aware for _, cuda_aware in paths):
+            record(
+                "C++ direct",
+                lambda: reference_seconds(lib, op, comm, x, target, iterations, direct=True),
+            )
     return results
 
 
@@ -630,6 +698,7 @@ def main(argv=None):
         "jax": jax.__version__,
         "jaxcomm": __version__,
         "mpi4jax": _mpi4jax_version(),
+        "mpi4jax_use_cuda_mpi": os.environ.get("MPI4JAX_USE_CUDA_MPI"),
         "mpi": MPI.Get_library_version().splitlines()[0],
         "cuda_info": info,
         "pipeline_bytes": pipeline_bytes(),
@@ -659,12 +728,17 @@ def main(argv=None):
     if not args.latency_only:
         for op in args.ops:
             for nbytes in sizes_for(args):
+                if not fits(op, nbytes, comm.Get_size()):
+                    continue
                 done = measure_size(op, nbytes, args, comm, device, paths, use_path, lib, m4j, log)
                 results += done
                 log(
                     f"{op:>9} {format_size(nbytes):>8}: "
                     + ", ".join(f"{r['method']} {_cell(_us(r['seconds']), '.1f')} us" for r in done)
                 )
+            # What is measured so far, in case a time limit ends the run.
+            if rank == 0:
+                write_results(out, results, table_rows(results), {}, [], meta, plot=False)
 
     loop = {}
     steps = 200 if args.quick else 1000

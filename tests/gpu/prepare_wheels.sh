@@ -15,11 +15,14 @@
 # /usr/local/cuda or CUDA_ROOT. Its handlers are built against the FFI of the
 # jax it is built with, and a jaxlib of an older FFI refuses them: set
 # MPI4JAX_JAX to the GPU machine's jax (e.g. jax==0.11.2; default: the
-# newest). mpi4jax is never a dependency of jaxcomm.
+# newest). With MPI_PREFIX set to an MPI's install prefix (such as the
+# CUDA-aware one of tests/gpu/build_cuda_mpi.sh), mpi4jax is built against
+# that MPI's mpicc and the mpi4py wheel for it already in WHEEL_DIR, instead
+# of the mpich wheel. mpi4jax is never a dependency of jaxcomm.
 set -euo pipefail
 
 if [[ $# -lt 1 || $# -gt 2 || $1 == -h || $1 == --help ]]; then
-  sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 wheel_dir=$1
@@ -32,6 +35,10 @@ limit_mib=40
 # and pathspec; pytest-mpi needs pytest and its own dependencies.
 wheels=(mpich==5.0.2 mpi4py==4.1.2 pytest-mpi==0.6 pybind11==3.1.0
   scikit-build-core==1.1.2 packaging pathspec pytest pluggy iniconfig pygments)
+# Another MPI brings its own mpi4py, built against it (build_cuda_mpi.sh).
+if [[ -n ${MPI_PREFIX:-} ]]; then
+  wheels=("${wheels[@]:2}")
+fi
 if [[ -n ${GPU_WHEELS:-} ]]; then
   read -r -a wheels <<<"$GPU_WHEELS"
 fi
@@ -47,10 +54,18 @@ mkdir -p "$wheel_dir"
 if [[ -n ${MPI4JAX_PYTHON:-} ]]; then
   build_venv=$(mktemp -d)
   "$MPI4JAX_PYTHON" -m venv "$build_venv"
-  "$build_venv/bin/pip" install --quiet --disable-pip-version-check mpich==5.0.2 mpi4py==4.1.2 \
+  mpi_path=$build_venv/bin
+  if [[ -n ${MPI_PREFIX:-} ]]; then
+    "$build_venv/bin/pip" install --quiet --disable-pip-version-check --no-index \
+      --find-links "$wheel_dir" mpi4py
+    mpi_path=$MPI_PREFIX/bin:$mpi_path
+  else
+    "$build_venv/bin/pip" install --quiet --disable-pip-version-check mpich==5.0.2 mpi4py==4.1.2
+  fi
+  "$build_venv/bin/pip" install --quiet --disable-pip-version-check \
     nanobind cython setuptools wheel "${MPI4JAX_JAX:-jax}"
   # Its build finds mpicc and the CUDA toolkit through the environment.
-  PATH="$build_venv/bin:$PATH" CUDA_ROOT=${CUDA_ROOT:-/usr/local/cuda} \
+  PATH="$mpi_path:$PATH" CUDA_ROOT=${CUDA_ROOT:-/usr/local/cuda} \
     "$build_venv/bin/pip" wheel --quiet --disable-pip-version-check --no-build-isolation --no-cache-dir \
     --no-deps -w "$wheel_dir" mpi4jax==0.9.1
   rm -rf "$build_venv"

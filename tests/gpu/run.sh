@@ -3,28 +3,33 @@
 # one command, on a machine with an NVIDIA GPU, nvcc, cmake and a CUDA-enabled
 # jax in python3, but no MPI and no network.
 #
-#   tests/gpu/run.sh WHEEL_DIR [OUT_DIR]
+#   tests/gpu/run.sh CARRY_DIR [OUT_DIR]
 #
-# WHEEL_DIR comes from tests/gpu/prepare_wheels.sh. OUT_DIR (default
-# ./gpu-run-<date>) receives summary.md and one log per step. Every step runs
-# even after an earlier one failed; the exit status is non-zero if any did.
+# CARRY_DIR comes from tests/gpu/prepare_carry.sh: a CUDA-aware MPI in mpi/
+# and wheels built against it in wheels/ (the direct path and host staging
+# both run); or a folder of wheels from tests/gpu/prepare_wheels.sh with the
+# mpich wheel (host staging only). OUT_DIR (default ./gpu-run-<date>)
+# receives summary.md and one log per step. Every step runs even after an
+# earlier one failed; the exit status is non-zero if any did.
 #
 # Environment: PYTHON (python3), VENV (/tmp/jaxcomm-gpu-venv, rebuilt each
-# run), TEST_TIMEOUT (600 s per pytest run), BENCH_TIMEOUT (600 s),
-# PYTEST_ARGS (extra pytest arguments, e.g. -m 'not large'), BENCH_ARGS
-# (extra benchmark arguments, e.g. --quick), BUILD_ARGS (extra pip arguments
-# for the build, e.g. -C cmake.define.CMAKE_CUDA_ARCHITECTURES=90), MPS
-# (auto: the tests and the benchmark run under CUDA MPS where
-# nvidia-cuda-mps-control exists; 0: never), SKIP (log names of steps to
-# leave out, without .log, e.g. "pytest-n1 pytest-n2 overlap"; the set-up
-# steps always run).
+# run), DEADLINE (seconds from the start by which the summary is written:
+# each step's timeout is cut to fit, and a step with under 30 s left is
+# skipped; default none), TEST_TIMEOUT (600 s per pytest run), BENCH_TIMEOUT
+# (600 s), PYTEST_ARGS (extra pytest arguments, e.g. -m 'not large'),
+# BENCH_ARGS (extra benchmark arguments, e.g. --quick), BUILD_ARGS (extra pip
+# arguments for the build), MPS (auto: the steps after "CUDA MPS daemon" run
+# under CUDA MPS where nvidia-cuda-mps-control exists; 0: never), SKIP (log
+# names of steps to leave out, without .log, e.g. "pytest-n1 overlap"; the
+# set-up steps always run).
 set -uo pipefail
 
 if [[ $# -lt 1 || $# -gt 2 || $1 == -h || $1 == --help ]]; then
-  sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
-wheel_dir=$(realpath "$1")
+started=$SECONDS
+carry_dir=$(realpath "$1")
 out_dir=${2:-gpu-run-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$out_dir" && out_dir=$(realpath "$out_dir")
 repo=$(realpath "$(dirname "$0")/../..")
@@ -37,8 +42,22 @@ eval "pytest_args=(${PYTEST_ARGS:-})"
 eval "bench_args=(${BENCH_ARGS:-})"
 eval "build_args=(${BUILD_ARGS:-})"
 
-if [[ ! -d $wheel_dir ]] || ! compgen -G "$wheel_dir/mpich-*.whl" >/dev/null; then
-  echo "error: $wheel_dir holds no mpich wheel; make it with tests/gpu/prepare_wheels.sh" >&2
+# A carried MPI goes back to the absolute path it was built for, which its
+# wrappers, its help files and the run paths of the wheels built against it
+# name; the mpich wheel needs no such place.
+if [[ -x $carry_dir/mpi/bin/mpicc && -f $carry_dir/mpi/.jaxcomm-prefix ]]; then
+  wheel_dir=$carry_dir/wheels
+  mpi_prefix=$(cat "$carry_dir/mpi/.jaxcomm-prefix")
+  mpi_name="the carried CUDA-aware MPI"
+  # Open MPI refuses root unless told; the device machine runs commands as root.
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+elif compgen -G "$carry_dir/mpich-*.whl" >/dev/null; then
+  wheel_dir=$carry_dir
+  mpi_prefix=
+  mpi_name="the mpich wheel"
+else
+  echo "error: $carry_dir holds neither mpi/ with wheels/ (tests/gpu/prepare_carry.sh)" \
+    "nor an mpich wheel (tests/gpu/prepare_wheels.sh)" >&2
   exit 2
 fi
 
@@ -46,12 +65,29 @@ steps=()     # "name|status|log" for the summary
 failures=0
 after_setup=0  # SKIP applies from the versions step on
 
+# Seconds a step may take: LIMIT, cut to what DEADLINE leaves once the
+# summary's reserve is kept; 0 when that is under 30 s.
+reserve=20
+time_left() {
+  local limit=$1
+  if [[ -n ${DEADLINE:-} ]]; then
+    local left=$((DEADLINE - (SECONDS - started) - reserve))
+    ((left < limit)) && limit=$left
+  fi
+  ((limit < 30)) && limit=0
+  echo "$limit"
+}
+
 # step NAME LOG COMMAND...: run COMMAND, its output to the terminal and LOG.
 step() {
   local name=$1 log=$2
   shift 2
   if ((after_setup)) && [[ " ${SKIP:-} " == *" ${log%.log} "* ]]; then
     steps+=("$name|skipped (SKIP)|$log")
+    return 0
+  fi
+  if ((after_setup)) && (($(time_left 30) == 0)); then
+    steps+=("$name|skipped (DEADLINE)|$log")
     return 0
   fi
   echo
@@ -96,7 +132,11 @@ install_wheels() {
   fi
   # Ours, even where the system has an mpi4py: the kernels and mpi4py must
   # run the same MPI, the one whose mpicc builds the kernels.
-  "${pip[@]}" --ignore-installed --no-deps mpich mpi4py || return
+  if [[ -n $mpi_prefix ]]; then
+    "${pip[@]}" --ignore-installed --no-deps mpi4py || return
+  else
+    "${pip[@]}" --ignore-installed --no-deps mpich mpi4py || return
+  fi
   # The rest only where missing.
   "${pip[@]}" pytest-mpi pybind11 scikit-build-core pytest || return
   # mpi4jax, for the benchmark's side-by-side columns, where its wheel came.
@@ -105,13 +145,27 @@ install_wheels() {
   fi
 }
 
+# The carried MPI at its own path, first on PATH.
+place_mpi() {
+  if [[ -e $mpi_prefix && ! -L $mpi_prefix ]]; then
+    echo "$mpi_prefix exists and is not a link to a carried MPI: left alone" >&2
+    return 1
+  fi
+  mkdir -p "$(dirname "$mpi_prefix")" && ln -sfn "$carry_dir/mpi" "$mpi_prefix" || return
+  echo "$mpi_prefix -> $carry_dir/mpi"
+  cat "$carry_dir/mpi/.jaxcomm-build"
+}
+
 check_mpi() {
   command -v mpicc mpiexec || return
   mpicc -show
-  # mpi4py's wheel picks a libmpi at run time: it must be the mpich wheel's.
+  # mpi4py picks a libmpi at run time: it must be the one mpicc builds with.
   python -c 'from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0]);
 print("thread level", MPI.Query_thread(), "of", MPI.THREAD_MULTIPLE);
 print("mpi4py loaded", *sorted({l.split()[-1] for l in open("/proc/self/maps") if "libmpi" in l}))'
+  if [[ -n $mpi_prefix ]]; then
+    ompi_info --parsable --all | grep 'mpi_built_with_cuda_support:value' || return
+  fi
   timeout 120 mpiexec -n 2 python -c 'from mpi4py import MPI; c = MPI.COMM_WORLD;
 assert c.allreduce(c.rank + 1) == 3; print("rank", c.rank, "of", c.size, "ok")'
 }
@@ -188,21 +242,50 @@ except RuntimeError as err:
     sys.exit(f"JAX sees no GPU ({err}); the GPU tests will skip and the benchmark measures nothing")'
 }
 
+# gpu_tests RANKS NAME [PYTEST ARGUMENT...]: the GPU tests, each rank writing
+# junit-NAME-rank<rank>.xml, so that the summary counts per rank.
 gpu_tests() {
-  local ranks=$1
-  # Each rank writes its own JUnit file: the summary counts per rank.
-  (cd "$repo" && XLA_PYTHON_CLIENT_PREALLOCATE=false timeout "$test_timeout" \
+  local ranks=$1 name=$2
+  (cd "$repo" && XLA_PYTHON_CLIENT_PREALLOCATE=false timeout "$(time_left "$test_timeout")" \
     mpiexec -n "$ranks" bash -c 'exec python -m pytest --with-mpi -p no:cacheprovider -q -rs \
-      --junitxml="$0/junit-n$1-rank${PMI_RANK:-${OMPI_COMM_WORLD_RANK:-0}}.xml" "${@:2}" tests/gpu' \
-    "$out_dir" "$ranks" "${pytest_args[@]}")
+      --junitxml="$0/junit-$1-rank${PMI_RANK:-${OMPI_COMM_WORLD_RANK:-0}}.xml" "${@:2}" tests/gpu' \
+    "$out_dir" "$name" "${pytest_args[@]}" "${@:3}")
+}
+
+# direct_path NAME: did MPI get device pointers? tests/gpu/direct_path.py on
+# 2 ranks, once forced onto the direct path and once onto host staging, with
+# Open MPI's CUDA log on. The direct run must hold no staging memory and show
+# Open MPI opening the peer's GPU buffers over CUDA IPC; the staging run
+# must show neither.
+direct_path() {
+  local name=$1 path ipc status=0
+  for path in direct staging; do
+    (cd "$out_dir" && OMPI_MCA_mpi_common_cuda_verbose=10 OMPI_MCA_btl_smcuda_cuda_ipc_verbose=10 \
+      JAXCOMM_CUDA_AWARE=$([[ $path == direct ]] && echo 1 || echo 0) \
+      XLA_PYTHON_CLIENT_PREALLOCATE=false timeout "$(time_left 120)" \
+      mpiexec -n 2 python "$repo/tests/gpu/direct_path.py" "$path") \
+      >"$out_dir/$name-$path.txt" 2>&1 || status=1
+    grep -E '^rank [0-9]+:' "$out_dir/$name-$path.txt"
+    ipc=$(grep -c 'cuIpcOpenMemHandle passed' "$out_dir/$name-$path.txt")
+    echo "$path: Open MPI opened $ipc peer GPU buffers over CUDA IPC"
+    grep -m 3 -E 'CUDA IPC (REQ|ACK)|ACCESS=|cuIpcOpenMemHandle passed|Library successfully opened' \
+      "$out_dir/$name-$path.txt" | sed 's/^/  /'
+    if [[ $path == direct && $ipc == 0 ]] || [[ $path == staging && $ipc != 0 ]]; then
+      echo "$path: not the expected CUDA IPC activity"
+      status=1
+    fi
+  done
+  return "$status"
 }
 
 # The benchmarks run from / : the source tree's jaxcomm has no kernels.
-# mpi4jax's CUDA module links the CUDA runtime dynamically.
+# mpi4jax's CUDA module links the CUDA runtime dynamically; with a CUDA-aware
+# MPI it hands MPI device pointers too (MPI4JAX_USE_CUDA_MPI=1).
 gpu_bench() {
   (cd / && XLA_PYTHON_CLIENT_PREALLOCATE=false \
+    MPI4JAX_USE_CUDA_MPI=${MPI4JAX_USE_CUDA_MPI:-$([[ -n $mpi_prefix ]] && echo 1 || echo 0)} \
     LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$(cuda_runtime_dirs)" \
-    timeout "$bench_timeout" mpiexec -n "$1" python -m jaxcomm.bench.gpu "${@:2}")
+    timeout "$(time_left "$bench_timeout")" mpiexec -n "$1" python -m jaxcomm.bench.gpu "${@:2}")
 }
 
 cuda_runtime_dirs() {
@@ -251,29 +334,46 @@ mps_stop() { echo quit | PATH="$PATH:/usr/local/cuda/bin" nvidia-cuda-mps-contro
 # jaxcomm.bench.overlap on the default device, the GPU: 16 MiB only, which
 # every GPU holds twice per rank.
 overlap() {
-  (cd / && XLA_PYTHON_CLIENT_PREALLOCATE=false timeout "$bench_timeout" \
+  (cd / && XLA_PYTHON_CLIENT_PREALLOCATE=false timeout "$(time_left "$bench_timeout")" \
     mpiexec -n 2 python -m jaxcomm.bench.overlap --mib 16 --repeats 5)
 }
 
 step "virtual environment" venv.log make_venv
 export PATH="$venv/bin:$PATH"
+if [[ -n $mpi_prefix ]]; then
+  step "carried MPI at $mpi_prefix" place-mpi.log place_mpi
+  export PATH="$mpi_prefix/bin:$PATH"
+fi
 step "wheels" wheels.log install_wheels
-step "MPI from the mpich wheel" mpi.log check_mpi
+step "MPI: $mpi_name" mpi.log check_mpi
 find_nvcc
 step "build with JAXCOMM_CUDA=ON" build.log build
 after_setup=1
 step "versions" versions.log versions
 step "cuda_info" cuda_info.log cuda_info
 step "JAX sees a GPU" jax_gpu.log jax_gpu
-step "8 B loop, 1 rank" latency-n1.log latency 1 n1 hlo
+# Without MPS first: what matters most comes first, since DEADLINE may stop
+# the run before its end.
+if [[ -n $mpi_prefix ]]; then
+  step "MPI gets device pointers, 2 ranks sharing the GPU" direct-path.log direct_path direct-path
+fi
 step "8 B loop, 2 ranks sharing the GPU" latency-n2.log latency 2 n2
+step "GPU tests, 2 ranks sharing the GPU" pytest-n2.log gpu_tests 2 n2
 step "CUDA MPS daemon" mps.log mps_start
 if [[ -f $out_dir/mps-on ]]; then
+  if [[ -n $mpi_prefix ]]; then
+    step "MPI gets device pointers, 2 ranks under MPS" direct-path-mps.log direct_path direct-path-mps
+  fi
   step "8 B loop, 2 ranks under MPS" latency-n2-mps.log latency 2 n2-mps
 fi
 step "GPU benchmark, 2 ranks" benchmark.log benchmark
-step "GPU tests, 1 rank" pytest-n1.log gpu_tests 1
-step "GPU tests, 2 ranks" pytest-n2.log gpu_tests 2
+if [[ -f $out_dir/mps-on ]]; then
+  # The direct path under MPS: the staging path ran under MPS before.
+  step "GPU tests, 2 ranks under MPS, direct path" pytest-n2-mps.log gpu_tests 2 n2-mps \
+    -k "not host"
+fi
+step "8 B loop, 1 rank" latency-n1.log latency 1 n1 hlo
+step "GPU tests, 1 rank" pytest-n1.log gpu_tests 1 n1
 step "nonblocking overlap on GPU arrays, 2 ranks" overlap.log overlap
 if [[ -f $out_dir/mps-on ]]; then mps_stop; fi
 
@@ -297,18 +397,23 @@ for entry in steps:
     print(f"| {name} | {status} | {log} |")
 print("\n## Versions\n\n```\n" + read("versions.log") + "\n```\n")
 print("## cuda_info\n\n```\n" + read("cuda_info.log") + "\n" + read("jax_gpu.log") + "\n```\n")
+for name, what in (("direct-path", "2 ranks sharing the GPU"), ("direct-path-mps", "under MPS")):
+    text = read(f"{name}.log")
+    if text:
+        print(f"## Does MPI get device pointers? ({what}, tests/gpu/direct_path.py)\n")
+        print("```\n" + text + "\n```\n")
 print("## GPU tests\n")
-print("| ranks | rank | tests | passed | failed | errors | skipped | seconds |")
+print("| run | rank | tests | passed | failed | errors | skipped | seconds |")
 print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-for path in sorted(glob.glob(os.path.join(out, "junit-n*-rank*.xml"))):
-    ranks, rank = re.search(r"junit-n(\d+)-rank(\d+)", path).groups()
+for path in sorted(glob.glob(os.path.join(out, "junit-*-rank*.xml"))):
+    run, rank = re.search(r"junit-(.+)-rank(\d+)\.xml$", path).groups()
     suite = ET.parse(path).getroot()
     suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
     n = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
     passed = n["tests"] - n["failures"] - n["errors"] - n["skipped"]
-    print(f"| {ranks} | {rank} | {n['tests']} | {passed} | {n['failures']} | {n['errors']} "
+    print(f"| {run} | {rank} | {n['tests']} | {passed} | {n['failures']} | {n['errors']} "
           f"| {n['skipped']} | {float(suite.get('time', 0)):.0f} |")
-skips = sorted({m.group(1) for log in ("pytest-n1.log", "pytest-n2.log")
+skips = sorted({m.group(1) for log in ("pytest-n1.log", "pytest-n2.log", "pytest-n2-mps.log")
                 for m in re.finditer(r"^SKIPPED \[\d+\] \S+?:\d+: (.*)$", read(log), re.M)})
 if skips:
     print("\nSkip reasons:\n\n" + "\n".join(f"- {s}" for s in skips))
