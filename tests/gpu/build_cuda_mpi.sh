@@ -188,7 +188,7 @@ total = comm.allreduce(comm.rank + 1)
 assert total == comm.size * (comm.size + 1) // 2, total
 maps = {line.split()[-1] for line in open("/proc/self/maps") if "libmpi.so" in line}
 print(f"mpi4py rank {comm.rank} of {comm.size}: allreduce {total};",
-      MPI.Get_library_version().splitlines()[0].strip(), "from", *sorted(maps))'
+      MPI.Get_library_version().splitlines()[0].strip("\0 "), "from", *sorted(maps))'
   rm -rf "$tmp"
 }
 
