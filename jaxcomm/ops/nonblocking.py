@@ -1072,11 +1072,16 @@ def _has_tangent(operation, x, params):
     return not _tangent_by_wait(operation, params)
 
 
-def _tangent_start(operation, ts, extras, handle, params):
-    t = ad.instantiate_zeros(ts[0])
+def _tangent_start(operation, ts, extras, handle, params, zeros=(None, None)):
+    def tangent(i):
+        # ``zeros``: the primal sweep's zeros for the buffers whose tangent
+        # is a symbolic zero (see _start_linearize).
+        return ad.instantiate_zeros(ts[i]) if zeros[i] is None else zeros[i]
+
+    t = tangent(0)
     if operation.ragged:
         # The same exchange of the operand's and the output's tangents.
-        output, indices = ad.instantiate_zeros(ts[1]), extras[1]
+        output, indices = tangent(1), extras[1]
         touts = operation.start.bind(t, output, indices, handle=derivative_comm(handle), **params)
         _keep(touts[0], t, indices)
         return [*touts[:2], ad.Zero(jax.typeof(touts[2]).to_tangent_aval())]
@@ -1094,12 +1099,31 @@ def _start_linearize(operation, nonzeros, x, *extras, handle, **params):
         return outs, [False] * len(outs), [], lambda residuals, *ts: _zeros(outs)
     # What an exchange learned is integers.
     out_nonzeros = [True, True, False] if operation.ragged else [True] * len(outs)
+    # On jax 0.6, the zeros standing for a symbolic-zero tangent (the output
+    # template's, mostly) are made here, in the primal sweep, and handed to
+    # the tangent sweep as residuals: made there, they would be equations of
+    # constants in the linear program, which 0.6's backward pass (under its
+    # JAX_USE_DIRECT_LINEARIZE) transposes like the linear ones, and fails
+    # on. Newer backward passes evaluate such equations first.
+    residuals = [None, None]
+    if nonzeros is not None and _compat.JAX_VERSION < (0, 7):
+        buffers = (x, extras[0]) if operation.ragged else (x,)
+        for i, (nonzero, b) in enumerate(zip(nonzeros, buffers)):
+            residuals[i] = None if nonzero else jnp.zeros_like(b)
     return (
         outs,
         out_nonzeros,
-        [],
-        lambda residuals, *ts: _tangent_start(operation, ts, extras, handle, params),
+        [r for r in residuals if r is not None],
+        lambda kept, *ts: _tangent_start(
+            operation, ts, extras, handle, params, _refill(residuals, kept)
+        ),
     )
+
+
+def _refill(pattern, kept):
+    """``pattern`` with its non-None entries replaced, in order, by ``kept``."""
+    kept = iter(kept)
+    return [None if r is None else next(kept) for r in pattern]
 
 
 def _wait_plan(buffers, handle, start):
