@@ -23,18 +23,17 @@ shift 3
 pip install -q "jax==$jax_version"
 JAXCOMM_CUDA=OFF pip install -q ".[mpich,test]"
 (cd / && python -c 'import jax, jaxcomm; from jaxcomm import _build_info as b; print("jax", jax.__version__, "| kernels built against jaxlib", b.JAXLIB_VERSION, "FFI API", b.FFI_API)')
-# Lean: the eager every-op-and-dtype matrices of the reductions exercise the
-# kernels and argument checks, which do not depend on jax; the full suite
-# runs them on the newest jax. The checker's call sites and the nonblocking
-# ops' derivatives go through the JAX internals that changed most between
-# versions.
+# Lean: the operation table (every operation, jit and eager) stands for the
+# families' files, whose matrices of ops and dtypes exercise the kernels and
+# argument checks, which do not depend on jax. The checker's call sites and
+# the nonblocking ops' derivatives go through the JAX internals that changed
+# most between versions.
 files=("$@")
 [ ${#files[@]} -gt 0 ] || files=(
-  tests/test_ordering.py tests/test_dispatch.py tests/test_p2p.py tests/test_reduction.py tests/test_bcast.py
-  tests/test_gather.py tests/test_barrier.py tests/test_autodiff.py tests/test_nonblocking.py tests/test_check.py
-  tests/test_compat_mpi4jax.py tests/test_jax_versions.py)
+  tests/test_ordering.py tests/test_dispatch.py tests/test_p2p.py tests/test_operations.py tests/test_autodiff.py
+  tests/test_nonblocking.py tests/test_check.py tests/test_compat_mpi4jax.py tests/test_jax_versions.py)
 timeout 1500 mpiexec -n 2 python -m pytest --with-mpi -q -p no:cacheprovider "${files[@]}" \
-  -k "not every_op_dtype_eager and not rejects_op_dtype_pairs"
+  -k "not test_check.py or mismatch or own_lines or matching_programs"
 case $jax_version in 0.6.*)
   JAX_USE_DIRECT_LINEARIZE=true timeout 900 mpiexec -n 2 python -m pytest --with-mpi -q -p no:cacheprovider \
     tests/test_nonblocking.py tests/test_status.py ;;
