@@ -279,8 +279,9 @@ direct_path() {
 }
 
 # The benchmarks run from the source tree's root, as python -m benchmarks.X,
-# on the installed jaxcomm (benchmarks/__init__.py). mpi4jax's CUDA module links the CUDA runtime dynamically; with a CUDA-aware
-# MPI it hands MPI device pointers too (MPI4JAX_USE_CUDA_MPI=1).
+# on the installed jaxcomm (see benchmarks/__init__.py). mpi4jax's CUDA module
+# links the CUDA runtime dynamically; with a CUDA-aware MPI it hands MPI
+# device pointers too (MPI4JAX_USE_CUDA_MPI=1).
 gpu_bench() {
   (cd "$repo" && XLA_PYTHON_CLIENT_PREALLOCATE=false \
     MPI4JAX_USE_CUDA_MPI=${MPI4JAX_USE_CUDA_MPI:-$([[ -n $mpi_prefix ]] && echo 1 || echo 0)} \
