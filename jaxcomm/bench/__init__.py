@@ -1,10 +1,9 @@
-"""Latency and bandwidth of every jaxcomm op, beside mpi4py, in one run; and the
-other benchmarks of jaxcomm.
+"""Latency and bandwidth of every jaxcomm op, beside mpi4py, in one run.
 
-Run it under MPI, from outside the source tree (which has no compiled
-kernels)::
+Run it under MPI on your own machines, after ``pip install`` (from outside a
+source tree, whose jaxcomm has no compiled kernels)::
 
-    mpiexec -n 2 python -m jaxcomm.bench [--quick] [--json FILE] [--plot FILE.png]
+    mpiexec -n 2 python -m jaxcomm.bench [--quick] [--json FILE] [--no-progress]
 
 Every op is timed in three modes, each beside the same MPI operation done by
 mpi4py on NumPy buffers:
@@ -17,34 +16,32 @@ mpi4py on NumPy buffers:
 
 ``jit`` and ``eager`` also time a plain jitted function without MPI
 (``x + 1`` on the same array, tiled or cut to the op's output shape where that
-differs), the reference of the dispatch targets. Every
-mode also times the floor: the same MPI calls from a small C program built
-with the MPI's ``mpicc`` (left out, with a line saying why, where there is
-none); ``--jax`` adds JAX's own route (``jax.distributed`` and ``shard_map``
-collectives); ``--again`` times mpi4py and jaxcomm a second time, as routes
-of their own, so that the summary can say how far the same code moves in the
-run. Each op's result is first checked against mpi4py's; a wrong op is
-reported as wrong and not timed.
+differs), the reference of the dispatch targets. Every mode also times the
+floor: the same MPI calls from a small C program (``routes/c_floor.c``, which
+ships in the package) compiled at run time with the MPI's ``mpicc``; where
+there is none, one line says so and the rest of the run goes on. ``--again``
+times mpi4py and jaxcomm a second time, as routes of their own, so that the
+summary can say how far the same code moves in the run. Each op's result is
+first checked against mpi4py's; a wrong op is reported as wrong and not timed.
 
 The package, one module per concern:
 
 - :mod:`~jaxcomm.bench.operations`: the benchmarked ops and their messages;
 - :mod:`~jaxcomm.bench.routes`: the ways of doing them (mpi4py, jaxcomm,
-  plain jit, mpi4jax, JAX's collectives, the C floor), one module each;
+  plain jit, the C floor), one module each;
 - :mod:`~jaxcomm.bench.measure`: the result check and the timing
   (:func:`run`, :func:`measure`, :class:`Record`), on
   :mod:`~jaxcomm.bench.timing`'s clock loop;
-- :mod:`~jaxcomm.bench.report`: tables, summary, metadata, JSON and plots;
+- :mod:`~jaxcomm.bench.report`: tables, summary, metadata and JSON;
 - :mod:`~jaxcomm.bench.quiet`: whether the machine was quiet (the CPU time
   other processes and the hypervisor took during the run);
-- :mod:`~jaxcomm.bench.cli`: ``python -m jaxcomm.bench``;
-- commands of their own, each ``python -m jaxcomm.bench.<name>``:
-  :mod:`~jaxcomm.bench.compare` (mpi4jax and JAX's collectives beside
-  jaxcomm), :mod:`~jaxcomm.bench.scaling` (this command at 1 to 8 ranks),
-  :mod:`~jaxcomm.bench.model` (a cost model checked against measurements
-  and extrapolated to many nodes), :mod:`~jaxcomm.bench.soak`, :mod:`~jaxcomm.bench.eager_memory`,
-  :mod:`~jaxcomm.bench.nan_minmax`, :mod:`~jaxcomm.bench.overlap` and
-  :mod:`~jaxcomm.bench.gpu`.
+- :mod:`~jaxcomm.bench.native`: the C floor built with ``mpicc`` and loaded
+  on every rank;
+- :mod:`~jaxcomm.bench.cli`: ``python -m jaxcomm.bench``.
+
+The research benchmarks (mpi4jax and JAX's collectives beside jaxcomm, rank
+sweeps, the cost model, soak runs, the GPU reference, plots) live in a source
+checkout's ``benchmarks/`` folder, built on this core; see docs/benchmarks.md.
 
 The measurement core is importable: it returns :class:`Record` objects, and
 an implementation is an :class:`Impl` (:class:`JaxImpl` for JAX functions).
@@ -66,7 +63,7 @@ from .operations import (
     pingpong,
     ring,
 )
-from .report import format_table, metadata, plot, summary, table, write_json
+from .report import format_table, metadata, summary, table, write_json
 from .routes import (
     PLAIN,
     REFERENCE,
@@ -117,7 +114,6 @@ __all__ = [
     "parser",
     "partner",
     "pingpong",
-    "plot",
     "ring",
     "run",
     "run_and_report",

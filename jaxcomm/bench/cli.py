@@ -1,7 +1,7 @@
 """``python -m jaxcomm.bench``: the options, the run, and what rank 0 prints and writes.
 
-:func:`parser` and :func:`run_and_report` are shared with the other commands
-that measure routes (:mod:`jaxcomm.bench.compare`).
+:func:`parser` and :func:`run_and_report` are shared with the source
+checkout's benchmarks that measure routes of their own (``benchmarks/compare.py``).
 """
 
 from __future__ import annotations
@@ -18,16 +18,9 @@ from ..comm import JaxComm
 from . import quiet
 from .measure import Record, run
 from .operations import MODES, OPS
-from .report import metadata, plot, pyplot, summary, table, write_json
+from .report import metadata, summary, table, write_json
 from .routes import PLAIN, REFERENCE, Impl, JaxcommImpl, Mpi4pyImpl, PlainJitImpl
 from .routes.c_floor import FLOOR, CFloorImpl, load_floor
-from .routes.jax_shard_map import (
-    COLLECTIVES,
-    JaxCollectivesImpl,
-    JaxcommShardMapImpl,
-    route_name,
-    start_jax_distributed,
-)
 from .sizes import DEFAULT_SIZES, MIB, QUICK_SIZES, parse_size, sizes_between
 
 
@@ -45,7 +38,7 @@ def _names(choices: Sequence[str]) -> Callable[[str], list[str]]:
 
 
 def parser(description: str) -> argparse.ArgumentParser:
-    """The options shared by ``jaxcomm.bench`` and ``jaxcomm.bench.compare``."""
+    """The options of ``python -m jaxcomm.bench``, shared with ``benchmarks/compare.py``."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument(
         "--ops",
@@ -77,34 +70,16 @@ def parser(description: str) -> argparse.ArgumentParser:
         help="two sizes (8 B, 1 MiB), 3 short repeats: a smoke test for CI",
     )
     p.add_argument(
-        "--jax",
-        nargs="?",
-        const="gloo",
-        choices=COLLECTIVES,
-        help="also time JAX's own route (jax.distributed, shard_map collectives) over gloo "
-        "(the default) or mpi",
-    )
-    p.add_argument(
         "--no-floor", action="store_true", help="leave out the C floor (the MPI calls from C)"
     )
     p.add_argument("--json", metavar="FILE", help="write records and versions as JSON")
-    p.add_argument("--plot", metavar="FILE.png", help="plot time per op (needs matplotlib)")
     p.add_argument("--markdown", action="store_true", help="print a Markdown table")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
 
 def settings(args: argparse.Namespace) -> dict[str, Any]:
-    """:func:`run`'s keyword arguments from parsed options.
-
-    Raises:
-        SystemExit: for ``--plot`` without matplotlib (before measuring, not after).
-    """
-    if args.plot:
-        try:
-            pyplot()
-        except RuntimeError as err:
-            raise SystemExit(str(err)) from None
+    """:func:`run`'s keyword arguments from parsed options."""
     if args.sizes:
         sizes = args.sizes
     elif args.min_size or args.max_size:
@@ -132,7 +107,7 @@ def run_and_report(
     title: str,
     **meta: Any,
 ) -> list[Record]:
-    """Measure with the parsed options; on rank 0 print the table, write JSON and plot.
+    """Measure with the parsed options; on rank 0 print the table and write JSON.
 
     Args:
         comm: the communicator (every rank calls this).
@@ -140,7 +115,7 @@ def run_and_report(
             each one's time.
         args: options from :func:`parser`.
         ratios, bandwidth: the table's columns (see :func:`table`).
-        title: the table's and the plot's title.
+        title: the table's title.
         **meta: extra entries for the JSON's ``meta``.
 
     Returns:
@@ -166,29 +141,8 @@ def run_and_report(
             print(line)
         if args.json:
             write_json(args.json, records, meta)
-        if args.plot:
-            plot(args.plot, records, f"{title}, {comm.size} ranks")
         sys.stdout.flush()
     return records
-
-
-def start_jax_route(
-    comm: MPI.Intracomm, args: argparse.Namespace, notes: dict[str, str]
-) -> Callable[[], list[Impl]] | None:
-    """Start ``jax.distributed`` for ``--jax``, before anything starts JAX's backends.
-
-    Returns:
-        A function giving JAX's route and jaxcomm's inside the same
-        ``shard_map`` programs once the backends may start, or None, when it
-        was not asked for or failed (why: in ``notes``).
-    """
-    if not args.jax:
-        return None
-    error = start_jax_distributed(comm, args.jax)
-    if error is None:
-        return lambda: [JaxCollectivesImpl(args.jax), JaxcommShardMapImpl()]
-    notes[route_name(args.jax)] = f"not measured: {error}"
-    return None
 
 
 def floor_routes(
@@ -231,24 +185,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     comm = MPI.COMM_WORLD
     settings(args)  # a bad option fails before anything is measured
     notes: dict[str, str] = {}
-    jax_route = start_jax_route(comm, args, notes)
     jc = JaxComm(comm)
     reference, mine = Mpi4pyImpl(comm), JaxcommImpl(jc)
     impls = [reference, mine, PlainJitImpl(comm.size), *floor_routes(comm, args, notes)]
     twins = [reference.again(), mine.again()] if args.again else []
     impls += twins
-    if jax_route:
-        impls.extend(jax_route())
     print_notes(comm, notes)
     names = [impl.name for impl in impls]
     twin_names = [twin.name for twin in twins]
-    others = [name for name in names[3:] if name not in (FLOOR, *twin_names)]
     ratios = [("jaxcomm", REFERENCE), ("jaxcomm", PLAIN)]
     ratios += [(twin.name, first.name) for twin, first in zip(twins, (reference, mine))]
-    ratios += [(name, REFERENCE) for name in others] + [("jaxcomm", name) for name in others]
-    if JaxcommShardMapImpl.name in names:
-        # JAX's collectives over jaxcomm's, in the same shard_map programs.
-        ratios.append((route_name(args.jax), JaxcommShardMapImpl.name))
     ratios += floor_ratios([name for name in names if name not in twin_names])
     try:
         run_and_report(

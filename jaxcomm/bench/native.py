@@ -1,7 +1,7 @@
 """Native code built at bench time with the MPI's compiler wrapper, and loaded with ctypes.
 
-A source that ships in this package (``gpu_reference.cc``, the C floor's
-``routes/c_floor.c``) is compiled into a shared library once per source,
+A source that ships in this package (the C floor's ``routes/c_floor.c``; the
+source checkout's ``benchmarks/gpu_reference.cc`` too) is compiled into a shared library once per source,
 compiler and flags, into a cache directory; on each node one rank builds it
 while the others wait, then every rank loads it. Building with the wrapper of the MPI that mpi4py loaded keeps the
 library's MPI the same as the ranks'.
@@ -20,26 +20,10 @@ from collections.abc import Callable, Sequence
 
 from mpi4py import MPI
 
-HERE = pathlib.Path(__file__).resolve().parent
-
 
 def default_build_dir() -> str:
     """Where built libraries are cached: ``$XDG_CACHE_HOME/jaxcomm`` (``~/.cache/jaxcomm``)."""
     return os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "jaxcomm")
-
-
-def mpi_cxx() -> tuple[list[str], list[str]]:
-    """The MPI C++17 compiler command and the link flags it needs after the sources.
-
-    Raises:
-        RuntimeError: if neither ``mpicxx`` nor ``mpicc`` is on ``PATH``.
-    """
-    mpicxx = shutil.which("mpicxx")
-    if mpicxx:
-        return [mpicxx, "-std=c++17"], []
-    if shutil.which("mpicc"):
-        return [shutil.which("mpicc"), "-x", "c++", "-std=c++17"], ["-lstdc++"]
-    raise RuntimeError("no mpicxx or mpicc on PATH: use the MPI mpi4py runs")
 
 
 def mpi_cc() -> list[str]:
@@ -72,7 +56,7 @@ def build_shared(
 
     Args:
         source: the C or C++ file.
-        compiler: the compiler command (see :func:`mpi_cxx`, :func:`mpi_cc`).
+        compiler: the compiler command (see :func:`mpi_cc`).
         flags: options and libraries after the source.
         build_dir: the cache directory.
 

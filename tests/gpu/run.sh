@@ -278,14 +278,15 @@ direct_path() {
   return "$status"
 }
 
-# The benchmarks run from / : the source tree's jaxcomm has no kernels.
-# mpi4jax's CUDA module links the CUDA runtime dynamically; with a CUDA-aware
-# MPI it hands MPI device pointers too (MPI4JAX_USE_CUDA_MPI=1).
+# The benchmarks run from the source tree's root, as python -m benchmarks.X,
+# on the installed jaxcomm (see benchmarks/__init__.py). mpi4jax's CUDA module
+# links the CUDA runtime dynamically; with a CUDA-aware MPI it hands MPI
+# device pointers too (MPI4JAX_USE_CUDA_MPI=1).
 gpu_bench() {
-  (cd / && XLA_PYTHON_CLIENT_PREALLOCATE=false \
+  (cd "$repo" && XLA_PYTHON_CLIENT_PREALLOCATE=false \
     MPI4JAX_USE_CUDA_MPI=${MPI4JAX_USE_CUDA_MPI:-$([[ -n $mpi_prefix ]] && echo 1 || echo 0)} \
     LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$(cuda_runtime_dirs)" \
-    timeout "$(time_left "$bench_timeout")" mpiexec -n "$1" python -m jaxcomm.bench.gpu "${@:2}")
+    timeout "$(time_left "$bench_timeout")" mpiexec -n "$1" python -m benchmarks.gpu "${@:2}")
 }
 
 cuda_runtime_dirs() {
@@ -331,11 +332,11 @@ mps_start() {
 
 mps_stop() { echo quit | PATH="$PATH:/usr/local/cuda/bin" nvidia-cuda-mps-control; }
 
-# jaxcomm.bench.overlap on the default device, the GPU: 16 MiB only, which
+# benchmarks.overlap on the default device, the GPU: 16 MiB only, which
 # every GPU holds twice per rank.
 overlap() {
-  (cd / && XLA_PYTHON_CLIENT_PREALLOCATE=false timeout "$(time_left "$bench_timeout")" \
-    mpiexec -n 2 python -m jaxcomm.bench.overlap --mib 16 --repeats 5)
+  (cd "$repo" && XLA_PYTHON_CLIENT_PREALLOCATE=false timeout "$(time_left "$bench_timeout")" \
+    mpiexec -n 2 python -m benchmarks.overlap --mib 16 --repeats 5)
 }
 
 step "virtual environment" venv.log make_venv
@@ -432,7 +433,7 @@ if hlo:
     whiles = [line.strip()[:400] for line in hlo.splitlines() if " while(" in line]
     print("While loops in the compiled HLO of jaxcomm's loop (loop-hlo.txt):\n\n```\n"
           + "\n".join(whiles) + "\n```\n")
-print("\n## Nonblocking overlap (2 ranks, python -m jaxcomm.bench.overlap)\n")
+print("\n## Nonblocking overlap (2 ranks, python -m benchmarks.overlap)\n")
 print("```\n" + "\n".join(read("overlap.log").splitlines()[-6:]) + "\n```")
 EOF
 cat "$out_dir/summary.md"

@@ -1,12 +1,12 @@
 """Overlap: a large message and a computation of about its duration, blocking and nonblocking.
 
-Run:  mpiexec -n 2 python -m jaxcomm.bench.overlap [--mib 16 64] [--repeats 7]
+Run:  mpiexec -n 2 python -m benchmarks.overlap [--mib 16 64] [--repeats 7]
 
 On a machine with few cores, give XLA one thread per rank and let MPI make
 progress on its own (see docs/nonblocking.md):
 
     XLA_FLAGS=--xla_cpu_multi_thread_eigen=false MPICH_ASYNC_PROGRESS=1 \\
-        mpiexec -n 2 python -m jaxcomm.bench.overlap
+        mpiexec -n 2 python -m benchmarks.overlap
 
 For each message size and each operation (a ring ``isend``/``irecv``,
 ``iallreduce``, and ``iragged_all_to_all`` of an equal share of the message
@@ -36,8 +36,8 @@ import jax.numpy as jnp
 import numpy as np
 from mpi4py import MPI
 
-from ..comm import JaxComm
-from .timing import median_seconds
+from jaxcomm import JaxComm
+from jaxcomm.bench.timing import median_seconds
 
 
 def compute(steps):

@@ -1,6 +1,6 @@
 """Resident memory over thousands of eager jaxcomm calls.
 
-Run:  mpiexec -n 2 python -m jaxcomm.bench.eager_memory [--calls N]
+Run:  mpiexec -n 2 python -m benchmarks.eager_memory [--calls N]
 
 Each round makes one eager allreduce, bcast, sendrecv (with an MPI.Status)
 and barrier. Rank 0 prints resident memory after a warm-up and after every
@@ -12,7 +12,8 @@ import argparse
 import jax.numpy as jnp
 from mpi4py import MPI
 
-from ..comm import JaxComm
+from jaxcomm import JaxComm
+
 from .memory import rss_mib
 
 

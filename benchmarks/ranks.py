@@ -1,9 +1,9 @@
 """Many ranks in one job: a smoke run of every op family, with memory and start-up costs.
 
-Run:  python -m jaxcomm.bench.ranks [--ranks 1,2,4,8,16,32,64] [--json FILE] [--no-check]
+Run:  python -m benchmarks.ranks [--ranks 1,2,4,8,16,32,64] [--json FILE] [--no-check]
 
-Not under mpiexec: it starts ``mpiexec -n N python -m jaxcomm.bench.ranks
---worker`` for each rank count N (as ``jaxcomm.bench.scaling`` does; rank
+Not under mpiexec: it starts ``mpiexec -n N python -m benchmarks.ranks
+--worker`` for each rank count N (as ``benchmarks.scaling`` does; rank
 counts above the cores are oversubscribed) and prints one table. Each job
 creates a ``JaxComm``, splits it, runs one jitted step that calls every
 collective family, a ring of ``sendrecv``, a ragged exchange and a barrier,
@@ -37,7 +37,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .report import dump_json, format_table
+from jaxcomm.bench.report import dump_json, format_table
+
+from . import ROOT
 from .scaling import LAUNCHED_VARS, cores, launcher
 
 RANKS = (1, 2, 4, 8, 16, 32, 64)
@@ -198,10 +200,12 @@ def run_job(ranks: int, check: bool, timeout: float) -> dict[str, Any]:
     env["JAXCOMM_CHECK"] = "1" if check else "0"
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "job.json")
-        command = [*launcher(ranks), sys.executable, "-m", "jaxcomm.bench.ranks", "--worker", path]
+        command = [*launcher(ranks), sys.executable, "-m", "benchmarks.ranks", "--worker", path]
         command += [] if check else ["--no-check"]
         try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+            done = subprocess.run(
+                command, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT
+            )
         except subprocess.TimeoutExpired:
             return {"ranks": ranks, "error": f"timed out after {timeout:.0f} s"}
         if done.returncode or not os.path.exists(path):
@@ -258,7 +262,7 @@ def table(jobs: Sequence[dict[str, Any]], available: int) -> str:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m jaxcomm.bench.ranks", description=__doc__.split("\n")[0]
+        prog="python -m benchmarks.ranks", description=__doc__.split("\n")[0]
     )
     p.add_argument(
         "--ranks", default=",".join(map(str, RANKS)), help="rank counts, comma-separated"
@@ -281,15 +285,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1 if record["wrong"] else 0
         return 0
     if any(name in os.environ for name in LAUNCHED_VARS):
-        raise SystemExit("run jaxcomm.bench.ranks without mpiexec: it starts mpiexec itself")
+        raise SystemExit("run benchmarks.ranks without mpiexec: it starts mpiexec itself")
     ranks = [int(n) for n in args.ranks.split(",")]
     available = cores()
     jobs = []
     for n in ranks:
-        print(f"# mpiexec -n {n} python -m jaxcomm.bench.ranks --worker", flush=True)
+        print(f"# mpiexec -n {n} python -m benchmarks.ranks --worker", flush=True)
         jobs.append(run_job(n, not args.no_check, args.timeout))
     print(
-        f"# jaxcomm.bench.ranks: {available} cores; * = oversubscribed; checker "
+        f"# benchmarks.ranks: {available} cores; * = oversubscribed; checker "
         + ("off" if args.no_check else "on")
     )
     print(

@@ -1,6 +1,6 @@
 """Soak: many small jaxcomm calls of every kind, checked, and resident memory before and after.
 
-Run:  mpiexec -n 2 python -m jaxcomm.bench.soak [--ops N] [--max-growth-mib M]
+Run:  mpiexec -n 2 python -m benchmarks.soak [--ops N] [--max-growth-mib M]
 
 Cycles through rounds of small operations: eager and jitted calls,
 collectives of every family, pytrees, ``vmap``, ``lax.scan`` and ``grad``,
@@ -27,8 +27,8 @@ import numpy as np
 from jax import lax
 from mpi4py import MPI
 
-from .. import sync
-from ..comm import JaxComm
+from jaxcomm import JaxComm, sync
+
 from .memory import rss_mib
 
 

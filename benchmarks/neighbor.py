@@ -1,6 +1,6 @@
 """Neighbourhood exchange: one neighbour collective beside a loop of per-neighbour sendrecvs.
 
-Run:  mpiexec -n 4 python -m jaxcomm.bench.neighbor [--sizes 8 4096 65536] [--repeats 7]
+Run:  mpiexec -n 4 python -m benchmarks.neighbor [--sizes 8 4096 65536] [--repeats 7]
 
 Each rank exchanges one block with each neighbour on a ring (the rank
 before and after it; one neighbour on 2 ranks, itself on 1), the ghost or
@@ -28,8 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 from mpi4py import MPI
 
-from ..comm import JaxComm
-from .timing import seconds
+from jaxcomm import JaxComm
+from jaxcomm.bench.timing import seconds
 
 DEFAULT_SIZES = (8, 64, 512, 4096, 32768, 262144, 1 << 20)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import jax
 from mpi4py import MPI
 
-from ..operations import pingpong, ring
-from .base import JaxImpl
+from jaxcomm.bench.operations import pingpong, ring
+from jaxcomm.bench.routes.base import JaxImpl
 
 
 class Mpi4jaxImpl(JaxImpl):

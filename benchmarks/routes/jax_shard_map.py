@@ -9,9 +9,10 @@ import jax
 import numpy as np
 from mpi4py import MPI
 
-from ..._distributed import initialize_jax_distributed
-from ..operations import fori, ring
-from .base import Impl
+from jaxcomm import JaxComm
+from jaxcomm._distributed import initialize_jax_distributed
+from jaxcomm.bench.operations import fori, ring
+from jaxcomm.bench.routes.base import Impl
 
 AXIS = "ranks"
 
@@ -126,8 +127,6 @@ class JaxcommShardMapImpl(JaxCollectivesImpl):
     name = "jaxcomm_shard_map"
 
     def __init__(self):
-        from ...comm import JaxComm
-
         super().__init__()
         self.name = type(self).name
         self.jc = JaxComm.for_mesh(self.mesh, AXIS)

@@ -1,6 +1,6 @@
 """Latency and bandwidth of jaxcomm on GPU arrays, side by side with references.
 
-Run:  mpiexec -n 2 python -m jaxcomm.bench.gpu [--quick] [--out DIR]
+Run:  mpiexec -n 2 python -m benchmarks.gpu [--quick] [--out DIR]
 
 For allreduce (float32 sum), bcast (root 0), allgather, sendrecv (a ring),
 alltoall and a ragged exchange (ragged_all_to_all of float32, every other
@@ -48,7 +48,8 @@ import jax
 import numpy as np
 from mpi4py import MPI
 
-from .. import (
+from jaxcomm import (
+    JaxComm,
     __version__,
     _runtime,
     bind_local_gpu,
@@ -57,11 +58,14 @@ from .. import (
     set_cuda_aware,
     set_pipeline_bytes,
 )
-from ..comm import JaxComm
-from .native import HERE, build_shared, default_build_dir, load_on_every_rank, mpi_cxx
-from .report import dump_json, format_table, pyplot, save_figure
-from .sizes import format_size, parse_size
-from .timing import median_seconds
+from jaxcomm.bench.native import build_shared, default_build_dir, load_on_every_rank
+from jaxcomm.bench.report import dump_json, format_table
+from jaxcomm.bench.sizes import format_size, parse_size
+from jaxcomm.bench.timing import median_seconds
+
+from .plots import pyplot, save_figure
+
+HERE = pathlib.Path(__file__).resolve().parent
 
 OPS = ("allreduce", "bcast", "allgather", "sendrecv", "alltoall", "ragged")
 # Ops that split each rank's operand into one share per rank.
@@ -473,6 +477,20 @@ def _cuda_home():
         if (home / "include" / "cuda_runtime.h").exists():
             return home
     raise RuntimeError("CUDA not found: put nvcc on PATH or set CUDA_HOME")
+
+
+def mpi_cxx() -> tuple[list[str], list[str]]:
+    """The MPI C++17 compiler command and the link flags it needs after the sources.
+
+    Raises:
+        RuntimeError: if neither ``mpicxx`` nor ``mpicc`` is on ``PATH``.
+    """
+    mpicxx = shutil.which("mpicxx")
+    if mpicxx:
+        return [mpicxx, "-std=c++17"], []
+    if shutil.which("mpicc"):
+        return [shutil.which("mpicc"), "-x", "c++", "-std=c++17"], ["-lstdc++"]
+    raise RuntimeError("no mpicxx or mpicc on PATH: use the MPI mpi4py runs")
 
 
 def compile_reference(build_dir):

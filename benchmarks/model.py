@@ -1,8 +1,8 @@
-"""A cost model for many nodes, checked against this machine: ``python -m jaxcomm.bench.model``.
+"""A cost model for many nodes, checked against this machine: ``python -m benchmarks.model``.
 
-Run:  python -m jaxcomm.bench.model [--ranks 1,2,4,8,16,32] [--measured scaling.json] [--json FILE]
+Run:  python -m benchmarks.model [--ranks 1,2,4,8,16,32] [--measured scaling.json] [--json FILE]
 
-Not under mpiexec: like ``jaxcomm.bench.scaling``, it starts
+Not under mpiexec: like ``benchmarks.scaling``, it starts
 ``mpiexec -n N python -m jaxcomm.bench`` for each rank count N and measures,
 in loop mode at 8 B and 1 MiB per rank, an allreduce, the halo exchange (a
 ring ``sendrecv``) and the ragged exchange (traced counts, ``MPI_Alltoall`` of
@@ -46,11 +46,12 @@ import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .operations import OPS, input_shape, ragged_counts
-from .report import dump_json, format_table
-from .routes.c_floor import FLOOR
+from jaxcomm.bench.operations import OPS, input_shape, ragged_counts
+from jaxcomm.bench.report import dump_json, format_table
+from jaxcomm.bench.routes.c_floor import FLOOR
+from jaxcomm.bench.sizes import MIB, format_size
+
 from .scaling import LAUNCHED_VARS, cores, launcher_vendor, measure, rank_list
-from .sizes import MIB, format_size
 
 MODEL_OPS = ("allreduce", "sendrecv", "ragged")
 SIZES = (8, 1 * MIB)
@@ -400,7 +401,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--measured",
         metavar="FILE",
-        help="a jaxcomm.bench.model --json file to read instead of measuring",
+        help="a benchmarks.model --json file to read instead of measuring",
     )
     p.add_argument("--no-network", action="store_true", help="skip the TCP measurement")
     p.add_argument("--latency-us", type=float, default=IB_LATENCY_US, help="network latency")
@@ -437,7 +438,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         machine_cores = data["meta"]["cores"]
     else:
         if any(name in os.environ for name in LAUNCHED_VARS):
-            raise SystemExit("run jaxcomm.bench.model without mpiexec: it starts mpiexec itself")
+            raise SystemExit("run benchmarks.model without mpiexec: it starts mpiexec itself")
         if not {1, 2} <= set(args.ranks):
             raise SystemExit("--ranks must include 1 and 2: the model is calibrated there")
         machine_cores = cores()

@@ -1,6 +1,6 @@
 """Scaling: ``python -m jaxcomm.bench`` at 1, 2, 4 and 8 ranks, one mpiexec launch each.
 
-Run:  python -m jaxcomm.bench.scaling [--ranks 1,2,4,8] [--json FILE] [--plot FILE.png]
+Run:  python -m benchmarks.scaling [--ranks 1,2,4,8] [--json FILE] [--plot FILE.png]
 
 Not under mpiexec: it starts ``mpiexec -n N python -m jaxcomm.bench`` for
 each rank count N (with the launcher beside this Python, else the one on
@@ -11,7 +11,7 @@ A rank count above the cores this process may run on is oversubscribed: the
 ranks take turns on the cores, and their times say more about the scheduler
 than about MPI. Such runs are marked ``*`` in the table, ``oversubscribed``
 in the JSON and shaded in the plot. Options after ``--`` go to every
-``jaxcomm.bench`` run (``-- --jax``, ``-- --no-floor``).
+``jaxcomm.bench`` run (``-- --no-floor``).
 
 Rank 0 of no run prints anything here: this process prints one table, time
 per op against the rank count, for each op, size, mode and route.
@@ -31,10 +31,12 @@ from typing import Any
 
 import numpy as np
 
-from .operations import DTYPE, OPS, input_shape
-from .report import dump_json, format_table, pyplot, save_figure
-from .routes import PLAIN
-from .sizes import KIB, MIB, QUICK_SIZES, format_size, parse_size
+from jaxcomm.bench.operations import DTYPE, OPS, input_shape
+from jaxcomm.bench.report import dump_json, format_table
+from jaxcomm.bench.routes import PLAIN
+from jaxcomm.bench.sizes import KIB, MIB, QUICK_SIZES, format_size, parse_size
+
+from .plots import pyplot, save_figure
 
 RANKS = (1, 2, 4, 8)
 SCALING_OPS = ("allreduce", "allgather", "alltoall", "ragged", "sendrecv")
@@ -117,6 +119,8 @@ def bench_run(
                 text=True,
                 timeout=timeout,
                 env=None if env is None else {**os.environ, **env},
+                # Outside the source tree, whose jaxcomm has no compiled kernels.
+                cwd=folder,
             )
         except subprocess.TimeoutExpired:
             return {"error": f"timed out after {timeout:.0f} s"}
@@ -294,7 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the bench at each rank count, print the table, write JSON and the plot."""
     args = parser().parse_args(argv)
     if any(name in os.environ for name in LAUNCHED_VARS):
-        raise SystemExit("run jaxcomm.bench.scaling without mpiexec: it starts mpiexec itself")
+        raise SystemExit("run benchmarks.scaling without mpiexec: it starts mpiexec itself")
     if args.plot:
         try:
             pyplot()
@@ -308,10 +312,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     available = cores()
     busy = {n for n in args.ranks if n > available}
     records, runs = measure(args.ranks, [*options, *extra], sizes, args.timeout)
-    print(f"# jaxcomm.bench.scaling: {available} cores; * = oversubscribed (more ranks than cores)")
+    print(f"# benchmarks.scaling: {available} cores; * = oversubscribed (more ranks than cores)")
     print("# times: microseconds per op, median of repeats (slowest rank)")
     print(scaling_table(records, args.ranks, busy))
-    title = f"jaxcomm.bench.scaling, {available} cores (shaded: oversubscribed)"
+    title = f"benchmarks.scaling, {available} cores (shaded: oversubscribed)"
     if args.json:
         meta = {"ranks": args.ranks, "cores": available, "oversubscribed": sorted(busy)}
         dump_json(args.json, {"meta": {**meta, "runs": runs}, "records": records})

@@ -1,6 +1,6 @@
 """What NaN-propagating MIN/MAX cost: jaxcomm's own MPI op against MPI's predefined one.
 
-Run:  mpiexec -n 2 python -m jaxcomm.bench.nan_minmax [--repeats N]
+Run:  mpiexec -n 2 python -m benchmarks.nan_minmax [--repeats N]
 
 jaxcomm reduces float MIN and MAX with its own commutative MPI ops, which
 propagate NaN like jnp.maximum; MPI's predefined MPI_MAX does not (MPICH's
@@ -19,10 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 from mpi4py import MPI
 
-from .. import _kernels_cpu
-from ..comm import JaxComm
-from ..ops._base import REDUCTION_OPS
-from .timing import seconds
+from jaxcomm import JaxComm, _kernels_cpu
+from jaxcomm.bench.timing import seconds
+from jaxcomm.ops._base import REDUCTION_OPS
 
 SIZES = (1, 1_000, 10_000, 100_000, 1_000_000, 10_000_000)
 MAX = [name for name, _ in REDUCTION_OPS].index("MAX")
