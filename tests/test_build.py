@@ -211,3 +211,57 @@ def test_the_build_uses_an_mpicc_on_path_only_if_it_runs(tmp_path, exit_code, wo
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [str(works)]
     assert ("does not run" in done.stderr) == (not works)
+
+
+# A binary wheel's kernels exist once per MPI ABI family; the one loaded must
+# link the libmpi the process runs, or a second MPI would be loaded beside it.
+_BOTH = ("mpich", "openmpi")
+
+
+@pytest.mark.parametrize(
+    "loaded, mpi4py_abi, chosen",
+    [
+        (["mpich"], "mpich", "mpich"),
+        (["mpich"], None, "mpich"),
+        (["openmpi"], "openmpi", "openmpi"),
+        (["openmpi"], None, "openmpi"),
+    ],
+)
+def test_a_wheel_loads_the_kernels_of_the_mpi_abi_mpi4py_loaded(loaded, mpi4py_abi, chosen):
+    assert _runtime.select_mpi_abi(_BOTH, loaded, mpi4py_abi, "some MPI") == chosen
+
+
+@pytest.mark.parametrize(
+    "available, loaded, mpi4py_abi, message",
+    [
+        (_BOTH, [], None, "neither of the MPI ABI families this jaxcomm wheel has kernels for"),
+        (_BOTH, [], "mpiabi", "libmpi.so.12 \\(mpich\\) or libmpi.so.40 \\(openmpi\\)"),
+        (_BOTH, ["mpich", "openmpi"], None, "loaded the libraries of two MPIs"),
+        (_BOTH, ["openmpi"], "mpich", "built for the mpich MPI ABI, but the library loaded is"),
+        (_BOTH, ["mpich"], "openmpi", "built for the openmpi MPI ABI, but the library loaded is"),
+        (("mpich",), ["openmpi"], None, "kernels for the mpich MPI ABI only"),
+    ],
+)
+def test_a_wheel_refuses_an_mpi_it_cannot_run_with_the_reason(
+    available, loaded, mpi4py_abi, message
+):
+    with pytest.raises(ImportError, match=message) as raised:
+        _runtime.select_mpi_abi(available, loaded, mpi4py_abi, "Fancy MPI 1.0")
+    assert "Fancy MPI 1.0" in str(raised.value)
+
+
+def test_the_libmpi_mpi4py_loaded_is_found_by_its_soname():
+    from mpi4py import MPI
+
+    library = MPI.Get_library_version()
+    loaded = _runtime._loaded_mpi_abis()
+    if "Open MPI" in library:
+        assert loaded == ["openmpi"]
+    elif "MPICH" in library or "Intel(R) MPI" in library:
+        assert loaded == ["mpich"]
+    assert _runtime._mpi4py_abi() in (None, *loaded)
+    if _build_info.MPI_ABIS:
+        assert _runtime.mpi_abi == loaded[0]
+        assert f".{loaded[0]}." in os.path.basename(_runtime._kernels_cpu.__file__)
+    else:
+        assert _runtime.mpi_abi == ""
