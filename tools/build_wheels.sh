@@ -78,7 +78,8 @@ for python in "$@"; do
     JAXCOMM_MPI_ABIS="$MPI_ABIS" \
     JAXCOMM_FFI_INCLUDE="$WORK/ffi/jaxlib/include" JAXCOMM_FFI_JAXLIB="$FFI_JAXLIB" \
     "$python" -m pip wheel -q --no-deps -w "$WORK/raw" \
-    -C build-dir="$WORK/cmake/$tag" -C cmake.define.CMAKE_INTERPROCEDURAL_OPTIMIZATION=OFF "$ROOT"
+    --config-settings=build-dir="$WORK/cmake/$tag" \
+    --config-settings=cmake.define.CMAKE_INTERPROCEDURAL_OPTIMIZATION=OFF "$ROOT"
 done
 
 # auditwheel checks every library's glibc symbol versions and external
