@@ -94,7 +94,7 @@ def _loaded_mpi_abis():
 def _mpi4py_abi():
     """The MPI ABI mpi4py's own binary wheel chose (``MPI.mpich.cpython-*.so``), or None."""
     parts = os.path.basename(getattr(MPI, "__file__", None) or "").split(".")
-    return parts[1] if len(parts) > 2 and not parts[1].startswith("cpython") else None
+    return parts[1] if len(parts) > 2 and parts[1] in ("mpich", "openmpi", "mpiabi") else None
 
 
 def select_mpi_abi(available, loaded, mpi4py_abi, library):

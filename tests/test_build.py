@@ -275,3 +275,18 @@ def test_the_libmpi_mpi4py_loaded_is_found_by_its_soname():
         assert f".{loaded[0]}." in os.path.basename(_runtime._kernels_cpu.__file__)
     else:
         assert _runtime.mpi_abi == ""
+
+
+@pytest.mark.parametrize(
+    "filename, abi",
+    [
+        ("MPI.mpich.cpython-311-x86_64-linux-gnu.so", "mpich"),
+        ("MPI.openmpi.cpython-313-x86_64-linux-gnu.so", "openmpi"),
+        ("MPI.mpich.abi3.so", "mpich"),
+        ("MPI.cpython-311-x86_64-linux-gnu.so", None),
+        ("MPI.abi3.so", None),
+    ],
+)
+def test_the_mpi_abi_of_mpi4py_is_read_from_its_module_file(monkeypatch, filename, abi):
+    monkeypatch.setattr(_runtime.MPI, "__file__", f"/site-packages/mpi4py/{filename}")
+    assert _runtime._mpi4py_abi() == abi
