@@ -55,7 +55,10 @@ if [ ! -f "$WORK/ffi/jaxlib/include/xla/ffi/api/c_api.h" ]; then
     "$WORK/tools/bin/python" -m zipfile -e "$WORK"/download/"$family"-*.whl "$WORK/$family"
   done
   rm -rf "$WORK/ffi" && mkdir -p "$WORK/ffi"
-  (cd "$WORK/ffi" && unzip -q "$WORK"/download/jaxlib-*.whl 'jaxlib/include/*')
+  "$WORK/tools/bin/python" -c 'import sys, zipfile
+wheel = zipfile.ZipFile(sys.argv[1])
+wheel.extractall(sys.argv[2], [n for n in wheel.namelist() if n.startswith("jaxlib/include/")])' \
+    "$WORK"/download/jaxlib-*.whl "$WORK/ffi"
   rm -rf "$WORK/download"
 fi
 prefix() { dirname "$(dirname "$(find "$WORK/$1" -name mpi.h -path '*/include/*' | head -1)")"; }
