@@ -4,7 +4,9 @@ The kernels compile against the MPI behind ``mpicc``. When neither
 ``JAXCOMM_MPICC`` nor a working ``mpicc`` on ``PATH`` names one
 (``mpi_wrapper.py``), the build environment gets the ``mpich`` wheel, the same
 MPI that ``pip install 'jaxcomm[mpich]'`` installs for run time. And it compiles against the XLA FFI headers of the
-jaxlib the wheel will run with (``target_jax.py``).
+jaxlib the wheel will run with (``target_jax.py``). A binary wheel
+(``tools/build_wheels.sh``) brings its MPIs (``JAXCOMM_MPI_ABIS``) and FFI
+headers (``JAXCOMM_FFI_INCLUDE``) and needs neither.
 """
 
 import os
@@ -19,8 +21,13 @@ from target_jax import jaxlib_requirement  # noqa: E402
 
 
 def _requirements():
-    jaxlib = [jaxlib_requirement()]
-    if os.environ.get("JAXCOMM_MPICC") or mpicc_on_path_works():
+    # A binary wheel (tools/build_wheels.sh) names its FFI headers and MPIs itself.
+    jaxlib = [] if os.environ.get("JAXCOMM_FFI_INCLUDE") else [jaxlib_requirement()]
+    if (
+        os.environ.get("JAXCOMM_MPI_ABIS")
+        or os.environ.get("JAXCOMM_MPICC")
+        or mpicc_on_path_works()
+    ):
         return jaxlib
     return [*jaxlib, "mpich"]
 

@@ -7,8 +7,12 @@ installs the exit hook that drains pending MPI work before MPI is finalised.
 """
 
 import atexit
+import ctypes
 import functools
 import gc
+import importlib
+import importlib.machinery
+import importlib.util
 import itertools
 import math
 import os
@@ -52,6 +56,8 @@ def _major_minor(version):
 
 
 def _check_mpi_matches():
+    if _build_info.MPI_ABIS:
+        return  # a binary wheel: select_mpi_abi() picks the kernels for the MPI running
     vendor, version = _runtime_mpi()
     built = (_build_info.MPI_VENDOR, _build_info.MPI_VERSION)
     if built[0] == "unknown" or vendor == "unknown":
@@ -65,6 +71,112 @@ def _check_mpi_matches():
             "'pip install --force-reinstall --no-deps --no-cache-dir jaxcomm' from the "
             "jaxcomm source tree."
         )
+
+
+# A binary wheel's kernels link the libmpi of their MPI ABI family by soname,
+# and any library of that family runs them (MPICH's ABI is shared by Intel
+# MPI, MVAPICH and Cray MPICH).
+MPI_ABI_SONAMES = {"mpich": "libmpi.so.12", "openmpi": "libmpi.so.40"}
+
+
+def _loaded_mpi_abis():
+    """The MPI ABI families whose libmpi this process has loaded (mpi4py loaded it)."""
+    loaded = []
+    for abi, soname in MPI_ABI_SONAMES.items():
+        try:
+            ctypes.CDLL(soname, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+        except OSError:
+            continue
+        loaded.append(abi)
+    return loaded
+
+
+def _mpi4py_abi():
+    """The MPI ABI mpi4py's own binary wheel chose (``MPI.mpich.cpython-*.so``), or None."""
+    parts = os.path.basename(getattr(MPI, "__file__", None) or "").split(".")
+    return parts[1] if len(parts) > 2 and parts[1] in ("mpich", "openmpi", "mpiabi") else None
+
+
+def select_mpi_abi(available, loaded, mpi4py_abi, library):
+    """The MPI ABI family whose kernels a binary wheel loads into this process.
+
+    Loading kernels linked against one family's libmpi into a process that
+    runs the other would load a second MPI beside the first and crash at the
+    first call, so every doubt is an ``ImportError`` instead.
+
+    Args:
+        available: the families the wheel has kernels for (``_build_info.MPI_ABIS``).
+        loaded: the families whose libmpi the process has loaded, by soname.
+        mpi4py_abi: the family mpi4py's binary wheel says it chose, or None
+            (an mpi4py built from source says nothing).
+        library: the first line of ``MPI.Get_library_version()``, for the message.
+
+    Returns:
+        One of ``available``.
+
+    Raises:
+        ImportError: if the process runs an MPI of neither family, both, one
+            the wheel has no kernels for, or one other than mpi4py's.
+    """
+    sonames = " or ".join(f"{MPI_ABI_SONAMES[abi]} ({abi})" for abi in MPI_ABI_SONAMES)
+    rebuild = (
+        "Build jaxcomm from source against the MPI that mpi4py uses instead: with that "
+        "MPI's mpicc first on PATH, 'pip install --no-binary jaxcomm jaxcomm' (or "
+        "'pip install .' in the jaxcomm source tree)."
+    )
+    if not loaded:
+        raise ImportError(
+            f"mpi4py runs '{library}', whose library is neither of the MPI ABI families "
+            f"this jaxcomm wheel has kernels for: no {sonames} is loaded (MPICH's ABI "
+            f"covers MPICH, Intel MPI, MVAPICH and Cray MPICH). {rebuild}"
+        )
+    if len(loaded) > 1:
+        raise ImportError(
+            f"this process has loaded the libraries of two MPIs ({', '.join(loaded)}), "
+            f"so jaxcomm cannot tell which one mpi4py runs ('{library}'). Load one MPI "
+            "only, for example by leaving the other's lib directory off LD_LIBRARY_PATH."
+        )
+    abi = loaded[0]
+    if mpi4py_abi is not None and mpi4py_abi != abi:
+        raise ImportError(
+            f"mpi4py's MPI module was built for the {mpi4py_abi} MPI ABI, but the library "
+            f"loaded is {MPI_ABI_SONAMES[abi]} ({abi}): '{library}'. Make mpi4py load the "
+            "MPI it was built for (MPI4PY_MPIABI, MPI4PY_LIBMPI) or reinstall mpi4py."
+        )
+    if abi not in available:
+        raise ImportError(
+            f"this jaxcomm has kernels for the {', '.join(available)} MPI ABI only, but "
+            f"mpi4py runs '{library}' ({abi}). {rebuild}"
+        )
+    return abi
+
+
+def _select_mpi_abi():
+    text = MPI.Get_library_version()
+    library = " ".join(text.splitlines()[0].split()) if text else "an unknown MPI"
+    return select_mpi_abi(_build_info.MPI_ABIS, _loaded_mpi_abis(), _mpi4py_abi(), library)
+
+
+# The MPI ABI family of a binary wheel's kernels for this process ("" for a
+# build against one MPI).
+mpi_abi = _select_mpi_abi() if _build_info.MPI_ABIS else ""
+
+
+def _load_kernels(name):
+    """Import the kernels module ``name`` built for the MPI this process runs."""
+    if not mpi_abi:
+        return importlib.import_module(f"{__package__}.{name}")
+    fullname = f"{__package__}.{name}"
+    here = os.path.dirname(os.path.abspath(__file__))
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = os.path.join(here, f"{name}.{mpi_abi}{suffix}")
+        if os.path.isfile(path):
+            spec = importlib.util.spec_from_file_location(fullname, path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[fullname] = module
+            spec.loader.exec_module(module)
+            return module
+    raise ImportError(f"No module named {fullname!r} for the {mpi_abi} MPI ABI", name=fullname)
 
 
 _check_mpi_matches()
@@ -134,13 +246,16 @@ def build_info() -> dict:
 
     Returns:
         A dict with ``mpi_built`` (vendor and version the kernels were
-        compiled against, ``"unknown"`` when the build could not tell),
+        compiled against, ``"unknown"`` when the build could not tell; for
+        a binary wheel, each family's MPI and libmpi soname),
         ``mpi_compiler`` (the compiler wrapper the build used),
         ``mpi_runtime`` (vendor and version of the MPI library mpi4py has
         loaded), ``mpi_library`` (the first line of that library's own
-        version string), ``cuda`` (whether the CUDA kernels were built) and
+        version string), ``cuda`` (whether the CUDA kernels were built),
         ``jaxlib_built`` (the jaxlib whose XLA FFI headers the kernels were
-        compiled against, with their FFI API version).
+        compiled against, with their FFI API version) and ``mpi_abi`` (for a
+        binary wheel, the MPI ABI family whose kernels were loaded,
+        ``"mpich"`` or ``"openmpi"``; ``""`` for a build against one MPI).
 
     Example:
         >>> import jaxcomm
@@ -157,10 +272,11 @@ def build_info() -> dict:
         "cuda": bool(_build_info.CUDA),
         "jaxlib_built": f"{_build_info.JAXLIB_VERSION} (XLA FFI API "
         f"{'.'.join(map(str, _build_info.FFI_API))})",
+        "mpi_abi": mpi_abi,
     }
 
 
-from . import _kernels_cpu  # noqa: E402  (only once the MPI is known to match)
+_kernels_cpu = _load_kernels("_kernels_cpu")  # only once the MPI is known to match
 
 # The CUDA kernels, when this build has them. Loading the module initialises
 # no CUDA (its runtime is linked statically and starts on the first call), and
@@ -168,7 +284,7 @@ from . import _kernels_cpu  # noqa: E402  (only once the MPI is known to match)
 # without a GPU is unaffected.
 cuda_kernels = None
 if _build_info.CUDA:
-    from . import _kernels_cuda as cuda_kernels  # noqa: E402
+    cuda_kernels = _load_kernels("_kernels_cuda")
 
     for _name, _capsule in cuda_kernels.registrations().items():
         jax.ffi.register_ffi_target(_name, _capsule, platform="CUDA")
@@ -179,7 +295,7 @@ if _build_info.CUDA:
 _cpu_handlers = _kernels_cpu
 if os.environ.get("JAXCOMM_EMULATE_CUDA", "") not in ("", "0"):
     try:
-        from . import _kernels_cuda_emulated as _cpu_handlers  # noqa: E402
+        _cpu_handlers = _load_kernels("_kernels_cuda_emulated")
     except ImportError:
         raise ImportError(
             "JAXCOMM_EMULATE_CUDA is set, but this jaxcomm was built without the emulated "

@@ -22,7 +22,7 @@ from mpi4py import MPI
 
 import jaxcomm
 import jaxcomm.compat.mpi4jax as mpi4jax
-from jaxcomm import JaxComm
+from jaxcomm import JaxComm, _build_info, _runtime
 
 
 def test_version_and_typing_marker():
@@ -68,6 +68,7 @@ def test_build_info_names_the_mpi_it_was_built_against_and_the_one_running():
         "mpi_library",
         "cuda",
         "jaxlib_built",
+        "mpi_abi",
     }
     # Kernels built for the running jaxlib or an older one (a newer one is refused at import).
     built = re.fullmatch(r"(\d+)\.(\d+)\.(\d+)\S* \(XLA FFI API \d+\.\d+\)", info["jaxlib_built"])
@@ -77,7 +78,11 @@ def test_build_info_names_the_mpi_it_was_built_against_and_the_one_running():
     library = MPI.Get_library_version()
     assert info["mpi_library"] and info["mpi_library"].split()[0] in library
     vendor = "MPICH" if "MPICH" in library else "Open MPI" if "Open MPI" in library else None
-    if vendor is not None:
+    if _build_info.MPI_ABIS:
+        # A binary wheel: the kernels of the family whose libmpi mpi4py loaded.
+        soname = _runtime.MPI_ABI_SONAMES[info["mpi_abi"]]
+        assert f"({soname})" in info["mpi_built"]
+    elif vendor is not None:
         # The import check passed, so the build's vendor and major.minor version match.
         assert info["mpi_runtime"].startswith(vendor) and info["mpi_built"].startswith(vendor)
         built, running = (
@@ -340,10 +345,12 @@ def test_set_check_clones_the_same_communicators_on_every_rank(tmp_path):
 
 
 def test_kernels_built_for_another_mpi_are_refused(monkeypatch):
-    from jaxcomm import _build_info, _runtime
-
     vendor, version = _runtime._runtime_mpi()
-    _runtime._check_mpi_matches()  # the installed build matches
+    if not _build_info.MPI_ABIS:
+        _runtime._check_mpi_matches()  # the installed build matches
+    # What a build against one MPI checks (a binary wheel checks the ABI family).
+    monkeypatch.setattr(_build_info, "MPI_ABIS", ())
+    monkeypatch.setattr(_build_info, "MPI_VERSION", version)
     other = "Open MPI" if vendor == "MPICH" else "MPICH"
     monkeypatch.setattr(_build_info, "MPI_VENDOR", other)
     with pytest.raises(ImportError, match=f"built against {other} .* mpi4py is running {vendor}"):

@@ -58,6 +58,16 @@ def test_the_build_asks_for_the_jaxlib_of_the_environment_it_installs_into(tmp_p
 
 
 def test_the_installed_kernels_were_built_against_the_running_jaxlib():
+    if _build_info.MPI_ABIS:
+        # A binary wheel: the headers of the oldest supported jaxlib, which every newer one accepts.
+        assert _build_info.JAXLIB_VERSION == "0.6.2" and _build_info.FFI_API == (0, 1)
+        assert (
+            _runtime.ffi_api_mismatch(
+                _build_info.FFI_API, "0.6.2", _runtime._running_ffi_api(), jaxlib.__version__
+            )
+            is None
+        )
+        return
     assert _build_info.JAXLIB_VERSION == jaxlib.__version__
     assert _build_info.FFI_API == _runtime._running_ffi_api()
 
@@ -211,3 +221,72 @@ def test_the_build_uses_an_mpicc_on_path_only_if_it_runs(tmp_path, exit_code, wo
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [str(works)]
     assert ("does not run" in done.stderr) == (not works)
+
+
+# A binary wheel's kernels exist once per MPI ABI family; the one loaded must
+# link the libmpi the process runs, or a second MPI would be loaded beside it.
+_BOTH = ("mpich", "openmpi")
+
+
+@pytest.mark.parametrize(
+    "loaded, mpi4py_abi, chosen",
+    [
+        (["mpich"], "mpich", "mpich"),
+        (["mpich"], None, "mpich"),
+        (["openmpi"], "openmpi", "openmpi"),
+        (["openmpi"], None, "openmpi"),
+    ],
+)
+def test_a_wheel_loads_the_kernels_of_the_mpi_abi_mpi4py_loaded(loaded, mpi4py_abi, chosen):
+    assert _runtime.select_mpi_abi(_BOTH, loaded, mpi4py_abi, "some MPI") == chosen
+
+
+@pytest.mark.parametrize(
+    "available, loaded, mpi4py_abi, message",
+    [
+        (_BOTH, [], None, "neither of the MPI ABI families this jaxcomm wheel has kernels for"),
+        (_BOTH, [], "mpiabi", "libmpi.so.12 \\(mpich\\) or libmpi.so.40 \\(openmpi\\)"),
+        (_BOTH, ["mpich", "openmpi"], None, "loaded the libraries of two MPIs"),
+        (_BOTH, ["openmpi"], "mpich", "built for the mpich MPI ABI, but the library loaded is"),
+        (_BOTH, ["mpich"], "openmpi", "built for the openmpi MPI ABI, but the library loaded is"),
+        (("mpich",), ["openmpi"], None, "kernels for the mpich MPI ABI only"),
+    ],
+)
+def test_a_wheel_refuses_an_mpi_it_cannot_run_with_the_reason(
+    available, loaded, mpi4py_abi, message
+):
+    with pytest.raises(ImportError, match=message) as raised:
+        _runtime.select_mpi_abi(available, loaded, mpi4py_abi, "Fancy MPI 1.0")
+    assert "Fancy MPI 1.0" in str(raised.value)
+
+
+def test_the_libmpi_mpi4py_loaded_is_found_by_its_soname():
+    from mpi4py import MPI
+
+    library = MPI.Get_library_version()
+    loaded = _runtime._loaded_mpi_abis()
+    if "Open MPI" in library:
+        assert loaded == ["openmpi"]
+    elif "MPICH" in library or "Intel(R) MPI" in library:
+        assert loaded == ["mpich"]
+    assert _runtime._mpi4py_abi() in (None, *loaded)
+    if _build_info.MPI_ABIS:
+        assert _runtime.mpi_abi == loaded[0]
+        assert f".{loaded[0]}." in os.path.basename(_runtime._kernels_cpu.__file__)
+    else:
+        assert _runtime.mpi_abi == ""
+
+
+@pytest.mark.parametrize(
+    "filename, abi",
+    [
+        ("MPI.mpich.cpython-311-x86_64-linux-gnu.so", "mpich"),
+        ("MPI.openmpi.cpython-313-x86_64-linux-gnu.so", "openmpi"),
+        ("MPI.mpich.abi3.so", "mpich"),
+        ("MPI.cpython-311-x86_64-linux-gnu.so", None),
+        ("MPI.abi3.so", None),
+    ],
+)
+def test_the_mpi_abi_of_mpi4py_is_read_from_its_module_file(monkeypatch, filename, abi):
+    monkeypatch.setattr(_runtime.MPI, "__file__", f"/site-packages/mpi4py/{filename}")
+    assert _runtime._mpi4py_abi() == abi
