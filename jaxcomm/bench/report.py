@@ -297,7 +297,7 @@ def metadata(comm: MPI.Intracomm, **extra: Any) -> dict[str, Any]:
         "load_average": list(os.getloadavg()),
         # Where large results are placed, which sets what they cost (docs/sharp-bits.md).
         "malloc": _malloc.in_effect(_runtime.malloc_pad),
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "versions": versions,
         **extra,
     }
