@@ -1,4 +1,4 @@
-"""The examples, run in-process on the current ranks (CI also runs them as written).
+"""The examples, run in-process on the current ranks (CI also runs some as written, on 4 ranks).
 
 shard_map_mpi.py starts jax.distributed, which must come before JAX's backends: it runs
 in an MPI launch of its own.
