@@ -151,9 +151,14 @@ def select_mpi_abi(available, loaded, mpi4py_abi, library):
     return abi
 
 
-def _select_mpi_abi():
+def _library_line():
+    """The first line of the MPI library's own version string, spaces collapsed ("" if none)."""
     text = MPI.Get_library_version()
-    library = " ".join(text.splitlines()[0].split()) if text else "an unknown MPI"
+    return " ".join(text.splitlines()[0].split()) if text else ""
+
+
+def _select_mpi_abi():
+    library = _library_line() or "an unknown MPI"
     return select_mpi_abi(_build_info.MPI_ABIS, _loaded_mpi_abis(), _mpi4py_abi(), library)
 
 
@@ -263,12 +268,11 @@ def build_info() -> dict:
         'MPICH 5.0.2'
     """
     vendor, version = _runtime_mpi()
-    text = MPI.Get_library_version()
     return {
         "mpi_built": f"{_build_info.MPI_VENDOR} {_build_info.MPI_VERSION}".strip(),
         "mpi_compiler": _build_info.MPI_C_COMPILER,
         "mpi_runtime": f"{vendor} {version}",
-        "mpi_library": " ".join(text.splitlines()[0].split()) if text else "",
+        "mpi_library": _library_line(),
         "cuda": bool(_build_info.CUDA),
         "jaxlib_built": f"{_build_info.JAXLIB_VERSION} (XLA FFI API "
         f"{'.'.join(map(str, _build_info.FFI_API))})",
