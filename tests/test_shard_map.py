@@ -112,26 +112,36 @@ for layout, mesh in layouts.items():
         ring_jc = JaxComm.for_mesh(mesh, tuple(a for a in names if a in axes))
         # With check_vma off, JAX takes every value for a per-device one and
         # its collectives transpose exactly (psum to psum): so do jaxcomm's.
-        for op, (theirs, ours), check_vma in (
-            (op, fns, check_vma)
-            for op, fns in pairs(axes, jc, ring_jc, mesh).items()
-            for check_vma in (True, False)
-        ):
-            runs = {}
-            for name, fn in (("jax", theirs), ("jaxcomm", ours)):
-                f = jax.jit(jax.shard_map(
-                    lambda v, fn=fn: fn(v).reshape(-1, 3), mesh=mesh, in_specs=every,
-                    out_specs=every, check_vma=check_vma,
-                ))
+        ops = pairs(axes, jc, ring_jc, mesh)
+        cases = [(op, check_vma) for op in ops for check_vma in (True, False)]
+        runs = {}
+        for name, side in (("jax", 0), ("jaxcomm", 1)):
+            # Each case in a shard_map of its own, its result and gradient
+            # apart; all of them in one program per side: a compile per side,
+            # not two per case.
+            maps, ws = [], []
+            for op, check_vma in cases:
+                f = jax.shard_map(
+                    lambda v, fn=ops[op][side]: fn(v).reshape(-1, 3), mesh=mesh,
+                    in_specs=every, out_specs=every, check_vma=check_vma,
+                )
                 w_shape = jax.eval_shape(f, x).shape
-                w = jax.make_array_from_callback(
+                maps.append(f)
+                ws.append(jax.make_array_from_callback(
                     w_shape, NamedSharding(mesh, every),
                     lambda i, s=w_shape: np.resize(weights, s)[i],
-                )
-                loss = lambda v, w, f=f: jnp.sum(jnp.sin(f(v)) * w)
-                runs[name] = (f(x), jax.jit(jax.grad(loss))(x, w))
-            check((layout, axes, op, check_vma), runs["jax"][0], runs["jaxcomm"][0])
-            check((layout, axes, op, check_vma, "grad"), runs["jax"][1], runs["jaxcomm"][1])
+                ))
+
+            def every_case(v, ws, maps=maps):
+                return [
+                    (f(v), jax.grad(lambda u, w, f=f: jnp.sum(jnp.sin(f(u)) * w))(v, w))
+                    for f, w in zip(maps, ws)
+                ]
+
+            runs[name] = jax.jit(every_case)(x, ws)
+        for (op, check_vma), theirs, ours in zip(cases, runs["jax"], runs["jaxcomm"]):
+            check((layout, axes, op, check_vma), theirs[0], ours[0])
+            check((layout, axes, op, check_vma, "grad"), theirs[1], ours[1])
         ok.append(f"{layout} {axes}")
         jc.free()
         ring_jc.free()
@@ -145,24 +155,33 @@ world_jc = JaxComm(world)
 x = jax.make_array_from_callback(
     (size, 2), NamedSharding(mesh, P("x")), lambda i: np.arange(2.0 * size).reshape(size, 2)[i]
 )
-for check_vma in (True, False):
-    for name, total in (
-        ("jax", lambda v: jax.lax.psum(v, "x")),
-        ("for_mesh", jc.allreduce),
-        ("world", world_jc.allreduce),
-        ("nonblocking", lambda v: jc.wait(jc.iallreduce(v))),
-    ):
-        f = jax.jit(jax.shard_map(
-            lambda v, t=total: t(jnp.sum(v ** 2)) + t(jnp.float32(3.0)) * jnp.sum(t(v)),
+totals = {
+    "jax": lambda v: jax.lax.psum(v, "x"),
+    "for_mesh": jc.allreduce,
+    "world": world_jc.allreduce,
+    "nonblocking": lambda v: jc.wait(jc.iallreduce(v)),
+}
+
+
+def replicated(names):
+    # Every case in a shard_map of its own, one program for all of them.
+    maps = [
+        jax.shard_map(
+            lambda v, t=totals[name]: t(jnp.sum(v ** 2)) + t(jnp.float32(3.0)) * jnp.sum(t(v)),
             mesh=mesh, in_specs=P("x"), out_specs=P(), check_vma=check_vma,
-        ))
-        result = f(x)
-        grad = jax.jit(jax.grad(lambda v, f=f: f(v)))(x)
-        if name == "jax":
-            expected = (result, grad)
-        else:
-            check((name, check_vma), result, expected[0])
-            check((name, check_vma, "grad"), grad, expected[1])
+        )
+        for name in names
+        for check_vma in (True, False)
+    ]
+    return jax.jit(lambda v: [(f(v), jax.grad(f)(v)) for f in maps])(x)
+
+
+mapped = ["for_mesh", "world", "nonblocking"]
+replicated_cases = [(name, check_vma) for name in mapped for check_vma in (True, False)]
+expected = replicated(["jax"]) * len(mapped)
+for (name, check_vma), (result, grad), want in zip(replicated_cases, replicated(mapped), expected):
+    check((name, check_vma), result, want[0])
+    check((name, check_vma, "grad"), grad, want[1])
 ok.append("replicated")
 
 # JAX's collectives and jaxcomm's calls that do not depend on each other, in
@@ -525,6 +544,7 @@ def model(operands, outputs, indices):
     return jnp.tanh(jnp.stack(results))
 
 
+references = {}
 for mesh, axis_name in cases:
     names = (axis_name,) if isinstance(axis_name, str) else axis_name
     n = int(np.prod([mesh.shape[a] for a in names]))
@@ -550,26 +570,41 @@ for mesh, axis_name in cases:
         "blocking": jx.ragged_all_to_all,
         "started": lambda *a, **k: jx.wait(jx.iragged_all_to_all(*a, **k)),
     }
-    runs = {}
+    maps = {}
     for name, exchange in exchanges.items():
         def body(*a, exchange=exchange):
             squeeze = lambda v: v.reshape(v.shape[len(others) + 1:])
             y = exchange_step(exchange, axis_name, *map(squeeze, a))
             return y.reshape((1,) * (len(others) + 1) + y.shape)
-        f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec))
-        # Global arrays cannot be closed over: every one is an argument.
-        loss = lambda operand, output, w, *rest, f=f: jnp.sum(jnp.sin(f(operand, output, *rest)) * w)
+        f = jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec)
         if name == "jax":
             # The same function lowers with JAX's collective; XLA:CPU cannot
             # compile it, other platforms compare with it too.
-            assert "ragged_all_to_all" in f.lower(*args).as_text()
+            assert "ragged_all_to_all" in jax.jit(f).lower(*args).as_text()
             if jax.devices()[0].platform == "cpu":
                 continue
-        runs[name] = (f(*args), jax.jit(jax.grad(loss, argnums=(0, 1)))(*args[:2], w, *args[2:]))
-    want = model(operands, outputs, indices)
-    want_grads = jax.grad(
-        lambda a, b: jnp.sum(jnp.sin(model(a, b, indices)) * weights), argnums=(0, 1)
-    )(operands, outputs)
+        maps[name] = f
+
+
+    def every_exchange(operand, output, w, *rest):
+        # Each exchange and its gradient apart, all in one program: one
+        # compile per case, not two per exchange.
+        runs = {}
+        for name, f in maps.items():
+            loss = lambda operand, output, f=f: jnp.sum(jnp.sin(f(operand, output, *rest)) * w)
+            runs[name] = (f(operand, output, *rest), jax.grad(loss, argnums=(0, 1))(operand, output))
+        return runs
+
+
+    runs = jax.jit(every_exchange)(*args[:2], w, *args[2:])
+    # The data and indices depend on n alone: cases of one n share the
+    # model's results, computed once, as one program.
+    if n not in references:
+        references[n] = jax.jit(lambda a, b: (
+            model(a, b, indices),
+            jax.grad(lambda a, b: jnp.sum(jnp.sin(model(a, b, indices)) * weights), argnums=(0, 1))(a, b),
+        ))(operands, outputs)
+    want, want_grads = references[n]
     for name, (y, grads) in runs.items():
         for got, expected in ((y, want), *zip(grads, want_grads)):
             for shard in got.addressable_shards:
