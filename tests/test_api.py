@@ -5,11 +5,13 @@ import pathlib
 import re
 import subprocess
 import sys
+from functools import partial
 
 import jax.numpy as jnp
 import jaxlib
 import numpy as np
 import pytest
+from at_once import at_once
 from conftest import (
     THREAD_LEVEL,
     environment_without_launcher,
@@ -294,24 +296,38 @@ def test_serialized_thread_level_runs_programs(tmp_path, ranks):
     assert sorted(p.name for p in tmp_path.glob("ok-*")) == [f"ok-{r}" for r in range(ranks)]
 
 
-@spawns_own_mpi
-@pytest.mark.parametrize("level", ["single", "funneled"])
-def test_thread_levels_below_serialized_are_refused(tmp_path, level):
-    script = tmp_path / "low.py"
+LOW_LEVELS = ["single", "funneled"]
+
+
+def _low_level(folder, level):
+    script = folder / "low.py"
     script.write_text(
         "import mpi4py\n"
         f"mpi4py.rc.thread_level = {level!r}\n"
         "from jaxcomm import JaxComm\n"
         "JaxComm()\n"
     )
-    done = subprocess.run(
+    return subprocess.run(
         [sys.executable, str(script)],
         capture_output=True,
         text=True,
         env=environment_without_launcher(),
-        cwd=tmp_path,
+        cwd=folder,
         timeout=120,
     )
+
+
+@pytest.fixture(scope="module")
+def low_levels(tmp_path_factory):
+    """A program at each level below serialized, the programs started together."""
+    jobs = (partial(_low_level, tmp_path_factory.mktemp(level), level) for level in LOW_LEVELS)
+    return dict(zip(LOW_LEVELS, at_once(*jobs)))
+
+
+@spawns_own_mpi
+@pytest.mark.parametrize("level", LOW_LEVELS)
+def test_thread_levels_below_serialized_are_refused(low_levels, level):
+    done = low_levels[level]
     assert done.returncode == 1
     assert "jaxcomm needs MPI_THREAD_MULTIPLE (mpi4py's default) or MPI_THREAD_SERIALIZED" in (
         done.stderr

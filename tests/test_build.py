@@ -7,10 +7,12 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+from functools import partial
 
 import jax
 import jaxlib
 import pytest
+from at_once import at_once
 from conftest import environment_without_launcher
 
 from jaxcomm import _build_info, _runtime
@@ -126,34 +128,47 @@ def _compiler():
     return None
 
 
+def _probe(folder, reported):
+    """Build the probe handler reporting FFI API ``reported`` and call it in a fresh process."""
+    source = folder / "probe.cc"
+    source.write_text(PROBE_HANDLER)
+    library = folder / "probe.so"
+    subprocess.run(
+        [_compiler(), "-std=c++17", "-shared", "-fPIC", "-w", f"-DPROBE_MINOR={reported[1]}"]
+        + [f"-I{jax.ffi.include_dir()}", str(source), "-o", str(library)],
+        check=True,
+    )
+    return subprocess.run(
+        [sys.executable, "-c", PROBE_CALL, str(library)],
+        capture_output=True,
+        text=True,
+        env=environment_without_launcher(JAX_PLATFORMS="cpu"),
+        cwd=folder,
+        timeout=300,
+    )
+
+
+@pytest.fixture(scope="module")
+def probes(tmp_path_factory):
+    """Each probe's FFI API and its call, the probes built and called together."""
+    running = _runtime._running_ffi_api()
+    assert running is not None
+    reported = [(running[0], running[1] + ahead) for ahead in (0, 1)]
+    folders = [tmp_path_factory.mktemp(f"probe{ahead}") for ahead in (0, 1)]
+    return list(zip(reported, at_once(*(partial(_probe, f, r) for f, r in zip(folders, reported)))))
+
+
 @pytest.mark.skipif(_compiler() is None, reason="needs a C++ compiler for the probe handler")
 @pytest.mark.parametrize("ahead", [0, 1])
 def test_the_running_jaxlib_refuses_handlers_built_for_a_newer_ffi_api_as_jaxcomm_predicts(
-    tmp_path, ahead
+    probes, ahead
 ):
     # The failure the build fix prevents, reproduced with XLA itself: a
     # handler compiled for a newer FFI API than the running jaxlib's fails
     # to register on the first jitted call, and jaxcomm's import check
     # refuses exactly the versions that XLA refuses.
     running = _runtime._running_ffi_api()
-    assert running is not None
-    reported = (running[0], running[1] + ahead)
-    source = tmp_path / "probe.cc"
-    source.write_text(PROBE_HANDLER)
-    library = tmp_path / f"probe{ahead}.so"
-    subprocess.run(
-        [_compiler(), "-std=c++17", "-shared", "-fPIC", "-w", f"-DPROBE_MINOR={reported[1]}"]
-        + [f"-I{jax.ffi.include_dir()}", str(source), "-o", str(library)],
-        check=True,
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", PROBE_CALL, str(library)],
-        capture_output=True,
-        text=True,
-        env=environment_without_launcher(JAX_PLATFORMS="cpu"),
-        cwd=tmp_path,
-        timeout=300,
-    )
+    reported, done = probes[ahead]
     predicted = _runtime.ffi_api_mismatch(reported, "newer", running, jaxlib.__version__)
     if ahead:
         assert done.returncode != 0

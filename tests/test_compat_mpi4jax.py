@@ -2,11 +2,13 @@
 
 import inspect
 import re
+from functools import partial
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from at_once import at_once
 from conftest import rank_data, run_job, spawns_own_mpi
 from mpi4py import MPI
 
@@ -93,9 +95,9 @@ print(answer, _compat.backends_initialized(), _runtime.cuda_kernels is not None 
 
 
 @spawns_own_mpi
-def test_has_cuda_support_starts_no_backend_and_needs_a_cuda_jax(tmp_path):
+def test_has_cuda_support_starts_no_backend_and_needs_a_cuda_jax(compat_jobs):
     # Started backends would make a later jax.distributed.initialize() fail.
-    done, _ = run_job(tmp_path, HAS_CUDA_SUPPORT, ranks=1)
+    done = compat_jobs["has_cuda_support"]
     assert done.returncode == 0, done.stderr
     answer, started, expected = done.stdout.split()
     assert started == "False"
@@ -108,55 +110,81 @@ def _import_compat(tmp_path, **env):
     return run_job(tmp_path, script, ranks=1, **env)[0]
 
 
+USE_CUDA_MPI = [("1", "(True, 'MPI4JAX_USE_CUDA_MPI')"), ("off", "(False, 'MPI4JAX_USE_CUDA_MPI')")]
+REFUSED = [
+    (
+        {"MPI4JAX_USE_CUDA_MPI": "maybe"},
+        "MPI4JAX_USE_CUDA_MPI='maybe': .* accepts 1, true or on",
+    ),
+    (
+        {"MPI4JAX_USE_CUDA_MPI": "1", "JAXCOMM_CUDA_AWARE": "0"},
+        "MPI4JAX_USE_CUDA_MPI=1 contradicts JAXCOMM_CUDA_AWARE=0",
+    ),
+    ({"MPI4JAX_USE_SYCL_MPI": "1"}, "MPI4JAX_USE_SYCL_MPI is set, but jaxcomm has .*no SYCL"),
+    ({"MPI4JAX_DEBUG": "yes"}, "MPI4JAX_DEBUG='yes'"),
+]
+SKIP_ABI_CHECK = {"MPI4JAX_SKIP_ABI_CHECK": "1"}
+DEBUG = [("1", True), ("0", False)]
+
+
+def _debug_job(tmp_path, value):
+    script = (
+        "import jax.numpy as jnp\nfrom mpi4py import MPI\nimport jaxcomm.compat.mpi4jax as mpi4jax\n"
+        "print(float(mpi4jax.allreduce(jnp.ones(2), op=MPI.SUM)[0]))\n"
+    )
+    return run_job(tmp_path, script, ranks=1, MPI4JAX_DEBUG=value)[0]
+
+
+def _settings(env):
+    return tuple(sorted(env.items()))
+
+
+@pytest.fixture(scope="module")
+def compat_jobs(tmp_path_factory):
+    """The one-rank jobs whose results this file's cases check, started together."""
+    cases = [{"MPI4JAX_USE_CUDA_MPI": value} for value, _ in USE_CUDA_MPI]
+    cases += [env for env, _ in REFUSED] + [SKIP_ABI_CHECK]
+    jobs = {
+        _settings(env): partial(_import_compat, tmp_path_factory.mktemp("compat"), **env)
+        for env in cases
+    }
+    jobs["has_cuda_support"] = partial(
+        lambda folder: run_job(folder, HAS_CUDA_SUPPORT, ranks=1)[0],
+        tmp_path_factory.mktemp("compat"),
+    )
+    for value, _ in DEBUG:
+        jobs[("debug", value)] = partial(_debug_job, tmp_path_factory.mktemp("compat"), value)
+    return dict(zip(jobs, at_once(*jobs.values())))
+
+
 @spawns_own_mpi
-@pytest.mark.parametrize(
-    "value, override",
-    [("1", "(True, 'MPI4JAX_USE_CUDA_MPI')"), ("off", "(False, 'MPI4JAX_USE_CUDA_MPI')")],
-)
-def test_mpi4jax_use_cuda_mpi_chooses_the_gpu_data_path(tmp_path, value, override):
-    done = _import_compat(tmp_path, MPI4JAX_USE_CUDA_MPI=value)
+@pytest.mark.parametrize("value, override", USE_CUDA_MPI)
+def test_mpi4jax_use_cuda_mpi_chooses_the_gpu_data_path(compat_jobs, value, override):
+    done = compat_jobs[_settings({"MPI4JAX_USE_CUDA_MPI": value})]
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == override
 
 
 @spawns_own_mpi
-@pytest.mark.parametrize(
-    "env, message",
-    [
-        (
-            {"MPI4JAX_USE_CUDA_MPI": "maybe"},
-            "MPI4JAX_USE_CUDA_MPI='maybe': .* accepts 1, true or on",
-        ),
-        (
-            {"MPI4JAX_USE_CUDA_MPI": "1", "JAXCOMM_CUDA_AWARE": "0"},
-            "MPI4JAX_USE_CUDA_MPI=1 contradicts JAXCOMM_CUDA_AWARE=0",
-        ),
-        ({"MPI4JAX_USE_SYCL_MPI": "1"}, "MPI4JAX_USE_SYCL_MPI is set, but jaxcomm has .*no SYCL"),
-        ({"MPI4JAX_DEBUG": "yes"}, "MPI4JAX_DEBUG='yes'"),
-    ],
-)
-def test_mpi4jax_settings_that_cannot_be_honoured_are_refused(tmp_path, env, message):
-    done = _import_compat(tmp_path, **env)
+@pytest.mark.parametrize("env, message", REFUSED)
+def test_mpi4jax_settings_that_cannot_be_honoured_are_refused(compat_jobs, env, message):
+    done = compat_jobs[_settings(env)]
     assert done.returncode != 0
     assert re.search(message, done.stderr), done.stderr
 
 
 @spawns_own_mpi
-@pytest.mark.parametrize("value, logged", [("1", True), ("0", False)])
-def test_mpi4jax_debug_logs_every_mpi_call(tmp_path, value, logged):
-    script = (
-        "import jax.numpy as jnp\nfrom mpi4py import MPI\nimport jaxcomm.compat.mpi4jax as mpi4jax\n"
-        "print(float(mpi4jax.allreduce(jnp.ones(2), op=MPI.SUM)[0]))\n"
-    )
-    done, _ = run_job(tmp_path, script, ranks=1, MPI4JAX_DEBUG=value)
+@pytest.mark.parametrize("value, logged", DEBUG)
+def test_mpi4jax_debug_logs_every_mpi_call(compat_jobs, value, logged):
+    done = compat_jobs[("debug", value)]
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["1.0"]
     assert ("r0 | MPI_Allreduce" in done.stderr) == logged, done.stderr
 
 
 @spawns_own_mpi
-def test_mpi4jax_skip_abi_check_is_not_silently_ignored(tmp_path):
-    done = _import_compat(tmp_path, MPI4JAX_SKIP_ABI_CHECK="1")
+def test_mpi4jax_skip_abi_check_is_not_silently_ignored(compat_jobs):
+    done = compat_jobs[_settings(SKIP_ABI_CHECK)]
     assert done.returncode == 0, done.stderr
     assert "MPI4JAX_SKIP_ABI_CHECK has no effect on jaxcomm" in done.stderr
 

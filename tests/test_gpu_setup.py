@@ -6,8 +6,10 @@ import os
 import re
 import subprocess
 import sys
+from functools import partial
 
 import pytest
+from at_once import at_once
 from conftest import environment_without_launcher, mpiexec, spawns_own_mpi
 
 import jaxcomm
@@ -140,10 +142,16 @@ def test_bind_local_gpu_spreads_a_nodes_ranks_over_its_gpus(tmp_path):
 def test_bind_local_gpu_alone_keeps_preallocation_and_finds_no_gpu_clearly(tmp_path):
     script = tmp_path / "bind.py"
     script.write_text(_BIND)
-    done = _run([sys.executable, str(script)], _clean_env(CUDA_VISIBLE_DEVICES="2"))
+    one_gpu, no_gpu = at_once(
+        *(
+            partial(_run, [sys.executable, str(script)], _clean_env(CUDA_VISIBLE_DEVICES=visible))
+            for visible in ("2", "")
+        )
+    )
+    done = one_gpu
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "r0 index 0 visible 2 preallocate None"
-    done = _run([sys.executable, str(script)], _clean_env(CUDA_VISIBLE_DEVICES=""))
+    done = no_gpu
     assert done.returncode == 0, done.stderr
     assert "r0 error jaxcomm.bind_local_gpu(): no NVIDIA GPU found" in done.stdout
 
@@ -152,12 +160,18 @@ def test_bind_local_gpu_alone_keeps_preallocation_and_finds_no_gpu_clearly(tmp_p
 @pytest.mark.skipif(not _build_info.CUDA, reason="jaxcomm was built without CUDA kernels")
 def test_jaxcomm_cuda_aware_environment_variable():
     script = "import jaxcomm; info = jaxcomm.cuda_info(); print(info['path'], '|', info['reason'])"
-    done = _run([sys.executable, "-c", script], _clean_env(JAXCOMM_CUDA_AWARE="1"))
+    on, off, wrong = at_once(
+        *(
+            partial(_run, [sys.executable, "-c", script], _clean_env(JAXCOMM_CUDA_AWARE=value))
+            for value in ("1", "0", "yes")
+        )
+    )
+    done = on
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("cuda-aware | set by JAXCOMM_CUDA_AWARE")
-    done = _run([sys.executable, "-c", script], _clean_env(JAXCOMM_CUDA_AWARE="0"))
+    done = off
     assert done.stdout.startswith("host staging | set by JAXCOMM_CUDA_AWARE")
-    done = _run([sys.executable, "-c", script], _clean_env(JAXCOMM_CUDA_AWARE="yes"))
+    done = wrong
     assert done.returncode != 0
     assert "JAXCOMM_CUDA_AWARE must be 0 or 1, got 'yes'" in done.stderr
 

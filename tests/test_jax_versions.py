@@ -2,10 +2,13 @@
 MPI call in program order, and names what it skipped in one warning. And a
 program shape that one tested jax's compiler could not take."""
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from at_once import at_once
 from conftest import run_job, spawns_own_mpi
 
 from jaxcomm import _compat
@@ -43,9 +46,23 @@ def test_the_tested_jax_skips_nothing():
     assert _compat._skipped == []
 
 
+REFUSED_WITHOUT = ["ordered_effects", "control_flow_allowed_effects"]
+
+
+@pytest.fixture(scope="module")
+def newer_jax(tmp_path_factory):
+    """NEWER_JAX's job for each set of removed internals, the jobs started together."""
+    cases = {(): 2, ("partial_eval_kept_effects",): 1, **{(name,): 1 for name in REFUSED_WITHOUT}}
+    jobs = (
+        partial(run_job, tmp_path_factory.mktemp("jax"), NEWER_JAX, *removed, ranks=n, limit=180)
+        for removed, n in cases.items()
+    )
+    return {removed: done for removed, (done, _) in zip(cases, at_once(*jobs))}
+
+
 @spawns_own_mpi
-def test_a_newer_jax_imports_with_one_warning_and_runtime_tokens(tmp_path):
-    done, _ = run_job(tmp_path, NEWER_JAX, ranks=2, limit=180)
+def test_a_newer_jax_imports_with_one_warning_and_runtime_tokens(newer_jax):
+    done = newer_jax[()]
     assert done.returncode == 0, done.stderr
     warning = done.stdout
     assert "jaxcomm on jax 0.99.0 (tested with 0.6 to " in warning
@@ -53,16 +70,16 @@ def test_a_newer_jax_imports_with_one_warning_and_runtime_tokens(tmp_path):
 
 
 @spawns_own_mpi
-def test_a_newer_jax_without_an_optional_internal_names_what_is_lost(tmp_path):
-    done, _ = run_job(tmp_path, NEWER_JAX, "partial_eval_kept_effects", ranks=1, limit=180)
+def test_a_newer_jax_without_an_optional_internal_names_what_is_lost(newer_jax):
+    done = newer_jax[("partial_eval_kept_effects",)]
     assert done.returncode == 0, done.stderr
     assert "the derivatives of send (reverse mode)" in done.stdout
 
 
 @spawns_own_mpi
-@pytest.mark.parametrize("internal", ["ordered_effects", "control_flow_allowed_effects"])
-def test_a_jax_without_what_ordering_rests_on_is_refused_at_import(tmp_path, internal):
-    done, _ = run_job(tmp_path, NEWER_JAX, internal, ranks=1, limit=180)
+@pytest.mark.parametrize("internal", REFUSED_WITHOUT)
+def test_a_jax_without_what_ordering_rests_on_is_refused_at_import(newer_jax, internal):
+    done = newer_jax[(internal,)]
     assert done.returncode != 0
     assert "ImportError: jaxcomm orders MPI calls with JAX internals that jax 0.99.0" in done.stderr
 

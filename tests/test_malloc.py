@@ -10,8 +10,10 @@ and glibc's own trimming has returned them to Linux where it did not.
 import json
 import subprocess
 import sys
+from functools import partial
 
 import pytest
+from at_once import at_once
 from conftest import environment_without_launcher, spawns_own_mpi
 
 from jaxcomm import _malloc
@@ -43,7 +45,7 @@ print(json.dumps({"pad": _runtime.malloc_pad, "kept": kept}))
 
 def _probe(tmp_path, **env):
     # Run from elsewhere than the source tree, which has no kernels.
-    done = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-c", _PROBE],
         cwd=tmp_path,
         capture_output=True,
@@ -51,6 +53,10 @@ def _probe(tmp_path, **env):
         timeout=300,
         env=environment_without_launcher(**env),
     )
+
+
+def _found(done):
+    """The pad and the memory kept that a probe found."""
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -58,29 +64,55 @@ def _probe(tmp_path, **env):
 # Only each case's own malloc settings count.
 CLEAN = {"GLIBC_TUNABLES": ""}
 
+LEFT_ALONE = {
+    "switched off": {"JAXCOMM_MALLOC_PAD": "0"},
+    "MALLOC_TOP_PAD_": {"MALLOC_TOP_PAD_": str(128 << 10)},
+    "GLIBC_TUNABLES": {"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=131072"},
+}
+OWN_PAD = str(8 * MIB)
+BAD_PADS = ["-1", "lots"]
+
+
+def _import(tmp_path, **env):
+    return subprocess.run(
+        [sys.executable, "-c", "import jaxcomm"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=environment_without_launcher(**env),
+    )
+
+
+@pytest.fixture(scope="module")
+def probes(tmp_path_factory):
+    """Every case's process (a probe, or an import refused), started together."""
+    cases = {"default": {}, **LEFT_ALONE, "own pad": {"JAXCOMM_MALLOC_PAD": OWN_PAD}}
+    jobs = {
+        name: partial(_probe, tmp_path_factory.mktemp("malloc"), **{**CLEAN, **env})
+        for name, env in cases.items()
+    }
+    for text in BAD_PADS:
+        jobs[f"bad pad {text}"] = partial(
+            _import, tmp_path_factory.mktemp("malloc"), JAXCOMM_MALLOC_PAD=text
+        )
+    return dict(zip(jobs, at_once(*jobs.values())))
+
 
 @spawns_own_mpi
-def test_freed_memory_is_kept_by_default(tmp_path):
+def test_freed_memory_is_kept_by_default(probes):
     if _malloc._glibc() is None:
         pytest.skip("not glibc: malloc is left as it is")
-    got = _probe(tmp_path, **CLEAN)
+    got = _found(probes["default"])
     assert got["pad"] == _malloc.DEFAULT_PAD
     if got["kept"] is not None:
         assert got["kept"] >= 16 * MIB
 
 
 @spawns_own_mpi
-@pytest.mark.parametrize(
-    "env",
-    [
-        {"JAXCOMM_MALLOC_PAD": "0"},
-        {"MALLOC_TOP_PAD_": str(128 << 10)},
-        {"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=131072"},
-    ],
-    ids=["switched off", "MALLOC_TOP_PAD_", "GLIBC_TUNABLES"],
-)
-def test_malloc_is_left_alone_when_asked_or_set_by_the_user(tmp_path, env):
-    got = _probe(tmp_path, **{**CLEAN, **env})
+@pytest.mark.parametrize("case", list(LEFT_ALONE))
+def test_malloc_is_left_alone_when_asked_or_set_by_the_user(probes, case):
+    got = _found(probes[case])
     assert got["pad"] == 0
     if got["kept"] is not None:
         # glibc trimmed the freed blocks: at most its own pad (128 KiB) is left.
@@ -88,23 +120,16 @@ def test_malloc_is_left_alone_when_asked_or_set_by_the_user(tmp_path, env):
 
 
 @spawns_own_mpi
-def test_a_pad_of_its_own(tmp_path):
+def test_a_pad_of_its_own(probes):
     if _malloc._glibc() is None:
         pytest.skip("not glibc: malloc is left as it is")
-    assert _probe(tmp_path, **CLEAN, JAXCOMM_MALLOC_PAD=str(8 * MIB))["pad"] == 8 * MIB
+    assert _found(probes["own pad"])["pad"] == 8 * MIB
 
 
 @spawns_own_mpi
-@pytest.mark.parametrize("text", ["-1", "lots"])
-def test_bad_pads_are_refused_at_import(tmp_path, text):
-    done = subprocess.run(
-        [sys.executable, "-c", "import jaxcomm"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=environment_without_launcher(JAXCOMM_MALLOC_PAD=text),
-    )
+@pytest.mark.parametrize("text", BAD_PADS)
+def test_bad_pads_are_refused_at_import(probes, text):
+    done = probes[f"bad pad {text}"]
     assert done.returncode != 0
     assert "JAXCOMM_MALLOC_PAD" in done.stderr
 
