@@ -14,6 +14,7 @@ plain ``pytest`` run.
 import re
 import subprocess
 import sys
+import textwrap
 import time
 
 import jax
@@ -23,6 +24,7 @@ import pytest
 from conftest import (
     RUNTIME_ERRORS,
     environment_without_launcher,
+    mpiexec,
     not_reported_again,
     run_job,
     spawns_own_mpi,
@@ -523,14 +525,47 @@ def test_an_uncaught_exception_ends_the_job(tmp_path, drill):
     assert "rank 0 finished" not in done.stdout, done.stdout
 
 
+# How long the negative control must still be running after rank 1 raised:
+# the drills above end within a few seconds of it.
+HANG_SECONDS = 15
+
+
 @spawns_own_mpi
 @pytest.mark.skipif(
     "MPICH" not in MPI.Get_library_version(), reason="the hang is shown with MPICH only"
 )
 def test_with_the_opt_out_the_job_hangs(tmp_path):
     # The negative control (JAXCOMM_ABORT_ON_EXCEPTION=0; abort_on_exception(False)
-    # is the same switch): rank 0 waits in its collective until the time limit.
-    done, _ = run_job(tmp_path, DRILL_JOB, "eager", limit=40, JAXCOMM_ABORT_ON_EXCEPTION="0")
-    assert done.returncode == 124, (done.returncode, done.stderr)
-    assert "ValueError: rank 1 gives up" in done.stderr, done.stderr
-    assert "aborting" not in done.stderr, done.stderr
+    # is the same switch): rank 0 waits in its collective, still waiting
+    # HANG_SECONDS after rank 1 raised. Timed from the raise, not from the
+    # launch, so a slow start-up neither shortens the hang shown nor fails it.
+    path = tmp_path / "job.py"
+    path.write_text(textwrap.dedent(DRILL_JOB))
+    with open(tmp_path / "stderr", "w+") as stderr:
+        job = subprocess.Popen(
+            ["timeout", "-k", "10", "120", *mpiexec(2), sys.executable, str(path), "eager"],
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            env=environment_without_launcher(JAXCOMM_ABORT_ON_EXCEPTION="0"),
+            cwd=tmp_path,
+        )
+        stdout = ""
+        for line in job.stdout:
+            stdout += line
+            if line.startswith("rank 1 raises at"):
+                break
+        try:
+            ended = job.wait(timeout=HANG_SECONDS)
+        except subprocess.TimeoutExpired:
+            ended = None
+            job.terminate()  # timeout passes the signal on to mpiexec
+            job.wait(timeout=60)
+        stdout += job.stdout.read()
+        job.stdout.close()
+        stderr.seek(0)
+        errors = stderr.read()
+    assert "rank 1 raises at" in stdout, (stdout, errors)
+    assert ended is None, (ended, errors)
+    assert "ValueError: rank 1 gives up" in errors, errors
+    assert "aborting" not in errors, errors
