@@ -156,16 +156,23 @@ def test_collective_hang_inside_a_loop(tmp_path):
 
 @spawns_own_mpi
 def test_set_timeout_from_python_and_slow_calls_that_finish(tmp_path):
-    # A call that waits 1.5 s for its peer finishes under a 3 s timeout; the
-    # watchdog then goes off and a longer wait is harmless.
+    # A call that waits 1.5 s for its peer finishes under a 3 s timeout, and
+    # so do jitted calls over 4 s; the watchdog then goes off and a longer
+    # wait is harmless.
     body = """
     jaxcomm.set_timeout(3)
     for delay in (0.0, 1.5, 0.0):
         if jc.rank == 1:
             time.sleep(delay)
         y = jc.bcast(x + jc.rank, root=1)
-    for _ in range(200):
+    # A new program for each call (compiled while the peer may wait), for
+    # longer in all than the timeout: the watchdog times each call, not the
+    # run of them. Rank 0's clock decides when the run ends, for every rank.
+    end = time.monotonic() + 4
+    while True:
         y = jax.jit(jc.allreduce)(y) / jc.size
+        if not jc.bcast(jnp.asarray(time.monotonic() < end), root=0):
+            break
     jaxcomm.set_timeout(None)
     if jc.rank == 1:
         time.sleep(4)
