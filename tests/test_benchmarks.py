@@ -12,9 +12,11 @@ import json
 import pathlib
 import subprocess
 import sys
+from functools import partial
 
 import numpy as np
 import pytest
+from at_once import at_once
 from conftest import environment_without_launcher, mpiexec, spawns_own_mpi
 
 from jaxcomm import bench
@@ -84,15 +86,29 @@ def test_commands_start_with_python_m_from_the_root_on_the_installed_jaxcomm():
     )
     assert done.returncode == 0, done.stderr
     assert pathlib.Path(done.stdout.strip()).resolve().parent != ROOT / "jaxcomm", done.stdout
-    for name in COMMANDS:
-        done = subprocess.run(
-            [sys.executable, "-W", "error::RuntimeWarning", "-m", f"benchmarks.{name}", "--help"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            env=environment_without_launcher(PYTHONPATH=""),
-            timeout=300,
+    # Each command in a process of its own, the processes started together.
+    helps = at_once(
+        *(
+            partial(
+                subprocess.run,
+                [
+                    sys.executable,
+                    "-W",
+                    "error::RuntimeWarning",
+                    "-m",
+                    f"benchmarks.{name}",
+                    "--help",
+                ],
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                env=environment_without_launcher(PYTHONPATH=""),
+                timeout=300,
+            )
+            for name in COMMANDS
         )
+    )
+    for name, done in zip(COMMANDS, helps):
         assert done.returncode == 0, (name, done.stderr)
         assert done.stdout.startswith("usage:"), (name, done.stdout)
 
