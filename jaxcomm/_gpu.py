@@ -31,8 +31,7 @@ def apply_data_path(enabled: bool | None, source: str) -> None:
     """Set the data path as set_cuda_aware() does; ``source`` names who set it in cuda_info()."""
     global _override
     _override = None if enabled is None else (bool(enabled), source)
-    if _runtime.cuda_kernels is not None:
-        _runtime.cuda_kernels.set_cuda_aware(-1 if enabled is None else int(bool(enabled)))
+    _runtime.set_cuda_aware_mode(-1 if enabled is None else int(bool(enabled)))
 
 
 def set_cuda_aware(enabled: bool | None) -> None:
@@ -67,7 +66,7 @@ def cuda_info() -> dict:
         CUDA kernels), ``reason`` (why, in words) and ``staging_bytes``
         (pinned host memory held for staging).
     """
-    kernels = _runtime.cuda_kernels
+    kernels = _runtime.load_cuda_kernels()
     try:
         gpus = len(jax.devices("cuda"))
     except RuntimeError:

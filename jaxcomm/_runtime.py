@@ -12,10 +12,12 @@ import functools
 import gc
 import importlib
 import importlib.machinery
+import importlib.metadata
 import importlib.util
 import itertools
 import math
 import os
+import pkgutil
 import re
 import signal
 import sys
@@ -282,16 +284,68 @@ def build_info() -> dict:
 
 _kernels_cpu = _load_kernels("_kernels_cpu")  # only once the MPI is known to match
 
-# The CUDA kernels, when this build has them. Loading the module initialises
-# no CUDA (its runtime is linked statically and starts on the first call), and
-# JAX keeps the registrations until a CUDA backend exists, so a machine
-# without a GPU is unaffected.
-cuda_kernels = None
-if _build_info.CUDA:
-    cuda_kernels = _load_kernels("_kernels_cuda")
 
-    for _name, _capsule in cuda_kernels.registrations().items():
-        jax.ffi.register_ffi_target(_name, _capsule, platform="CUDA")
+def cuda_plugin_installed() -> bool:
+    """Whether JAX can run on CUDA here: its CUDA plugin (``jax[cuda12]``, ``jax[cuda13]``).
+
+    Read from the installed packages (the ``jax_plugins`` entry points and
+    namespace, as JAX finds its plugins) without importing the plugin or
+    starting a backend.
+    """
+    if any(
+        entry.name.startswith("xla_cuda")
+        for entry in importlib.metadata.entry_points(group="jax_plugins")
+    ):
+        return True
+    namespace = sys.modules.get("jax_plugins")
+    return namespace is not None and any(
+        name.startswith("xla_cuda") for _, name, _ in pkgutil.iter_modules(namespace.__path__)
+    )
+
+
+# Whether this build has the CUDA kernels.
+CUDA_BUILT = bool(_build_info.CUDA)
+
+# The CUDA kernels: loaded (and their FFI targets registered for CUDA) where
+# JAX has a CUDA plugin, else only when asked for (load_cuda_kernels). A
+# CPU-only program never loads them. Loading initialises no CUDA either: the
+# module links its runtime statically, which starts on the first call.
+cuda_kernels = None
+
+
+def load_cuda_kernels():
+    """The CUDA kernels module, loaded and registered on first use; None if not built.
+
+    Called at import where JAX has a CUDA plugin, and by whatever needs the
+    module later: a lowering for a GPU (so a CUDA backend that the plugin
+    check missed still gets its kernels), cuda_info(), tests.
+    """
+    global cuda_kernels
+    if cuda_kernels is None and CUDA_BUILT:
+        kernels = _load_kernels("_kernels_cuda")
+        for name, capsule in kernels.registrations().items():
+            jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
+        kernels.set_cuda_aware(_cuda_aware_mode)  # a data path chosen before the load
+        cuda_kernels = kernels
+    return cuda_kernels
+
+
+# The data path of device buffers, as the CUDA module's set_cuda_aware takes
+# it (1 straight to MPI, 0 staged, -1 as the MPI library says), kept here so
+# a module loaded later starts with it.
+_cuda_aware_mode = -1
+
+
+def set_cuda_aware_mode(mode: int) -> None:
+    """Set the data path of device buffers now and for a CUDA module loaded later (_gpu)."""
+    global _cuda_aware_mode
+    _cuda_aware_mode = mode
+    if cuda_kernels is not None:
+        cuda_kernels.set_cuda_aware(mode)
+
+
+if CUDA_BUILT and cuda_plugin_installed():
+    load_cuda_kernels()
 
 # A developer check (tests/cuda_emulation/README.md): XLA's CPU runs the CUDA
 # kernels' platform layer over an emulated CUDA runtime, in place of the CPU

@@ -69,7 +69,7 @@ def test_cuda_info_describes_the_build():
 
 @pytest.mark.mpi
 def test_set_cuda_aware_switches_the_path_and_back():
-    if _runtime.cuda_kernels is None:
+    if not _runtime.CUDA_BUILT:
         pytest.skip("jaxcomm was built without CUDA kernels")
     saved = _gpu._override  # JAXCOMM_CUDA_AWARE's, if set: put back at the end
     try:
@@ -181,10 +181,45 @@ def test_cuda_module_loads_without_a_cuda_runtime_library():
     # The runtime is linked statically: importing jaxcomm on a machine with
     # the CUDA module but no libcudart (or another version of it) works.
     linked = subprocess.run(
-        ["ldd", _runtime.cuda_kernels.__file__], capture_output=True, text=True
+        ["ldd", _runtime.load_cuda_kernels().__file__], capture_output=True, text=True
     ).stdout
-    assert "libjaxcomm_core" in linked, linked
+    assert "libjaxcomm_cuda" in linked and "libjaxcomm_core" in linked, linked
     assert "libcudart" not in linked, linked
+
+
+_LOADED = """
+import sys, jax, jaxcomm
+from jaxcomm import _compat, _runtime
+assert not _compat.backends_initialized(), "importing jaxcomm started JAX"
+loaded = sorted(m.split(".")[1] for m in sys.modules if m.startswith("jaxcomm._kernels_"))
+print("plugin", _runtime.cuda_plugin_installed(), "loaded", " ".join(loaded))
+"""
+
+
+@pytest.mark.skipif(not _build_info.CUDA, reason="jaxcomm was built without CUDA kernels")
+def test_the_cuda_module_is_loaded_only_where_jax_has_a_cuda_plugin(tmp_path):
+    # A CPU-only program never loads the CUDA module. JAX finds its CUDA
+    # plugin (jax[cuda12], jax[cuda13]) in the jax_plugins namespace: a
+    # stand-in there, which JAX would only import when it starts its
+    # backends, makes jaxcomm load and register the CUDA kernels at import.
+    plugin = tmp_path / "jax_plugins" / "xla_cuda99"
+    plugin.mkdir(parents=True)
+    (plugin / "__init__.py").write_text("def initialize():\n    pass\n")
+    # The environment's own plugins, if any, decide the case without the stand-in.
+    env = _clean_env()
+    env.pop("JAXCOMM_EMULATE_CUDA", None)  # which loads the emulated module in place of the CPU's
+    done = _run([sys.executable, "-c", _LOADED], env)
+    assert done.returncode == 0, done.stderr
+    own = done.stdout.split()[1] == "True"
+    assert done.stdout.split("loaded")[1].split() == (
+        ["_kernels_cpu", "_kernels_cuda"] if own else ["_kernels_cpu"]
+    ), done.stdout
+    with_stand_in = dict(env, PYTHONPATH=str(tmp_path))
+    done = _run([sys.executable, "-c", _LOADED], with_stand_in)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["plugin", "True", "loaded", "_kernels_cpu", "_kernels_cuda"], (
+        done.stdout
+    )
 
 
 # Under the emulated CUDA runtime (tests/cuda_emulation/README.md) the CUDA

@@ -218,7 +218,7 @@ def _every_method(jc, platform="cpu"):
 
 
 # Each platform's kernels module; the CUDA one only where this build has it.
-_MODULES = {"cpu": _kernels_cpu, "cuda": _runtime.cuda_kernels}
+_MODULES = {"cpu": _kernels_cpu, "cuda": _runtime.load_cuda_kernels()}
 
 
 @pytest.mark.mpi
@@ -256,5 +256,6 @@ def test_primitive_attributes_match_the_kernels_bindings(jc, platform):
 @pytest.mark.mpi
 def test_gpu_lowering_without_cuda_kernels_names_the_fix(jc, monkeypatch):
     monkeypatch.setattr(_runtime, "cuda_kernels", None)
+    monkeypatch.setattr(_runtime, "CUDA_BUILT", False)
     with pytest.raises(RuntimeError, match=r"built without its CUDA kernels.*JAXCOMM_CUDA=ON"):
         _every_method(jc, "cuda")

@@ -30,7 +30,6 @@ library always runs, and only refuses a mismatch.
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import threading
 import warnings
@@ -305,14 +304,11 @@ def has_cuda_support() -> bool:
     CUDA plugin (``jax[cuda12]``, ``jax[cuda13]``). It starts no backend, so
     a later ``jax.distributed.initialize()`` still works.
     """
-    if _runtime.cuda_kernels is None:
+    if not _runtime.CUDA_BUILT:
         return False
     if _compat.backends_initialized():
         return bool(_gpu.cuda_info()["gpus"])
-    return any(
-        entry.name.startswith("xla_cuda")
-        for entry in importlib.metadata.entry_points(group="jax_plugins")
-    )
+    return _runtime.cuda_plugin_installed()
 
 
 def has_sycl_support() -> bool:

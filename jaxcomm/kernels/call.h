@@ -77,7 +77,7 @@ inline ffi::Error MpiFailure(const char* function, int code, const Call& call) {
 
 // Runs the handler body `Impl` for one call of the operation `op`: with the
 // communicator behind `handle` where `kOnComm`, else without looking it up.
-// The platform layer (module.cc) calls it with its Memory.
+// The platform layer (handlers.cc) calls it with its Memory.
 template <auto Impl, bool kOnComm, typename... Args>
 ffi::Error RunCall(const char* op, int64_t handle, Memory& memory, Args&&... args) {
   MPI_Comm comm = MPI_COMM_NULL;

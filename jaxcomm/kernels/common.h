@@ -30,7 +30,7 @@ inline size_t PipelinedPiece(Memory& memory, size_t count, size_t width) {
   return piece;
 }
 
-// Each op's binding after the attributes every target shares (module.cc),
+// Each op's binding after the attributes every target shares (handlers.cc),
 // from its row of ops.def: bindings::<Name>(binding), and its handler body,
 // shared by every platform:
 // ffi::Error <Name>Impl(const Call&, Memory&, <buffers>, <attributes>).

@@ -41,6 +41,21 @@ ffi::Error Recorded(ffi::Error error) {
   return error;
 }
 
+namespace {
+std::atomic<bool (*)()> python_thread_probe{nullptr};
+}  // namespace
+
+void SetPythonThreadProbe(bool (*on_python_thread)()) {
+  python_thread_probe.store(on_python_thread, std::memory_order_release);
+}
+
+ffi::Error Outcome(ffi::Error error) {
+  if (!error.failure()) return error;
+  bool (*on_python_thread)() = python_thread_probe.load(std::memory_order_acquire);
+  if (on_python_thread != nullptr && on_python_thread()) return error;
+  return Recorded(std::move(error));
+}
+
 bool TakeRecordedError(std::string* message) {
   if (!error_recorded.load(std::memory_order_acquire)) return false;
   std::lock_guard<std::mutex> lock(error_mutex);

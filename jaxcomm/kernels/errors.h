@@ -49,6 +49,19 @@ ffi::Error Invalid(const char* op, MPI_Comm comm, const std::string& why);
 // Returns `error` unchanged.
 ffi::Error Recorded(ffi::Error error);
 
+// A handler's result. When XLA runs a computation on the Python thread that
+// dispatched it (inline), a failure fails that very call and JAX raises it
+// to the caller, who has it then. A failure on one of XLA's own threads may
+// reach nobody (a computation without outputs, outputs never read), so it is
+// Recorded for jaxcomm.sync() and the exit hook.
+ffi::Error Outcome(ffi::Error error);
+
+// How Outcome tells a Python thread from one of XLA's: the kernels
+// libraries link no Python (one build serves every Python version), so the
+// Python module that loads them hands in the test at import. Until then
+// every failure is recorded.
+void SetPythonThreadProbe(bool (*on_python_thread)());
+
 // Moves the recorded failure's message into `message`, emptying the slot;
 // false if there is none.
 bool TakeRecordedError(std::string* message);

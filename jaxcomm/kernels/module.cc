@@ -1,11 +1,12 @@
 // The pybind11 modules jaxcomm._kernels_cpu and, compiled with JAXCOMM_CUDA,
-// jaxcomm._kernels_cuda: the FFI handlers listed in ops.def bound for one
-// platform, their attributes, and the switches the Python package needs. The
-// CPU module also owns the registry of live communicators; both modules
-// share it, with every other piece of state, through libjaxcomm_core.
+// jaxcomm._kernels_cuda: the addresses of the FFI handlers listed in ops.def
+// for one platform (handlers.cc, in the kernels libraries), their
+// attributes, and the switches the Python package needs. The CPU module also
+// owns the registry of live communicators; both modules share it, with every
+// other piece of state, through libjaxcomm_core. Only this file is compiled
+// once per Python version.
 #include <pybind11/pybind11.h>
 
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -14,6 +15,7 @@
 
 #include "common.h"
 #include "debug.h"
+#include "handlers.h"
 #include "handles.h"
 #include "monitor.h"
 #include "nonblocking.h"
@@ -46,112 +48,7 @@ void ExitWithStatus() {
 }
 #endif
 
-// A handler's result. When XLA runs a computation on the Python thread that
-// dispatched it (inline), a failure fails that very call and JAX raises it
-// to the caller, who has it then. A failure on one of XLA's own threads may
-// reach nobody (a computation without outputs, outputs never read), so it is
-// kept for jaxcomm.sync() and the exit hook.
-xla::ffi::Error Outcome(xla::ffi::Error error) {
-  if (error.failure() && PyGILState_GetThisThreadState() == nullptr) {
-    return jaxcomm::Recorded(std::move(error));
-  }
-  return error;
-}
-
-// The handler XLA calls for the body `Impl` of the operation `op`: on a GPU
-// it takes the stream first, then every target takes the call site (the
-// "site" attribute, for the checker and the watchdog) and the communicator
-// (the "handle" attribute), then the buffers and attributes of its row of
-// ops.def. It runs the body with this platform's Memory (RunCall, call.h).
-// The emulated CUDA module (tests/cuda_emulation) runs the CUDA platform
-// layer on XLA's CPU, which has no stream.
-#ifdef JAXCOMM_CUDA
-// Runs one handler call on the handler clock (HandlerClock, cuda_memory.h):
-// the whole call, the CudaMemory's destructor included.
-template <typename Body>
-xla::ffi::Error Timed(Body&& body) {
-  const auto start = std::chrono::steady_clock::now();
-  xla::ffi::Error error = body();
-  jaxcomm::AddHandlerTime(static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
-          .count()));
-  return error;
-}
-#endif
-
-#if defined(JAXCOMM_CUDA_EMULATION)
-template <auto Impl, bool kOnComm>
-struct OnPlatform {
-  const char* op;
-  template <typename... Args>
-  xla::ffi::Error operator()(int64_t site, int64_t handle, Args... args) const {
-    return Timed([&] {
-      jaxcomm::CallScope scope(site);
-      jaxcomm::CudaMemory memory(nullptr);
-      return Outcome(jaxcomm::RunCall<Impl, kOnComm>(op, handle, memory, args...));
-    });
-  }
-};
-auto PlatformBinding() { return xla::ffi::Ffi::Bind(); }
-#elif defined(JAXCOMM_CUDA)
-template <auto Impl, bool kOnComm>
-struct OnPlatform {
-  const char* op;
-  template <typename... Args>
-  xla::ffi::Error operator()(cudaStream_t stream, int64_t site, int64_t handle,
-                             Args... args) const {
-    return Timed([&] {
-      jaxcomm::CallScope scope(site);
-      jaxcomm::CudaMemory memory(stream);
-      return Outcome(jaxcomm::RunCall<Impl, kOnComm>(op, handle, memory, args...));
-    });
-  }
-};
-auto PlatformBinding() {
-  return xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t> >();
-}
-#else
-template <auto Impl, bool kOnComm>
-struct OnPlatform {
-  const char* op;
-  template <typename... Args>
-  xla::ffi::Error operator()(int64_t site, int64_t handle, Args... args) const {
-    jaxcomm::CallScope scope(site);
-    jaxcomm::HostMemory memory;
-    return Outcome(jaxcomm::RunCall<Impl, kOnComm>(op, handle, memory, args...));
-  }
-};
-auto PlatformBinding() { return xla::ffi::Ffi::Bind(); }
-#endif
-
-// The attributes every target takes first, in this order.
-auto SharedBinding() { return PlatformBinding().Attr<int64_t>("site").Attr<int64_t>("handle"); }
-
 }  // namespace
-
-#define JAXCOMM_OP(name, label, Name, buffers, attributes)                     \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                               \
-      JaxcommHandler##Name,                                                    \
-      (OnPlatform<&jaxcomm::Name##Impl, JAXCOMM_##buffers##_ON_COMM>{#label}), \
-      jaxcomm::bindings::Name(SharedBinding()));
-#include "ops.def"
-#undef JAXCOMM_OP
-
-#ifndef JAXCOMM_CUDA
-// Not an operation: the zero that the zeros an op returns off root are
-// broadcast from (ops/_base.py, _zeros_after). It takes the token of the
-// call before it, so XLA computes those zeros after that call and cannot
-// fold them into a constant. CPU only.
-namespace {
-xla::ffi::Error ZeroAfterImpl(xla::ffi::Token, xla::ffi::Result<xla::ffi::AnyBuffer> out) {
-  std::memset(out->untyped_data(), 0, out->size_bytes());
-  return xla::ffi::Error::Success();
-}
-}  // namespace
-XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    JaxcommZeroAfter, ZeroAfterImpl,
-    xla::ffi::Ffi::Bind().Arg<xla::ffi::Token>().Ret<xla::ffi::AnyBuffer>());
-#endif
 
 #if defined(JAXCOMM_CUDA_EMULATION)
 #define JAXCOMM_MODULE _kernels_cuda_emulated
@@ -170,10 +67,13 @@ PYBIND11_MODULE(JAXCOMM_MODULE, m) {
 #else
   m.doc() = "jaxcomm CPU kernels (XLA FFI handlers calling MPI).";
 #endif
+  // A failure on one of XLA's threads is kept for sync() and the exit hook,
+  // one on the dispatching Python thread is raised there (Outcome, errors.h).
+  jaxcomm::SetPythonThreadProbe([] { return PyGILState_GetThisThreadState() != nullptr; });
   m.def("registrations", []() {
     py::dict targets;
 #define JAXCOMM_OP(name, label, Name, buffers, attributes) \
-  targets["jaxcomm_" #name] = py::capsule(reinterpret_cast<void*>(JaxcommHandler##Name));
+  targets["jaxcomm_" #name] = py::capsule(reinterpret_cast<void*>(JAXCOMM_HANDLER(Name)));
 #include "ops.def"
 #undef JAXCOMM_OP
     return targets;

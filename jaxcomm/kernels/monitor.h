@@ -41,7 +41,7 @@ std::string LatestSite();
 void SetCheckComm(int64_t handle, MPI_Fint check);
 
 // The call a handler is in, for its whole run: made by the platform layer
-// (module.cc) around each handler body with the call's "site" attribute.
+// (handlers.cc) around each handler body with the call's "site" attribute.
 class CallScope {
  public:
   explicit CallScope(int64_t site);

@@ -455,7 +455,7 @@ _ROOT_ONLY = {
 
 
 def _cuda_lowering(lowering, ctx, *args, **params):
-    if _runtime.cuda_kernels is None:
+    if _runtime.load_cuda_kernels() is None:
         raise RuntimeError(
             f"jaxcomm op {ctx.primitive.name!r} on a GPU: {_gpu.NO_CUDA_KERNELS}. "
             "Or keep the arrays it communicates on the CPU (jax.device_put(x, "
