@@ -611,17 +611,22 @@ def test_cartesian_alltoallv_cotangent_of_rows_sent_off_the_edge(jc, grids, name
     w = jnp.asarray(weights[grid.rank])
     x = jnp.asarray(rank_data(grid.rank, (rows, 2), np.float64))
     want = want_of(weights)
-    grad = jax.jit(jax.grad(lambda x: jnp.sum(f(x) * w)))(x)
+    batch = [[weights[r] * b for r in range(jc.size)] for b in (1, 2, 3)]
+
+    # The gradient and the batch of cotangents under vmap in one compiled
+    # program: one compile, not two.
+    @jax.jit
+    def jitted(x, cs):
+        grad = jax.grad(lambda x: jnp.sum(f(x) * w))(x)
+        return grad, jax.vmap(lambda c: jax.vjp(f, x)[1](c)[0])(cs)
+
+    grad, got = jitted(x, jnp.asarray([b[grid.rank] for b in batch]))
     np.testing.assert_allclose(grad, want)
     _, pullback = jax.vjp(f, x)
     np.testing.assert_allclose(pullback(w)[0], want)
     aval = jax.ShapeDtypeStruct(x.shape, x.dtype)
     np.testing.assert_allclose(jax.linear_transpose(f, aval)(w)[0], want)
     # Under vmap, a batch of cotangents.
-    batch = [[weights[r] * b for r in range(jc.size)] for b in (1, 2, 3)]
-    got = jax.jit(jax.vmap(lambda c: jax.vjp(f, x)[1](c)[0]))(
-        jnp.asarray([b[grid.rank] for b in batch])
-    )
     for b, member in enumerate(batch):
         np.testing.assert_allclose(got[b], want_of(member))
     _still_matched(jc)
@@ -859,28 +864,10 @@ def test_nonblocking_alltoallv_transformations_match_the_blocking_form(jc, graph
     def blocking(x):
         return g.neighbor_alltoallv(x, send, capacity=11)
 
-    # jvp: the tangent is the same exchange of the tangent.
-    (y, received), (dy, _) = jax.jit(lambda x, t: jax.jvp(started, (x,), (t,)))(x, t)
-    np.testing.assert_array_equal(y, blocking(x)[0])
-    np.testing.assert_array_equal(received, blocking(x)[1])
-    np.testing.assert_array_equal(dy, blocking(t)[0])
-    # linear_transpose: the reverse exchange, a request on the reverse graph.
     ct = jnp.asarray(rank_data(jc.rank + 5, (11, 2), np.float64))
     first = lambda f: lambda x: f(x)[0]  # noqa: E731
     aval = jax.ShapeDtypeStruct(x.shape, x.dtype)
-    (got,) = jax.jit(lambda c: jax.linear_transpose(first(started), aval)(c))(ct)
-    (want,) = jax.linear_transpose(first(blocking), aval)(ct)
-    np.testing.assert_array_equal(got, want)
-
-    # vmap with counts shared by the batch; counts per member are refused.
     batch = jnp.stack([x, 2 * x, 3 * x])
-    got = jax.jit(jax.vmap(lambda x: started(x)[0]))(batch)
-    for b in range(3):
-        np.testing.assert_array_equal(got[b], blocking(batch[b])[0])
-    with pytest.raises(NotImplementedError, match="index arrays that differ between batch"):
-        jax.vmap(lambda x, c: g.wait(g.ineighbor_alltoallv(x, c, capacity=11)))(
-            batch, jnp.stack([send] * 3)
-        )
 
     # scan, fori_loop and cond, with checkpointed gradients.
     def body(c, _):
@@ -892,18 +879,54 @@ def test_nonblocking_alltoallv_transformations_match_the_blocking_form(jc, graph
     def scanned(step):
         return lambda v: jnp.sum(jax.lax.scan(jax.checkpoint(step), v, None, length=3)[0] ** 2)
 
-    np.testing.assert_allclose(
-        jax.jit(jax.grad(scanned(body)))(x), jax.grad(scanned(body_blocking))(x), rtol=1e-12
-    )
-    looped = jax.jit(lambda v: jax.lax.fori_loop(0, 3, lambda i, c: body(c, i)[0], v))(x)
-    np.testing.assert_allclose(looped, jax.lax.scan(body_blocking, x, None, length=3)[0])
-    branch = jax.jit(
-        lambda v, p: jax.lax.cond(
-            p, lambda v: started(v)[0], lambda v: v[:1] * 0 + jnp.zeros((11, 2)), v
+    def branch(v, p):
+        return jax.lax.cond(p, lambda v: started(v)[0], lambda v: v[:1] * 0 + jnp.zeros((11, 2)), v)
+
+    # Every jitted form of the started exchange in one compiled program (the
+    # cond both ways, the predicate known only at run time): one compile
+    # where each took one.
+    @jax.jit
+    def jitted(x, t, ct, batch, p):
+        return (
+            jax.jvp(started, (x,), (t,)),
+            jax.linear_transpose(first(started), aval)(ct),
+            jax.vmap(lambda x: started(x)[0])(batch),
+            jax.grad(scanned(body))(x),
+            jax.lax.fori_loop(0, 3, lambda i, c: body(c, i)[0], x),
+            branch(x, p),
+            branch(x, jnp.logical_not(p)),
         )
-    )
-    np.testing.assert_array_equal(branch(x, True), blocking(x)[0])
-    np.testing.assert_array_equal(branch(x, False), np.zeros((11, 2)))
+
+    (
+        ((y, received), (dy, _)),
+        (got,),
+        got_batch,
+        grad,
+        looped,
+        taken,
+        not_taken,
+    ) = jitted(x, t, ct, batch, True)
+
+    # jvp: the tangent is the same exchange of the tangent.
+    np.testing.assert_array_equal(y, blocking(x)[0])
+    np.testing.assert_array_equal(received, blocking(x)[1])
+    np.testing.assert_array_equal(dy, blocking(t)[0])
+    # linear_transpose: the reverse exchange, a request on the reverse graph.
+    (want,) = jax.linear_transpose(first(blocking), aval)(ct)
+    np.testing.assert_array_equal(got, want)
+
+    # vmap with counts shared by the batch; counts per member are refused.
+    for b in range(3):
+        np.testing.assert_array_equal(got_batch[b], blocking(batch[b])[0])
+    with pytest.raises(NotImplementedError, match="index arrays that differ between batch"):
+        jax.vmap(lambda x, c: g.wait(g.ineighbor_alltoallv(x, c, capacity=11)))(
+            batch, jnp.stack([send] * 3)
+        )
+
+    np.testing.assert_allclose(grad, jax.grad(scanned(body_blocking))(x), rtol=1e-12)
+    np.testing.assert_allclose(looped, jax.lax.scan(body_blocking, x, None, length=3)[0])
+    np.testing.assert_array_equal(taken, blocking(x)[0])
+    np.testing.assert_array_equal(not_taken, np.zeros((11, 2)))
     _still_matched(jc)
 
 
@@ -1054,15 +1077,21 @@ def test_allgatherv_grad_sums_what_comes_back(jc, graphs, grids, where, learn, s
 
     x = jnp.asarray(xs[g.rank])
     want = model_allgatherv_grad(weights, counts, land, sendcount, rows[g.rank], g.rank)
-    grad = jax.jit(jax.grad(lambda x: jnp.sum(gathered(x) * weights[g.rank])))(x)
+    t = [rank_data(r + 3, (rows[r], 2), np.float64) for r in range(jc.size)]
+
+    # The gradient and the jvp in one compiled program: one compile, not two.
+    @jax.jit
+    def jitted(x, t):
+        grad = jax.grad(lambda x: jnp.sum(gathered(x) * weights[g.rank]))(x)
+        return grad, jax.jvp(gathered, (x,), (t,))
+
+    grad, (y, dy) = jitted(x, jnp.asarray(t[g.rank]))
     np.testing.assert_allclose(grad, want)
     _, vjp = jax.vjp(gathered, x)
     np.testing.assert_allclose(vjp(jnp.asarray(weights[g.rank]))[0], want)
     (ct,) = jax.linear_transpose(gathered, x)(jnp.asarray(weights[g.rank]))
     np.testing.assert_allclose(ct, want)
     # jvp: the tangent is the same exchange of the tangent.
-    t = [rank_data(r + 3, (rows[r], 2), np.float64) for r in range(jc.size)]
-    y, dy = jax.jit(lambda x, t: jax.jvp(gathered, (x,), (t,)))(x, jnp.asarray(t[g.rank]))
     np.testing.assert_allclose(y, ys[g.rank])
     np.testing.assert_allclose(dy, model_allgatherv(t, sendcount, sources, capacity)[0][g.rank])
     _still_matched(jc)
@@ -1107,19 +1136,24 @@ def test_allgatherv_vmap_scan_fori_loop_cond(jc, graphs, grids, where, started):
 
     x = xs[0]
     scanned = jax.jit(lambda v: jax.lax.scan(jax.checkpoint(body), v, None, length=3)[0])
-    np.testing.assert_allclose(scanned(x), unrolled(x), rtol=1e-6)
-    looped = jax.jit(lambda v: jax.lax.fori_loop(0, 3, lambda i, c: body(c, i)[0], v))
-    np.testing.assert_allclose(looped(x), unrolled(x), rtol=1e-6)
-    grads = [
-        jax.jit(jax.grad(lambda v: jnp.sum(scanned(v) ** 2)))(x),
-        jax.grad(lambda v: jnp.sum(unrolled(v) ** 2))(x),
-    ]
-    np.testing.assert_allclose(grads[0], grads[1], rtol=1e-5)
-    branch = jax.jit(
-        lambda v, p: jax.lax.cond(p, one, lambda v: jnp.zeros((capacity, 2), v.dtype), v)
-    )
-    np.testing.assert_array_equal(branch(x, True), one(x))
-    np.testing.assert_array_equal(branch(x, False), np.zeros((capacity, 2)))
+    branch = lambda v, p: jax.lax.cond(p, one, lambda v: jnp.zeros((capacity, 2), v.dtype), v)  # noqa: E731
+
+    # The scan, its gradient (through the jitted scan, as a caller's jitted
+    # step is differentiated), the fori_loop and both ways of the cond (the
+    # predicate known only at run time) in one compiled program: one
+    # compile where each took one.
+    @jax.jit
+    def program(v, p):
+        looped = jax.lax.fori_loop(0, 3, lambda i, c: body(c, i)[0], v)
+        grad = jax.grad(lambda v: jnp.sum(scanned(v) ** 2))(v)
+        return scanned(v), looped, grad, branch(v, p), branch(v, jnp.logical_not(p))
+
+    got_scanned, looped, grad, taken, not_taken = program(x, True)
+    np.testing.assert_allclose(got_scanned, unrolled(x), rtol=1e-6)
+    np.testing.assert_allclose(looped, unrolled(x), rtol=1e-6)
+    np.testing.assert_allclose(grad, jax.grad(lambda v: jnp.sum(unrolled(v) ** 2))(x), rtol=1e-5)
+    np.testing.assert_array_equal(taken, one(x))
+    np.testing.assert_array_equal(not_taken, np.zeros((capacity, 2)))
     _still_matched(jc)
 
 

@@ -45,6 +45,11 @@ MODES = {
 }
 
 
+def _together(mode, fs):
+    """``fs`` applied to one input, one after another, called as ``mode`` calls one op."""
+    return MODES[mode](lambda v: [f(v) for f in fs])
+
+
 def _dtype(name):
     return np.dtype(jnp.bfloat16) if name == "bfloat16" else np.dtype(name)
 
@@ -67,14 +72,12 @@ def test_reductions(jc, pipelined, dtype, n, mode):
     rank, size = jc.rank, jc.size
     every = _data(size, n, dtype)
     x = jnp.asarray(every[rank])
-    wrap = MODES[mode]
     root = size - 1
     # Every call on every rank first: an assertion failing on one rank only
     # must not leave the others waiting in the next call.
-    got = [
-        np.asarray(wrap(f)(x))
-        for f in (jc.allreduce, jc.scan, jc.exscan, lambda v: jc.reduce(v, root=root))
-    ]
+    # Jitted, the four calls are one compiled program: one compile, not four.
+    fs = (jc.allreduce, jc.scan, jc.exscan, lambda v: jc.reduce(v, root=root))
+    got = [np.asarray(y) for y in _together(mode, fs)(x)]
     total = _sum(every, n, dtype)
     reduced = total if rank == root else np.zeros(n, dtype)
     wants = [total, _sum(every[: rank + 1], n, dtype), _sum(every[:rank], n, dtype), reduced]
@@ -92,12 +95,10 @@ def test_bcast_and_allgather(jc, pipelined, dtype, n, mode):
     rank, size = jc.rank, jc.size
     every = _data(size, n, dtype)
     x = jnp.asarray(every[rank])
-    wrap = MODES[mode]
-    sent = [
-        np.asarray(wrap(lambda v, root=root: jc.bcast(v, root=root))(x)) for root in range(size)
-    ]
-    stacked = np.asarray(wrap(jc.allgather)(x))
-    tiled = np.asarray(wrap(lambda v: jc.allgather(v.reshape(n, 1), tiled=True))(x))
+    # Jitted, every call is in one compiled program: one compile, not size + 2.
+    fs = [lambda v, root=root: jc.bcast(v, root=root) for root in range(size)]
+    fs += [jc.allgather, lambda v: jc.allgather(v.reshape(n, 1), tiled=True)]
+    *sent, stacked, tiled = (np.asarray(y) for y in _together(mode, fs)(x))
     for root in range(size):
         np.testing.assert_array_equal(sent[root], every[root])
     np.testing.assert_array_equal(stacked, np.stack(every))
