@@ -586,7 +586,7 @@ def loop_latency(jc, comm, device, steps, label, lib, mpi4jax_ops, hlo=None):
         for _ in range(steps):
             comm.Allreduce(buf, out)
 
-    kernels = _runtime.cuda_kernels
+    kernels = _runtime.load_cuda_kernels()
     clock = kernels is not None and device.platform == "gpu"
     times = {}
     if clock:
