@@ -2,8 +2,7 @@
 # CI leg for the binary wheel: .ci/wheel_leg.sh [WORKDIR]
 #
 # Builds the wheels once (tools/build_wheels.sh, for the oldest and newest
-# Python: the kernels libraries once, the Python modules per Python), then
-# hides every compiler and cmake from PATH and, for each cell below, in a
+# Python), then hides every compiler and cmake from PATH and, for each cell below, in a
 # fresh virtual environment (made while the wheels build), installs the
 # wheel (binary only: pip may build nothing) with the cell's MPI, mpi4py and
 # jax, and runs

@@ -81,7 +81,7 @@ for python in "$@"; do
     JAXCOMM_MPI_ABIS="$MPI_ABIS" \
     JAXCOMM_FFI_INCLUDE="$WORK/ffi/jaxlib/include" JAXCOMM_FFI_JAXLIB="$FFI_JAXLIB" \
     "$python" -m pip wheel -q --no-deps -w "$WORK/raw" \
-    --config-settings=build-dir="$WORK/cmake" \
+    --config-settings=build-dir="$WORK/cmake/$tag" \
     --config-settings=cmake.define.CMAKE_INTERPROCEDURAL_OPTIMIZATION=OFF "$ROOT"
 done
 

@@ -1,9 +1,9 @@
 // The FFI handlers of ops.def bound for one platform (handlers.h names
 // them): the CPU's, compiled into libjaxcomm_core; the CUDA ones, compiled
 // with JAXCOMM_CUDA into libjaxcomm_cuda; the emulated CUDA runtime's
-// (tests/cuda_emulation), into that test module. None of them links Python,
-// so one build of them serves every Python version; the pybind11 modules
-// (module.cc) only hand their addresses to JAX.
+// (tests/cuda_emulation), into that test module. None of them links Python
+// or depends on its version; the pybind11 modules (module.cc) only hand
+// their addresses to JAX.
 #include "handlers.h"
 
 #include <chrono>

@@ -3,8 +3,8 @@
 // for one platform (handlers.cc, in the kernels libraries), their
 // attributes, and the switches the Python package needs. The CPU module also
 // owns the registry of live communicators; both modules share it, with every
-// other piece of state, through libjaxcomm_core. Only this file is compiled
-// once per Python version.
+// other piece of state, through libjaxcomm_core. Only this file depends on
+// the Python version.
 #include <pybind11/pybind11.h>
 
 #include <cstdio>
