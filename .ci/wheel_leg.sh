@@ -2,14 +2,14 @@
 # CI leg for the binary wheel: .ci/wheel_leg.sh [WORKDIR]
 #
 # Builds the wheels once (tools/build_wheels.sh, for the oldest and newest
-# Python), then hides every compiler and cmake from PATH and, for each cell below, in a
-# fresh virtual environment (made while the wheels build), installs the
-# wheel (binary only: pip may build nothing) with the cell's MPI, mpi4py and
-# jax, and runs
-# .ci/wheel_smoke.py on 2 ranks. The cells cover each MPI wheel, the oldest
-# and newest jax, and the oldest and newest Python; two of them then run the
-# tests of the oldest jax and of the other MPI family with the newest jax
-# (the README's source build runs the suite on MPICH and jax 0.10):
+# Python), then hides every compiler and cmake from PATH and, for each cell
+# below, in a fresh virtual environment (made while the wheels build),
+# installs the wheel (binary only: pip may build nothing) with the cell's
+# MPI, mpi4py and jax, and runs .ci/wheel_smoke.py on 2 ranks. The cells
+# cover each MPI wheel, the oldest and newest jax, and the oldest and newest
+# Python; two of them then run the tests of the oldest jax and of the other
+# MPI family with the newest jax (the README's source build runs the suite on
+# MPICH and jax 0.10):
 #
 #   MPI wheel   jax      Python   then
 #   mpich       0.6.2    3.10     oldest_tests

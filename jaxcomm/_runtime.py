@@ -275,7 +275,7 @@ def build_info() -> dict:
         "mpi_compiler": _build_info.MPI_C_COMPILER,
         "mpi_runtime": f"{vendor} {version}",
         "mpi_library": _library_line(),
-        "cuda": bool(_build_info.CUDA),
+        "cuda": CUDA_BUILT,
         "jaxlib_built": f"{_build_info.JAXLIB_VERSION} (XLA FFI API "
         f"{'.'.join(map(str, _build_info.FFI_API))})",
         "mpi_abi": mpi_abi,
