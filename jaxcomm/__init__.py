@@ -24,6 +24,8 @@ from ._runtime import (
 from ._version import __version__
 from .comm import JaxComm
 from .ops.nonblocking import Request
+from .trace import start_from_environment as _start_trace_from_environment
+from .trace import trace
 
 __all__ = [
     "JaxComm",
@@ -41,4 +43,7 @@ __all__ = [
     "set_pipeline_bytes",
     "set_timeout",
     "sync",
+    "trace",
 ]
+
+_start_trace_from_environment()

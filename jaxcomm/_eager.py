@@ -123,7 +123,7 @@ def eager_cached(*, arrays: tuple[str, ...]) -> Callable:
             if key is None:
                 return method(self, *args, **kwargs)
             if monitoring():
-                # The checker and the watchdog name each call's own site, which
+                # The checker, the watchdog and the recorder name each call's own site, which
                 # the compiled function keeps from its first call.
                 caller = sys._getframe(2)  # the user's, above eager_outside_mesh
                 key = (key, caller.f_code.co_filename, caller.f_lineno)

@@ -416,10 +416,30 @@ def set_debug(enabled: bool = True) -> None:
     _kernels_cpu.set_debug(bool(enabled))
 
 
+# Every call site registered, by id, for the timeline's files (jaxcomm.trace),
+# and the recording to tell about new ones (None: none running).
+_sites = {}
+site_listener = None
+
+
 @functools.cache
 def site_id(text: str) -> int:
     """The id of a call site's text, which the kernels name in checker and watchdog reports."""
-    return _kernels_cpu.register_site(text)
+    site = _kernels_cpu.register_site(text)
+    _sites[site] = text
+    if site_listener is not None:
+        site_listener(site, text)
+    return site
+
+
+def sites() -> dict:
+    """Every call site registered so far, by id."""
+    return dict(_sites)
+
+
+def kernels_cpu():
+    """The CPU kernels module (which also holds the state every kernels module shares)."""
+    return _kernels_cpu
 
 
 # The JaxComms alive, in creation order: set_check gives them checking
@@ -446,8 +466,8 @@ def checking() -> bool:
 
 
 def monitoring() -> bool:
-    """Whether the checker or the watchdog is on: calls then need their own call sites."""
-    return _kernels_cpu.monitor_flags() != 0
+    """Whether the checker, the watchdog or the timeline recorder is on: calls then need their own call sites."""
+    return _kernels_cpu.monitor_flags() != 0 or _kernels_cpu.tracing()
 
 
 def set_check(enabled: bool = True) -> None:

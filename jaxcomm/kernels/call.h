@@ -1,7 +1,7 @@
 // One handler call: the operation it runs (its row of ops.def), the
 // communicator behind its "handle" attribute, and what every handler does
-// around its MPI work: announce it to the checker and the watchdog, log it,
-// and name the operation, the rank and the reason when it fails.
+// around its MPI work: announce it to the checker, the watchdog and the
+// timeline recorder, log it, and name the operation, the rank and the reason when it fails.
 #ifndef JAXCOMM_KERNELS_CALL_H_
 #define JAXCOMM_KERNELS_CALL_H_
 
@@ -16,6 +16,7 @@
 #include "handles.h"
 #include "memory.h"
 #include "monitor.h"
+#include "trace.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jaxcomm {
@@ -35,18 +36,26 @@ class Call {
   int rank() const { return CommRank(comm_); }
   int size() const { return CommSize(comm_); }
 
-  // Tells the checker and the watchdog about the collective about to run.
+  // Tells the checker, the watchdog and the recorder about the collective
+  // about to run.
   ffi::Error Announce(const Collective& collective) const {
+    if (Tracing()) TraceCollective(Bytes(collective.dtype, collective.count), collective.root);
     if (MonitorFlags() == 0) return ffi::Error::Success();
     return AnnounceCollectiveSlow(handle_, comm_, op_, collective);
   }
 
   // The same for a point-to-point call; see PointToPoint (monitor.h) for
   // what it may change in `message`, `*source` and `*tag`.
+  // The recorder notes the source and tag the checker resolved a wildcard to.
   ffi::Error Announce(PointToPoint& message, int64_t* source, int64_t* tag) const {
     message.op = op_;
-    if (MonitorFlags() == 0) return ffi::Error::Success();
-    return AnnouncePointToPointSlow(handle_, comm_, message, source, tag);
+    if (MonitorFlags() == 0) {
+      if (Tracing()) Trace(message, *source, *tag);
+      return ffi::Error::Success();
+    }
+    ffi::Error announced = AnnouncePointToPointSlow(handle_, comm_, message, source, tag);
+    if (Tracing()) Trace(message, *source, *tag);
+    return announced;
   }
 
   // A sendrecv's incoming signature, once its own message is under way.
@@ -65,6 +74,19 @@ class Call {
   ffi::Error Invalid(const std::string& why) const { return jaxcomm::Invalid(op_, comm_, why); }
 
  private:
+  // -1 where the count differs by rank; 0 without data (barrier).
+  static int64_t Bytes(ffi::DataType dtype, int64_t count) {
+    if (dtype == ffi::DataType::INVALID) return 0;
+    if (count < 0) return -1;
+    return count * static_cast<int64_t>(ffi::ByteWidth(dtype));
+  }
+  static void Trace(const PointToPoint& message, int64_t source, int64_t tag) {
+    TracePointToPoint(message.dest == kNoPeer ? kTraceNoPeer : message.dest, message.sendtag,
+                      Bytes(message.dtype, message.count),
+                      source == kNoPeer ? kTraceNoPeer : source, tag,
+                      Bytes(message.dtype, message.capacity));
+  }
+
   const char* op_;
   int64_t handle_;
   MPI_Comm comm_;

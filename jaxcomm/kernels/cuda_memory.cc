@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "handles.h"
+#include "trace.h"
 
 #if __has_include(<mpi-ext.h>)
 #include <mpi-ext.h>  // Open MPI's MPIX_CUDA_AWARE_SUPPORT
@@ -404,6 +405,7 @@ CudaMemory::Staged* CudaMemory::Holding(const void* host) {
 }
 
 ffi::Error CudaMemory::WaitFor(cudaEvent_t event) {
+  TraceCopy traced(static_cast<int64_t>(copied_in_));
   const auto start = std::chrono::steady_clock::now();
   JAXCOMM_CUDA_CHECK(cudaEventSynchronize, event);
   clock_wait_ns.fetch_add(NanosecondsSince(start), std::memory_order_relaxed);
@@ -420,6 +422,7 @@ ffi::Error CudaMemory::MarkEntry() {
 }
 
 ffi::Error CudaMemory::CopyIn(Staged& staged, size_t offset, const void* source, size_t bytes) {
+  copied_in_ += bytes;
   if (piece_ == 0 || bytes <= piece_) {
     JAXCOMM_CUDA_CHECK(cudaMemcpyAsync, staged.host + offset, source, bytes, cudaMemcpyDeviceToHost,
                        stream_);
@@ -529,6 +532,7 @@ ffi::Error CudaMemory::Preload(ffi::AnyBuffer& y, size_t offset, const ffi::AnyB
 ffi::Error CudaMemory::Ready() {
   JAXCOMM_RETURN_IF_ERROR(init_error_);
   if (pieced_ && !whole_after_pieces_) return WaitFor(arena_->event(first_piece_event_));
+  TraceCopy traced(static_cast<int64_t>(copied_in_));
   const auto start = std::chrono::steady_clock::now();
   JAXCOMM_CUDA_CHECK(cudaStreamSynchronize, stream_);
   clock_wait_ns.fetch_add(NanosecondsSince(start), std::memory_order_relaxed);
@@ -626,6 +630,7 @@ ffi::Error CudaMemory::Hold(void* buffer, size_t bytes, bool copy_in, Held* held
     return CopyIn(staged, 0, buffer, bytes);
   }
   if (copy_in && bytes > 0) {
+    copied_in_ += bytes;
     JAXCOMM_CUDA_CHECK(cudaMemcpyAsync, block->data, buffer, bytes, cudaMemcpyDeviceToHost,
                        stream_);
   }

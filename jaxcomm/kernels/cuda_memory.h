@@ -137,6 +137,9 @@ class CudaMemory final : public Memory {
   size_t first_piece_event_ = 0;
   bool whole_after_pieces_ = false;
   bool producing_ = false;
+  // Bytes this call queued for copying to the host: what a staging span
+  // of the timeline (TraceCopy, trace.h) waits for.
+  size_t copied_in_ = 0;
   ffi::Error init_error_;
 };
 

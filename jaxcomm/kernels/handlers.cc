@@ -12,6 +12,7 @@
 
 #include "common.h"
 #include "monitor.h"
+#include "trace.h"
 #ifdef JAXCOMM_CUDA
 #include "cuda_memory.h"
 #endif
@@ -22,7 +23,8 @@ namespace {
 // it takes the stream first, then every target takes the call site (the
 // "site" attribute, for the checker and the watchdog) and the communicator
 // (the "handle" attribute), then the buffers and attributes of its row of
-// ops.def. It runs the body with this platform's Memory (RunCall, call.h).
+// ops.def. It runs the body with this platform's Memory (RunCall, call.h),
+// as one span of the timeline when the recorder is on (trace.h).
 // The emulated CUDA module (tests/cuda_emulation) runs the CUDA platform
 // layer on XLA's CPU, which has no stream.
 #ifdef JAXCOMM_CUDA
@@ -47,8 +49,12 @@ struct OnPlatform {
   xla::ffi::Error operator()(int64_t site, int64_t handle, Args... args) const {
     return Timed([&] {
       jaxcomm::CallScope scope(site);
+      jaxcomm::TraceScope traced(op, site, handle);
       jaxcomm::CudaMemory memory(nullptr);
-      return jaxcomm::Outcome(jaxcomm::RunCall<Impl, kOnComm>(op, handle, memory, args...));
+      xla::ffi::Error error =
+          jaxcomm::Outcome(jaxcomm::RunCall<Impl, kOnComm>(op, handle, memory, args...));
+      traced.Failed(error.failure());
+      return error;
     });
   }
 };
@@ -62,8 +68,12 @@ struct OnPlatform {
                              Args... args) const {
     return Timed([&] {
       jaxcomm::CallScope scope(site);
+      jaxcomm::TraceScope traced(op, site, handle);
       jaxcomm::CudaMemory memory(stream);
-      return jaxcomm::Outcome(jaxcomm::RunCall<Impl, kOnComm>(op, handle, memory, args...));
+      xla::ffi::Error error =
+          jaxcomm::Outcome(jaxcomm::RunCall<Impl, kOnComm>(op, handle, memory, args...));
+      traced.Failed(error.failure());
+      return error;
     });
   }
 };
@@ -77,8 +87,12 @@ struct OnPlatform {
   template <typename... Args>
   xla::ffi::Error operator()(int64_t site, int64_t handle, Args... args) const {
     jaxcomm::CallScope scope(site);
+    jaxcomm::TraceScope traced(op, site, handle);
     jaxcomm::HostMemory memory;
-    return jaxcomm::Outcome(jaxcomm::RunCall<Impl, kOnComm>(op, handle, memory, args...));
+    xla::ffi::Error error =
+        jaxcomm::Outcome(jaxcomm::RunCall<Impl, kOnComm>(op, handle, memory, args...));
+    traced.Failed(error.failure());
+    return error;
   }
 };
 auto PlatformBinding() { return xla::ffi::Ffi::Bind(); }

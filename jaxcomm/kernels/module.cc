@@ -20,6 +20,7 @@
 #include "monitor.h"
 #include "nonblocking.h"
 #include "reduce_ops.h"
+#include "trace.h"
 #ifdef JAXCOMM_CUDA
 #include "cuda_memory.h"
 #endif
@@ -219,6 +220,17 @@ PYBIND11_MODULE(JAXCOMM_MODULE, m) {
   m.def("calls_in_flight", &jaxcomm::CallsInFlight, "How many handler calls are running now.");
   m.def("latest_site", &jaxcomm::LatestSite, "The call site of the latest handler call to start.");
   m.def("monitor_flags", &jaxcomm::MonitorFlags, "1: checking calls, 2: watching them (bits).");
+  m.def(
+      "start_trace",
+      [](const std::string& path) {
+        const std::string error = jaxcomm::StartTrace(path);
+        if (!error.empty()) throw std::runtime_error("jaxcomm: trace: " + error);
+      },
+      py::arg("path"), "Record every handler call's span to the file `path` (trace.h).");
+  m.def("stop_trace", &jaxcomm::StopTrace, "Write the recorded spans and close the trace file.");
+  m.def("flush_trace", &jaxcomm::FlushTrace, "Write the spans recorded so far.");
+  m.def("tracing", &jaxcomm::Tracing, "Whether the timeline recorder is on.");
+  m.def("trace_now", &jaxcomm::TraceNow, "The recorder's clock, in nanoseconds.");
   m.def(
       "set_check_comm",
       [](int64_t handle, int64_t check) {

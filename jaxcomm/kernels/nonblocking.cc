@@ -285,6 +285,7 @@ class Start {
       return written;
     }
     slot_ = &s;
+    if (Tracing()) Traced(peer, tag, x, serial);
     return ffi::Error::Success();
   }
 
@@ -334,6 +335,18 @@ class Start {
   Memory& memory_;
   Kind kind_;
   int32_t index_ = -1;
+  // The recorder's span is this request's start; a point-to-point start
+  // says what it moves here (a collective's announcement did).
+  void Traced(int64_t peer, int64_t tag, const ffi::AnyBuffer& x, uint32_t serial) {
+    TraceStart(index_, serial);
+    const int64_t bytes = Count(x) * static_cast<int64_t>(ffi::ByteWidth(x.element_type()));
+    const int32_t none = kTraceNoPeer;
+    if (kind_ == Kind::kSend)
+      TracePointToPoint(peer == kNoPeer ? none : peer, tag, bytes, none, 0, 0);
+    if (kind_ == Kind::kReceive)
+      TracePointToPoint(none, 0, 0, peer == kNoPeer ? none : peer, tag, bytes);
+  }
+
   Slot* slot_ = nullptr;
   bool started_ = false;
 };
@@ -1055,6 +1068,7 @@ ffi::Error Complete(const Call& call, Memory& memory, const ffi::AnyBuffer& hand
     }
   }
   Slot& slot = SlotAt(table, index);
+  if (Tracing()) TraceWait(index, serial, slot.comm_handle, slot.op);
   // However the wait ends, the request is over.
   struct Done {
     Memory& memory;
