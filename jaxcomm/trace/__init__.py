@@ -156,6 +156,9 @@ class _Recording:
             self._clock("end")
             self._line(type="end", clock_ns=_now(), wall_ns=time.time_ns())
             self.meta.close()
+            # Once the recording stops on a rank, every rank's files are
+            # whole (a rank that died is not waited for).
+            _complete([self.comm.Ibarrier()], time.monotonic() + _SYNC_TIMEOUT_S)
             self.comm.Free()
 
 
@@ -182,6 +185,8 @@ def start(directory) -> None:
 
 def stop() -> None:
     """Stop the recording :func:`start` began and close its files (collective).
+
+    When it returns, every rank's files are complete.
 
     Raises:
         RuntimeError: nothing is being recorded.
