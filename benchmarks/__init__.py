@@ -12,7 +12,8 @@ to 8 ranks), :mod:`~benchmarks.model` (a cost model checked against
 measurements and extrapolated to many nodes), :mod:`~benchmarks.ranks` (every
 op family at many ranks, memory per rank), :mod:`~benchmarks.soak`,
 :mod:`~benchmarks.neighbor`, :mod:`~benchmarks.overlap`,
-:mod:`~benchmarks.eager_memory`, :mod:`~benchmarks.nan_minmax` and
+:mod:`~benchmarks.eager_memory`, :mod:`~benchmarks.nan_minmax`,
+:mod:`~benchmarks.trace_overhead` (what the timeline recorder costs) and
 :mod:`~benchmarks.gpu` (with its C++ reference, ``gpu_reference.cc``). They
 build on the measurement core that ships in the package, ``jaxcomm.bench``.
 """

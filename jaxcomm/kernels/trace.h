@@ -96,11 +96,13 @@ void TracePointToPoint(int64_t dest, int64_t tag, int64_t bytes, int64_t source,
 void TraceStart(int32_t slot, uint32_t serial);
 void TraceWait(int32_t slot, uint32_t serial, int64_t comm, const char* op);
 
-// A staging copy inside the current span: from Begin to its destructor.
+// A wait for `bytes` of staging copies inside the current span: from its
+// construction to its destruction (none for 0 bytes: the direct path's wait
+// for XLA's stream moves nothing).
 class TraceCopy {
  public:
   explicit TraceCopy(int64_t bytes) {
-    if (Tracing()) Begin(bytes);
+    if (Tracing() && bytes > 0) Begin(bytes);
   }
   ~TraceCopy() {
     if (start_ns_ >= 0) End();

@@ -193,10 +193,12 @@ def spans_of(rank_file):
     """The spans of one rank, in the order they ended, peers as world ranks."""
     header = rank_file.header
     members = collections.defaultdict(dict)
+    # A span's members may come after it (a staging copy ends before its call).
+    for record in rank_file.records[rank_file.records["kind"] == MEMBER]:
+        members[int(record["comm"])][int(record["peer"])] = int(record["source"])
     out = []
     for record in rank_file.records:
         if record["kind"] == MEMBER:
-            members[int(record["comm"])][int(record["peer"])] = int(record["source"])
             continue
         handle = int(record["comm"])
         local = members.get(handle, {})
