@@ -34,6 +34,12 @@ def main(argv=None) -> int:
         default=1.0,
         help="how much of the timeline timeline.png shows (default 1)",
     )
+    parser.add_argument(
+        "--start",
+        type=float,
+        default=0.0,
+        help="where timeline.png starts, in seconds after the first MPI call (default 0)",
+    )
     parser.add_argument("--rows", type=int, default=15, help="rows per printed table (default 15)")
     args = parser.parse_args(argv)
 
@@ -48,7 +54,7 @@ def main(argv=None) -> int:
     sys.stdout.write(analysis.format_text(summary, args.rows))
     if args.png:
         try:
-            written = analysis.plot(trace, summary, args.directory, args.seconds)
+            written = analysis.plot(trace, summary, args.directory, args.seconds, args.start)
         except ImportError:
             sys.stderr.write(
                 "jaxcomm.trace: --png needs matplotlib (pip install 'jaxcomm[bench]')\n"

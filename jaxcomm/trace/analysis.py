@@ -381,16 +381,18 @@ def messages(trace):
 def p2p_waits(send, receive):
     """Late sender and late receiver time of one blocking message, in ns.
 
-    Late sender: the receive started before the send and waited for it
-    (charged to the receiver). Late receiver: the send started before the
-    receive was posted and could not finish (charged to the sender), at most
-    the send's own time.
+    Late sender: the receive (``recv``, or a ``sendrecv``'s receiving side)
+    started before the send and waited for it (charged to the receiver).
+    Late receiver: a ``send`` started before its receive was posted and could
+    not finish before (charged to the sender), at most the send's own time.
+    A ``sendrecv`` waiting for its partner is that partner's late send, never
+    also a late receiver.
     """
     late_sender = 0
     late_receiver = 0
     if receive.kind == "call" and send.start > receive.start:
         late_sender = min(send.start, receive.end) - receive.start
-    if send.kind == "call" and receive.start > send.start:
+    if send.kind == "call" and send.op == "send" and receive.start > send.start:
         late_receiver = min(receive.start, send.end) - send.start
     return late_sender, late_receiver
 
@@ -432,29 +434,28 @@ def summarize(trace):
                     r["total_ns"] += span.duration
 
     waiting = collections.Counter()
+    charged = collections.Counter()
+
+    def charge(span, field, culprit, ns):
+        # A span waits at most its own time, whatever its messages say.
+        ns = min(ns, span.duration - charged[id(span)])
+        if ns <= 0:
+            return
+        charged[id(span)] += ns
+        waiting[span.rank] += ns
+        for table, key in (("ops", span.name), ("sites", f"{span.name} @ {span.site}")):
+            r = row(table, key)
+            r[field] += ns
+            r["culprits"][culprit] += ns
+
     for instance in collective_instances(trace):
         waits, culprit = late_arrivals(instance)
         for rank, wait in waits.items():
-            waiting[rank] += wait
-            span = instance[rank]
-            for table, key in (("ops", span.name), ("sites", f"{span.name} @ {span.site}")):
-                r = row(table, key)
-                r["wait_ns"] += wait
-                if wait > 0:
-                    r["culprits"][culprit] += wait
+            charge(instance[rank], "wait_ns", culprit, wait)
     for send, receive, _ in messages(trace):
         late_sender, late_receiver = p2p_waits(send, receive)
-        waiting[receive.rank] += late_sender
-        waiting[send.rank] += late_receiver
-        for span, field, culprit, ns in (
-            (receive, "late_sender_ns", send.rank, late_sender),
-            (send, "late_receiver_ns", receive.rank, late_receiver),
-        ):
-            for table, key in (("ops", span.name), ("sites", f"{span.name} @ {span.site}")):
-                r = row(table, key)
-                r[field] += ns
-                if ns > 0:
-                    r["culprits"][culprit] += ns
+        charge(receive, "late_sender_ns", send.rank, late_sender)
+        charge(send, "late_receiver_ns", receive.rank, late_receiver)
 
     for table in rows.values():
         for r in table.values():
@@ -469,7 +470,7 @@ def summarize(trace):
             "host": trace.files[rank].header["host"],
             "wall_ns": walls[rank],
             "mpi_ns": in_mpi,
-            "waiting_ns": min(waiting[rank], in_mpi),
+            "waiting_ns": waiting[rank],
             "computing_ns": max(walls[rank] - in_mpi, 0),
             "spans": len(spans),
             "complete": trace.files[rank].end is not None,
@@ -492,11 +493,12 @@ def _culprit_text(culprits, limit=3):
 def _table(summary, table, limit):
     header = ["", "calls", "bytes", "total ms", "mean us", "share", "waits ms", "caused by"]
     lines = []
+    here = os.getcwd() + os.sep
     for key, r in list(summary[table].items())[:limit]:
         waits = r["wait_ns"] + r["late_sender_ns"] + r["late_receiver_ns"]
         lines.append(
             [
-                key,
+                key.replace(here, ""),  # call sites under the current directory, relative
                 str(r["calls"]),
                 str(r["bytes"]),
                 f"{r['total_ns'] / 1e6:.3f}",
@@ -655,8 +657,11 @@ def chrome_trace(trace):
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
-def plot(trace, summary, directory, seconds=1.0):
-    """Two PNGs: time per rank (computing, in MPI, waiting) and the timeline's first ``seconds``.
+def plot(trace, summary, directory, seconds=1.0, start=0.0):
+    """Two PNGs: time per rank (computing, in MPI, waiting) and ``seconds`` of the timeline.
+
+    The timeline shows ``seconds`` from ``start`` seconds after the first MPI
+    call.
 
     Needs matplotlib (``pip install jaxcomm[bench]``).
 
@@ -692,7 +697,10 @@ def plot(trace, summary, directory, seconds=1.0):
     fig.savefig(split, dpi=100)
     plt.close(fig)
 
-    origin = trace.window[0]
+    # From the first MPI call: a recording's start is often followed by
+    # seconds of compilation.
+    first = min((s.start for spans in trace.spans.values() for s in spans), default=trace.window[0])
+    origin = first + start * 1e9
     limit = origin + seconds * 1e9
     names = sorted({s.name for spans in trace.spans.values() for s in spans if s.kind != "copy"})
     colors = {name: plt.get_cmap("tab10")(i % 10) for i, name in enumerate(names)}
@@ -700,9 +708,9 @@ def plot(trace, summary, directory, seconds=1.0):
     for rank in ranks:
         for name in names:
             bars = [
-                ((s.start - origin) / 1e6, max(s.duration / 1e6, 1e-3))
+                ((s.start - first) / 1e6, max(s.duration / 1e6, 1e-3))
                 for s in trace.spans[rank]
-                if s.name == name and s.start < limit
+                if s.name == name and s.start < limit and s.end > origin
             ]
             if bars:
                 ax.broken_barh(bars, (rank - 0.4, 0.8), color=colors[name], label=name)
@@ -717,8 +725,8 @@ def plot(trace, summary, directory, seconds=1.0):
         bbox_to_anchor=(0.5, 1.0),
         frameon=False,
     )
-    ax.set_xlim(0, seconds * 1e3)
-    ax.set_xlabel("time since the recording started (ms, rank 0's clock)")
+    ax.set_xlim(start * 1e3, (start + seconds) * 1e3)
+    ax.set_xlabel("time since the first MPI call (ms, rank 0's clock)")
     ax.set_ylabel("rank")
     ax.set_yticks(ranks)
     ax.invert_yaxis()
