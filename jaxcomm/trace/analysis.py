@@ -568,7 +568,8 @@ def format_markdown(summary, limit=15):
         out += [f"**{title}**", "", "| " + " | ".join(header) + " |"]
         out.append("|" + "---|" * len(header))
         for line in lines:
-            out.append("| " + " | ".join(x.replace("|", "\\|") for x in line) + " |")
+            cells = (re.sub(r"([|<>])", r"\\\1", x) for x in line)  # Markdown, not HTML
+            out.append("| " + " | ".join(cells) + " |")
         out.append("")
     out.append(_clock_line(summary) + ".")
     return "\n".join(out) + "\n"
