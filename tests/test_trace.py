@@ -289,3 +289,37 @@ def test_a_killed_rank_leaves_files_that_merge(tmp_path):
     assert "allreduce" in merged.stdout and "1 (cut)" in merged.stdout
     assert (out / "trace.json").stat().st_size > 0
     assert (out / "summary.md").read_text().startswith("**Per rank")
+
+
+@spawns_own_mpi
+def test_shard_map_programs_record(tmp_path):
+    out = tmp_path / "recording"
+    script = """
+    import sys
+    import jaxcomm
+    from mpi4py import MPI
+    jaxcomm.initialize_jax_distributed()
+    import jax, numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from jaxcomm import JaxComm
+    mesh = Mesh(np.array(jax.devices()), ("x",))
+    jc = JaxComm.for_mesh(mesh, "x")
+    size = MPI.COMM_WORLD.size
+    reduce = lambda u: jc.allreduce(u)  # a call site in this file
+    program = jax.jit(jax.shard_map(reduce, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+    x = jax.make_array_from_callback(
+        (size, 3), NamedSharding(mesh, P("x")), lambda i: np.ones((size, 3), np.float32)[i]
+    )
+    with jaxcomm.trace(sys.argv[1]):
+        for _ in range(3):
+            program(x).block_until_ready()
+    sys.stdout.write("done\\n")
+    """
+    done, _ = run_job(tmp_path, script, str(out), ranks=2, limit=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    trace = analysis.load(str(out))
+    for rank in (0, 1):
+        spans = _spans(trace, rank, "allreduce")
+        assert len(spans) == 3 and all(s.bytes == 12 for s in spans)
+        assert all("job.py:" in s.site for s in spans), [s.site for s in spans]
+    assert len(analysis.collective_instances(trace)) == 3
