@@ -1,7 +1,8 @@
 // One handler call: the operation it runs (its row of ops.def), the
 // communicator behind its "handle" attribute, and what every handler does
 // around its MPI work: announce it to the checker, the watchdog and the
-// timeline recorder, log it, and name the operation, the rank and the reason when it fails.
+// timeline recorder, log it, and name the operation, the rank and the reason
+// when it fails.
 #ifndef JAXCOMM_KERNELS_CALL_H_
 #define JAXCOMM_KERNELS_CALL_H_
 
