@@ -23,7 +23,7 @@ from mpi4py import MPI
 import jaxcomm
 import jaxcomm.compat.mpi4jax as mpi4jax
 from jaxcomm import JaxComm
-from jaxcomm.trace import analysis, recording, start, stop
+from jaxcomm.trace import analysis, flush, recording, start, stop
 
 EMULATED = os.environ.get("JAXCOMM_EMULATE_CUDA", "") not in ("", "0")
 # A planted delay, and how much of it a wait must show (the rest covers
@@ -226,6 +226,12 @@ def test_staging_copies_are_spans_of_their_own(recording_dir):
 def test_one_recording_at_a_time(recording_dir):
     with jaxcomm.trace(recording_dir):
         assert recording()
+        jaxcomm.JaxComm(MPI.COMM_WORLD).barrier()
+        jaxcomm.sync()
+        flush()
+        path = os.path.join(recording_dir, f"rank{MPI.COMM_WORLD.rank:05d}.bin")
+        records, cut = analysis.read_records(path)
+        assert not cut and "barrier" in {op.decode() for op in records["op"]}
         with pytest.raises(RuntimeError, match="already recording"):
             start(recording_dir)
     assert not recording()
@@ -250,17 +256,19 @@ def test_a_cut_record_file_reads_up_to_its_last_whole_record(tmp_path):
 def test_a_killed_rank_leaves_files_that_merge(tmp_path):
     out = tmp_path / "recording"
     script = """
-    import os, signal, sys
+    import os, signal, sys, time
     import jax.numpy as jnp
     from mpi4py import MPI
     import jaxcomm
-    from jaxcomm.trace import flush
     jc = jaxcomm.JaxComm(MPI.COMM_WORLD)
     x = jnp.ones(4)
     for _ in range(20):
         x = jc.allreduce(x) / jc.size
     x.block_until_ready()
-    flush()
+    # No flush: the next call finds the ring's oldest span over half a
+    # second old and writes the ring.
+    time.sleep(0.6)
+    x = jc.allreduce(x).block_until_ready()
     sys.stdout.write("flushed\\n")
     sys.stdout.flush()
     if jc.rank == 1:
@@ -274,8 +282,8 @@ def test_a_killed_rank_leaves_files_that_merge(tmp_path):
     assert sorted(trace.files) == [0, 1]
     assert trace.files[1].end is None
     for rank in (0, 1):
-        assert len(_spans(trace, rank, "allreduce")) >= 20
-    assert len(analysis.collective_instances(trace)) >= 20
+        assert len(_spans(trace, rank, "allreduce")) >= 21
+    assert len(analysis.collective_instances(trace)) >= 21
     with open(out / "rank00001.bin", "ab") as f:
         f.write(b"\1" * 50)  # a record cut by the kill
     merged = subprocess.run(
@@ -323,3 +331,44 @@ def test_shard_map_programs_record(tmp_path):
         assert len(spans) == 3 and all(s.bytes == 12 for s in spans)
         assert all("job.py:" in s.site for s in spans), [s.site for s in spans]
     assert len(analysis.collective_instances(trace)) == 3
+
+
+def _span(rank, op, start, end, **fields):
+    values = dict(
+        kind="call",
+        site="s",
+        comm=((0, 1, 2), 1),
+        bytes=8,
+        recv_bytes=0,
+        dest=None,
+        source=None,
+        tag=0,
+        recvtag=0,
+        request=-1,
+        failed=False,
+    )
+    values.update(fields)
+    return analysis.Span(rank=rank, op=op, start=start, end=end, **values)
+
+
+def test_the_wait_definitions():
+    # Late arrival: each rank waits for the last to start, at most its own time.
+    instance = {
+        0: _span(0, "bcast", 0, 100),
+        1: _span(1, "bcast", 30, 100),
+        2: _span(2, "bcast", 90, 100),
+    }
+    assert analysis.late_arrivals(instance) == ({0: 90, 1: 60, 2: 0}, 2)
+    # Late sender: the receive waited from its start to the send's.
+    send = _span(0, "send", 50, 60, dest=1)
+    receive = _span(1, "recv", 10, 70, source=0)
+    assert analysis.p2p_waits(send, receive) == (40, 0)
+    # Late receiver: a send that could not finish before its receive was posted.
+    send = _span(0, "send", 0, 80, dest=1)
+    receive = _span(1, "recv", 50, 85, source=0)
+    assert analysis.p2p_waits(send, receive) == (0, 50)
+    # A sendrecv waiting for its partner is the partner's late send only.
+    first = _span(0, "sendrecv", 0, 80, dest=1, source=1)
+    second = _span(1, "sendrecv", 50, 85, dest=0, source=0)
+    assert analysis.p2p_waits(first, second) == (0, 0)
+    assert analysis.p2p_waits(second, first) == (50, 0)
