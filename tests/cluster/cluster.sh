@@ -45,12 +45,13 @@ holder() {
   echo "$pid"
 }
 
-# Runs a command inside HOST's namespaces.
+# Runs a command inside HOST's namespaces, in the current directory
+# (entering a mount namespace would start it in /).
 in_host() {
   local pid
   pid=$(holder "$1")
   shift
-  nsenter -t "$pid" -n -u -i -m -- "$@"
+  nsenter -t "$pid" -n -u -i -m --wd="$PWD" -- "$@"
 }
 
 # Every process in a namespace held by one of our hosts, and munged.
@@ -71,27 +72,29 @@ our_processes() {
 
 down() {
   [ -d "$DIR" ] || return 0
-  local pids all i p
+  local pids all p
   pids=$(our_processes)
   all=$pids
   if [ -n "$pids" ]; then
     # shellcheck disable=SC2086
     kill -TERM $pids 2>/dev/null || true
-    for i in $(seq 50); do
+    for _ in $(seq 50); do
       pids=$(our_processes)
       [ -z "$pids" ] && break
       sleep 0.1
     done
-    # shellcheck disable=SC2086
-    [ -n "$pids" ] && kill -KILL $pids 2>/dev/null || true
-    for i in $(seq 50); do
+    if [ -n "$pids" ]; then
+      # shellcheck disable=SC2086
+      kill -KILL $pids 2>/dev/null || true
+    fi
+    for _ in $(seq 50); do
       [ -z "$(our_processes)" ] && break
       sleep 0.1
     done
     [ -z "$(our_processes)" ] || die "processes left: $(our_processes | tr '\n' ' ')"
     # A process that is exiting has left its namespaces already: wait for it too.
     for p in $all; do
-      for i in $(seq 50); do
+      for _ in $(seq 50); do
         { [ -d "/proc/$p" ] && ! grep -q '^State:.*Z' "/proc/$p/status" 2>/dev/null; } || break
         sleep 0.1
       done
@@ -190,7 +193,7 @@ make_host() {
 }
 
 up() {
-  local n=$1 k head
+  local n=$1 k
   [[ $n =~ ^[2-4]$ ]] || die "up N: N must be 2, 3 or 4"
   [ "$(id -u)" = 0 ] || die "needs root (namespaces, veth, a bridge)"
   for tool in slurmctld slurmd srun munged; do
@@ -199,7 +202,6 @@ up() {
   down
   configure "$n"
   make_host head
-  head=$(holder head)
   in_host head sh -ec "
     ip link add br0 type bridge
     ip addr add $NET.1/24 dev br0
