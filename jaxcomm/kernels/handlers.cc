@@ -46,7 +46,7 @@ struct OnPlatform {
   template <typename... Args>
   xla::ffi::Error operator()(int64_t site, int64_t handle, Args... args) const {
     return Timed([&] {
-      jaxcomm::CallScope scope(site);
+      jaxcomm::CallScope scope(site, op);
       jaxcomm::CudaMemory memory(nullptr);
       return jaxcomm::Outcome(jaxcomm::RunCall<Impl, kOnComm>(op, handle, memory, args...));
     });
@@ -61,7 +61,7 @@ struct OnPlatform {
   xla::ffi::Error operator()(cudaStream_t stream, int64_t site, int64_t handle,
                              Args... args) const {
     return Timed([&] {
-      jaxcomm::CallScope scope(site);
+      jaxcomm::CallScope scope(site, op);
       jaxcomm::CudaMemory memory(stream);
       return jaxcomm::Outcome(jaxcomm::RunCall<Impl, kOnComm>(op, handle, memory, args...));
     });
@@ -76,7 +76,7 @@ struct OnPlatform {
   const char* op;
   template <typename... Args>
   xla::ffi::Error operator()(int64_t site, int64_t handle, Args... args) const {
-    jaxcomm::CallScope scope(site);
+    jaxcomm::CallScope scope(site, op);
     jaxcomm::HostMemory memory;
     return jaxcomm::Outcome(jaxcomm::RunCall<Impl, kOnComm>(op, handle, memory, args...));
   }
