@@ -5,7 +5,11 @@ Usage:  python tests/upstream/mpi4jax_suite.py RANKS [pytest arguments...]
 Downloads mpi4jax's source distribution from the package index (checked
 against its sha256), copies its ``tests/`` and ``examples/`` into a
 temporary directory, and runs them under ``mpiexec -n RANKS`` with
-``import mpi4jax`` resolving to ``jaxcomm.compat.mpi4jax``. Nothing of
+``import mpi4jax`` resolving to ``jaxcomm.compat.mpi4jax`` (or under the
+launcher that ``JAXCOMM_SUITE_LAUNCHER`` names, a command line that takes
+the program after it, such as tests/cluster/multihost.py's ``run ... --``
+across hosts; the temporary directory must then be on a file system every
+host sees: set ``TMPDIR``). Nothing of
 mpi4jax is installed or kept. Left out, as docs/migration-mpi4jax.md says:
 the tests of mpi4jax's internal modules, the one deliberate difference
 (``jax.jacfwd`` through ``sendrecv`` works), and on 3 ranks the two tests
@@ -18,6 +22,7 @@ import io
 import os
 import pathlib
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -103,10 +108,9 @@ def main(argv):
             PYTHONPATH=os.pathsep.join([str(work / "shim"), os.environ.get("PYTHONPATH", "")]),
         )
         mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or "mpiexec"
+        launcher = os.environ.get("JAXCOMM_SUITE_LAUNCHER")
         command = [
-            mpiexec,
-            "-n",
-            str(ranks),
+            *(shlex.split(launcher) if launcher else [mpiexec, "-n", str(ranks)]),
             sys.executable,
             "-m",
             "pytest",
