@@ -154,7 +154,7 @@ def crossing_report(output: str) -> dict:
 def check_volume(launcher: str, hosts: int, per_host: int, mib: int = 16, steps: int = 4) -> None:
     """The ring's bytes cross on the veths, and stay off the loopbacks within a host."""
     names = [f"node{k}" for k in range(1, hosts + 1)]
-    env = {"UCX_PROTO_INFO": "y"} if launcher != "mpirun" else {}
+    env = {"UCX_PROTO_INFO": "y"} if launcher != "mpirun" else {"OMPI_MCA_btl_base_verbose": "100"}
     before = {name: (interface_bytes(name, "eth0"), interface_bytes(name, "lo")) for name in names}
     done = run(
         launcher,
@@ -184,6 +184,8 @@ def check_volume(launcher: str, hosts: int, per_host: int, mib: int = 16, steps:
     )
     if launcher != "mpirun":
         summary += "; " + check_ucx_report(done.stdout, per_host)
+    else:
+        summary += "; " + check_btl_report(done.stdout, hosts * per_host)
     print(f"network: {summary}", flush=True)
 
 
@@ -214,6 +216,25 @@ def check_ucx_report(output: str, per_host: int) -> str:
         f"intra-node transports {sorted(intra)} with {per_host} ranks a host"
     )
     return f"UCX: inter-node {sorted(inter)}, intra-node {sorted(intra)}"
+
+
+def check_btl_report(output: str, ranks: int) -> str:
+    """Open MPI's choice of transport (BTL) per peer: TCP to another host, shared memory on one.
+
+    Returns:
+        A summary of the choices.
+    """
+    line = r"(?m)^\[([^:\]]+):(\d+)\] mca: bml: Using (\w+) btl for send to \[\[\d+,\d+\],\d+\] on node (\S+)"
+    choices = re.findall(line, output)
+    processes = {(source, pid) for source, pid, _, _ in choices}
+    assert len(processes) == ranks and len(choices) == ranks * ranks, (
+        f"Open MPI reported {len(choices)} choices from {len(processes)} processes, not {ranks}x{ranks}"
+    )
+    between = sorted({btl for source, _, btl, target in choices if source != target})
+    within = sorted({btl for source, _, btl, target in choices if source == target})
+    assert between == ["tcp"], f"between hosts: {between}"
+    assert set(within) <= {"sm", "self"}, f"within a host: {within}"
+    return f"Open MPI BTLs: between hosts {between}, within a host {within}"
 
 
 def check_link(launcher: str, hosts: int, per_host: int, outage: float = 3.0) -> None:
