@@ -54,6 +54,9 @@ PeerTable& ThePeers() {
 std::atomic<double> silence_s{60.0};
 std::atomic<bool> announce_failures{true};
 std::atomic<bool> ending{false};
+// The process that watches: a child forked later inherits the sockets and
+// the exit handler, but must not say goodbye on them.
+std::atomic<pid_t> watcher{0};
 
 // How long a process whose MPI_Abort returned waits before it ends itself:
 // the process manager may still be killing the job, and its own report of
@@ -175,6 +178,7 @@ void WatchPeers(const std::vector<int>& fds, const std::vector<int>& ranks,
     if (watch.started) return;
     watch.started = true;
     watch.me = me;
+    watcher.store(getpid());
     const auto now = Clock::now();
     for (size_t i = 0; i < fds.size(); ++i) {
       Peer peer;
@@ -194,6 +198,8 @@ void SetAnnounceFailures(bool enabled) { announce_failures.store(enabled); }
 
 void SayGoodbye(int status) {
   PeerTable& watch = ThePeers();
+  // Checked before the lock, which a child may have inherited held.
+  if (watcher.load() != getpid()) return;
   std::lock_guard<std::mutex> lock(watch.mutex);
   const char failed[2] = {'f', static_cast<char>(status & 0xff)};
   for (Peer& peer : watch.peers) {
