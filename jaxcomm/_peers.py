@@ -99,7 +99,11 @@ def start(comm: MPI.Intracomm, kernels) -> None:
     size = comm.Get_size()
     if size == 1 or size != world.Get_size():
         return
-    if MPI.Group.Compare(comm.Get_group(), world.Get_group()) == MPI.UNEQUAL:
+    groups = comm.Get_group(), world.Get_group()
+    same_processes = MPI.Group.Compare(*groups) != MPI.UNEQUAL
+    for group in groups:
+        group.Free()
+    if not same_processes:
         return
     _started = True
     rank = comm.Get_rank()

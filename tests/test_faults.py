@@ -171,7 +171,7 @@ def test_a_silent_rank_ends_the_job(tmp_path):
 
 @spawns_own_mpi
 def test_a_long_computation_between_calls_is_not_a_fault(tmp_path):
-    done, _ = run_job(tmp_path, FAULT_JOB, "computes", JAXCOMM_TIMEOUT="2")
+    done, _ = run_job(tmp_path, FAULT_JOB, "computes", JAXCOMM_TIMEOUT="1")
     assert done.returncode == 0, (done.returncode, done.stderr)
     assert "rank 0 finished" in done.stdout and "rank 1 finished" in done.stdout, done.stdout
 
