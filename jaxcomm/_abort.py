@@ -1,25 +1,35 @@
-"""The hook that ends the whole MPI job when an exception escapes on one rank.
+"""The hooks that end the whole MPI job when one rank's program fails.
 
 An exception that ends one rank's program leaves the other ranks waiting for
 it in their next collective or receive, and the job hangs until the batch
-system's time limit. So importing jaxcomm installs a ``sys.excepthook`` that
-prints the traceback and then calls ``MPI_Abort``; ``JAXCOMM_ABORT_ON_EXCEPTION=0``
+system's time limit. So importing jaxcomm installs a ``sys.excepthook`` and
+a ``threading.excepthook`` that print the traceback and then call
+``MPI_Abort``, and a ``sys.exit`` whose ``SystemExit`` does the same when
+nothing caught it and its status is not 0. ``JAXCOMM_ABORT_ON_EXCEPTION=0``
 or :func:`abort_on_exception` with ``False`` keeps mpi4py's plain behaviour,
 and interactive sessions are left alone.
 """
 
 import os
+import socket
 import sys
+import threading
 import time
 
 from mpi4py import MPI
 
-# The hook that was in place when ours was installed: ours prints through it.
-# None while ours is in no chain of hooks.
+# The hooks that were in place when ours were installed: ours print through
+# them. None while ours is in no chain of hooks.
 _previous = None
+_previous_thread = None
 _enabled = False
 _FORWARDING_SECONDS = 0.5
+# Seconds a process whose MPI_Abort returned waits before it ends itself.
+_ABORT_GRACE_SECONDS = 2.0
 ENVIRONMENT_VARIABLE = "JAXCOMM_ABORT_ON_EXCEPTION"
+# The kernels module, once loaded (_runtime): it tells the peers of a non-zero
+# exit status and ends the process where MPI_Abort returns.
+_kernels = None
 
 
 def interactive() -> bool:
@@ -43,9 +53,17 @@ def aborting() -> bool:
 
 
 def abort_job(reason: str, status: int = 1) -> None:
-    """Write ``reason`` on stderr, give the launcher time to forward it, and ``MPI_Abort``."""
+    """Write ``reason`` on stderr, give the launcher time to forward it, and ``MPI_Abort``.
+
+    Never returns: where ``MPI_Abort`` returns (MPICH's does when its process
+    manager cannot be reached), the process ends itself with ``status``
+    after a bounded wait.
+    """
     rank = MPI.COMM_WORLD.Get_rank()
-    sys.stderr.write(f"jaxcomm: {reason} on rank {rank} (world): aborting the MPI job\n")
+    sys.stderr.write(
+        f"jaxcomm: {reason} on rank {rank} (world) on host {socket.gethostname()}: "
+        "aborting the MPI job\n"
+    )
     # MPI_Abort kills the processes, so nothing buffered would be written;
     # and the launcher drops the output it had not forwarded yet when it ends
     # the job (a traceback lost now and then in the test suite), so it is
@@ -56,13 +74,75 @@ def abort_job(reason: str, status: int = 1) -> None:
         except (AttributeError, OSError, ValueError):
             pass
     time.sleep(_FORWARDING_SECONDS)
+    if _kernels is not None:
+        _kernels.abort_or_exit(status)
     MPI.COMM_WORLD.Abort(status)
+    sys.stderr.write(
+        f"jaxcomm: MPI_Abort returned on rank {rank}: this process ends itself with "
+        f"status {status} in {_ABORT_GRACE_SECONDS:g} s\n"
+    )
+    sys.stderr.flush()
+    time.sleep(_ABORT_GRACE_SECONDS)
+    os._exit(status)
 
 
 def _abort_hook(kind, value, traceback):
     (_previous or sys.__excepthook__)(kind, value, traceback)
     if aborting():
         abort_job(f"uncaught {kind.__name__}")
+
+
+def _thread_abort_hook(args):
+    (_previous_thread or threading.__excepthook__)(args)
+    # SystemExit ends a thread quietly, on purpose (threading's own rule).
+    if aborting() and args.exc_type is not SystemExit:
+        name = args.thread.name if args.thread is not None else "a thread"
+        abort_job(f"uncaught {args.exc_type.__name__} in thread {name!r}")
+
+
+def _status_of(code) -> int:
+    """The exit status Python ends with for ``sys.exit(code)``."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    return 1  # Python prints any other code and exits with 1
+
+
+class _ExitRequest(SystemExit):
+    """The ``SystemExit`` jaxcomm's ``sys.exit`` raises: it notices when nothing caught it.
+
+    Python fixes the exit status of ``sys.exit(n)`` before it finalises, and
+    no hook sees it; mpi4py's ``MPI_Finalize`` at exit then waits for every
+    other rank, which may wait for this one: the job would hang. An
+    exception that nothing caught is freed by the interpreter itself, with
+    no Python frame left on the stack, just before it exits; one that
+    a program caught is freed in the program's frames.
+    """
+
+    def __del__(self):
+        status = _status_of(self.code)
+        if status == 0 or sys.is_finalizing() or not aborting():
+            return
+        try:
+            sys._getframe(1)
+        except ValueError:
+            abort_job(f"sys.exit({self.code!r})", status)
+
+
+def _exit(status=None, /):
+    raise _ExitRequest(status)
+
+
+_exit.__doc__ = sys.exit.__doc__
+_plain_exit = sys.exit
+
+
+def use_kernels(kernels) -> None:
+    """Hand over the kernels module, which says goodbye to the peers at exit."""
+    global _kernels
+    _kernels = kernels
+    _kernels.set_announce_failures(_enabled)
 
 
 def abort_on_exception(enabled: bool = True) -> None:
@@ -79,19 +159,28 @@ def abort_on_exception(enabled: bool = True) -> None:
     call that no one was told of before exit (``jaxcomm.sync``) ends the
     job the same way.
 
+    The same holds for an exception that escapes another thread
+    (``threading.excepthook``), and for ``sys.exit(n)`` with ``n != 0``
+    that nothing caught (the job ends with status ``n``; a rank that
+    exited would otherwise wait in ``MPI_Finalize`` for ranks that wait for
+    it). A ``SystemExit`` the program catches, ``sys.exit(0)`` and
+    ``SystemExit`` in a thread end nothing. Where ``MPI_Abort`` returns
+    (MPICH's, when its process manager cannot be reached), the process ends
+    itself with the same status two seconds later.
+
     Interactive sessions (the REPL, ``python -i``, IPython, Jupyter) are
-    never aborted. ``sys.exit()`` with a non-zero code and exceptions in
-    other threads do not reach the hook (a thread's exception ends only that
-    thread); ``python -m mpi4py script.py`` aborts on a non-zero
-    ``sys.exit`` too. ``JAXCOMM_ABORT_ON_EXCEPTION=0`` in the environment
-    turns the hook off from the start (mpi4py's plain behaviour).
+    never aborted. ``JAXCOMM_ABORT_ON_EXCEPTION=0`` in the environment
+    turns all of this off from the start (mpi4py's plain behaviour); a
+    non-zero exit status is then no longer announced to the peer watch
+    (docs/errors.md) either.
 
     Args:
-        enabled: ``True`` turns the hook on (installing it where it is not
-            in place); ``False`` turns it off: it puts back the
-            ``sys.excepthook`` that was in place before, or, when another
-            hook has since been installed over jaxcomm's, leaves jaxcomm's
-            in that chain doing nothing but passing the exception on.
+        enabled: ``True`` turns the hooks on (installing them where they
+            are not in place); ``False`` turns them off: it puts back the
+            ``sys.excepthook``, ``threading.excepthook`` and ``sys.exit``
+            that were in place before, or, when another hook has since
+            been installed over one of jaxcomm's, leaves jaxcomm's in that
+            chain doing nothing but passing the exception on.
 
     Example:
         >>> import jax.numpy as jnp
@@ -102,14 +191,26 @@ def abort_on_exception(enabled: bool = True) -> None:
         >>> jc.allreduce(jnp.ones(3))  # rank 0 would otherwise wait here forever
         >>> jaxcomm.abort_on_exception(False)  # mpi4py's plain behaviour from now on
     """
-    global _previous, _enabled
+    global _previous, _previous_thread, _enabled
     _enabled = bool(enabled)
+    if _kernels is not None:
+        _kernels.set_announce_failures(_enabled)
     if _enabled and _previous is None:
         _previous = sys.excepthook
         sys.excepthook = _abort_hook
     elif not _enabled and sys.excepthook is _abort_hook:
         sys.excepthook = _previous
         _previous = None
+    if _enabled and sys.exit is _plain_exit:
+        sys.exit = _exit
+    elif not _enabled and sys.exit is _exit:
+        sys.exit = _plain_exit
+    if _enabled and _previous_thread is None:
+        _previous_thread = threading.excepthook
+        threading.excepthook = _thread_abort_hook
+    elif not _enabled and threading.excepthook is _thread_abort_hook:
+        threading.excepthook = _previous_thread
+        _previous_thread = None
 
 
 def _from_environment():

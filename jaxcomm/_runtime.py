@@ -29,7 +29,7 @@ import jax
 import numpy as np
 from mpi4py import MPI
 
-from . import _abort, _compat, _malloc
+from . import _abort, _compat, _malloc, _peers
 
 try:
     from . import _build_info
@@ -283,6 +283,7 @@ def build_info() -> dict:
 
 
 _kernels_cpu = _load_kernels("_kernels_cpu")  # only once the MPI is known to match
+_abort.use_kernels(_kernels_cpu)
 
 
 def cuda_plugin_installed() -> bool:
@@ -451,6 +452,7 @@ _comm_serials = itertools.count()
 def track_comm(jc) -> None:
     """Note a new JaxComm (and give it checking communicators when checking is on)."""
     _live_comms[next(_comm_serials)] = jc
+    _peers.start(jc._derivative, _kernels_cpu)
     if checking():
         jc._make_check_comm()
 
@@ -532,10 +534,16 @@ def set_timeout(seconds: float | None) -> None:
     diagnosis instead. MPI cannot cancel a collective a rank is waiting in,
     so raising an exception on that rank instead would leave the others
     hanging. Setting ``JAXCOMM_TIMEOUT=seconds`` turns it on from the start.
+    It is off by default: a rank waits as long as its slowest peer computes
+    between calls, so pick a bound well above that (docs/errors.md).
+
+    The same number of seconds is the peer watch's limit of silence: a
+    rank not heard from for that long (a partition, a host down) ends the
+    job; without a timeout the limit is 60 s.
 
     Args:
         seconds: the timeout, a positive number; ``None`` or 0 turns the
-            watchdog off.
+            watchdog off (and puts the peer watch's limit back to 60 s).
 
     Raises:
         TypeError: if ``seconds`` is not a number.
@@ -549,6 +557,7 @@ def set_timeout(seconds: float | None) -> None:
     if not math.isfinite(seconds) or seconds < 0:
         raise ValueError(f"seconds must be a positive number (or 0 / None: off), got {seconds}")
     _kernels_cpu.set_timeout(seconds)
+    _kernels_cpu.set_peer_silence(seconds or _peers.DEFAULT_SILENCE_S)
 
 
 def set_pipeline_bytes(nbytes: int) -> None:

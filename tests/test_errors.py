@@ -15,6 +15,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import jax
@@ -218,15 +219,32 @@ def test_a_failure_read_from_the_results_is_raised_once(jc):
 
 @pytest.fixture
 def excepthook():
-    """Restore sys.excepthook and jaxcomm's hook state after a test."""
-    saved = (sys.excepthook, _abort._previous, _abort._enabled)
+    """Restore the hooks (sys.excepthook, threading.excepthook, sys.exit) and jaxcomm's state."""
+    saved = (
+        sys.excepthook,
+        threading.excepthook,
+        sys.exit,
+        _abort._previous,
+        _abort._previous_thread,
+        _abort._enabled,
+    )
     yield
-    sys.excepthook, _abort._previous, _abort._enabled = saved
+    (
+        sys.excepthook,
+        threading.excepthook,
+        sys.exit,
+        _abort._previous,
+        _abort._previous_thread,
+        _abort._enabled,
+    ) = saved
 
 
 def test_abort_on_exception_is_installed_at_import(excepthook):
     # The suite's processes import jaxcomm without JAXCOMM_ABORT_ON_EXCEPTION.
     assert sys.excepthook is _abort._abort_hook and _abort._enabled
+    # pytest puts its own threading.excepthook in place during each test.
+    assert _abort._previous_thread is not None
+    assert sys.exit is _abort._exit
 
 
 def test_abort_on_exception_installs_once_and_uninstalls(excepthook):
@@ -240,6 +258,8 @@ def test_abort_on_exception_installs_once_and_uninstalls(excepthook):
     assert sys.excepthook is installed
     jaxcomm.abort_on_exception(False)
     assert sys.excepthook is original
+    assert threading.excepthook is not _abort._thread_abort_hook
+    assert sys.exit is _abort._plain_exit
     jaxcomm.abort_on_exception(False)
     assert sys.excepthook is original
 
@@ -519,8 +539,9 @@ def test_an_uncaught_exception_ends_the_job(tmp_path, drill):
     print(f"{drill}: the job ended {seconds_to_end(done):.1f} s after rank 1 raised")
     assert done.returncode not in (0, 124, 137), (done.returncode, done.stderr)
     assert "Traceback" in done.stderr and "ValueError: rank 1 gives up" in done.stderr, done.stderr
-    assert "jaxcomm: uncaught ValueError on rank 1 (world): aborting the MPI job" in (
-        done.stderr
+    assert re.search(
+        r"jaxcomm: uncaught ValueError on rank 1 \(world\) on host \S+: aborting the MPI job",
+        done.stderr,
     ), done.stderr
     assert "rank 0 finished" not in done.stdout, done.stdout
 

@@ -48,7 +48,7 @@ struct OnPlatform {
   template <typename... Args>
   xla::ffi::Error operator()(int64_t site, int64_t handle, Args... args) const {
     return Timed([&] {
-      jaxcomm::CallScope scope(site);
+      jaxcomm::CallScope scope(site, op);
       jaxcomm::TraceScope traced(op, site, handle);
       jaxcomm::CudaMemory memory(nullptr);
       xla::ffi::Error error =
@@ -67,7 +67,7 @@ struct OnPlatform {
   xla::ffi::Error operator()(cudaStream_t stream, int64_t site, int64_t handle,
                              Args... args) const {
     return Timed([&] {
-      jaxcomm::CallScope scope(site);
+      jaxcomm::CallScope scope(site, op);
       jaxcomm::TraceScope traced(op, site, handle);
       jaxcomm::CudaMemory memory(stream);
       xla::ffi::Error error =
@@ -86,7 +86,7 @@ struct OnPlatform {
   const char* op;
   template <typename... Args>
   xla::ffi::Error operator()(int64_t site, int64_t handle, Args... args) const {
-    jaxcomm::CallScope scope(site);
+    jaxcomm::CallScope scope(site, op);
     jaxcomm::TraceScope traced(op, site, handle);
     jaxcomm::HostMemory memory;
     xla::ffi::Error error =

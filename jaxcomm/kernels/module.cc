@@ -12,6 +12,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "common.h"
 #include "debug.h"
@@ -19,6 +20,7 @@
 #include "handles.h"
 #include "monitor.h"
 #include "nonblocking.h"
+#include "peers.h"
 #include "reduce_ops.h"
 #include "trace.h"
 #ifdef JAXCOMM_CUDA
@@ -42,8 +44,10 @@ int exit_status = 0;
 
 // Calling exit() again from an exit handler is undefined, hence _Exit, which
 // also skips the handlers registered before this one (destructors of loaded
-// libraries); MPI is finalised by then.
+// libraries, the peer watch's goodbye, said here instead); MPI is finalised
+// by then.
 void ExitWithStatus() {
+  jaxcomm::SayGoodbye(exit_status);
   std::fflush(nullptr);
   std::_Exit(exit_status);
 }
@@ -179,7 +183,7 @@ PYBIND11_MODULE(JAXCOMM_MODULE, m) {
         int rc;
         {
           py::gil_scoped_release release;
-          jaxcomm::CallScope scope(site);
+          jaxcomm::CallScope scope(site, "JaxComm creation (MPI_Comm_dup)");
           if (jaxcomm::Watching()) {
             jaxcomm::Watch("JaxComm creation (MPI_Comm_dup, collective) at " +
                            jaxcomm::SiteText(site) + " on a communicator of " +
@@ -217,6 +221,50 @@ PYBIND11_MODULE(JAXCOMM_MODULE, m) {
         "Turn the collective mismatch checker on or off.");
   m.def("set_timeout", &jaxcomm::SetTimeout, py::arg("seconds"),
         "Abort the job when one call takes longer (0: no watchdog).");
+  m.def(
+      "watch_peers",
+      [](const py::list& fds, const py::list& ranks, const py::list& hosts, const std::string& me) {
+        std::vector<int> fd_list;
+        std::vector<int> rank_list;
+        std::vector<std::string> host_list;
+        for (size_t i = 0; i < fds.size(); ++i) {
+          fd_list.push_back(fds[i].cast<int>());
+          rank_list.push_back(ranks[i].cast<int>());
+          host_list.push_back(hosts[i].cast<std::string>());
+        }
+        jaxcomm::WatchPeers(fd_list, rank_list, host_list, me);
+        // Said after MPI_Finalize, which Python's exit makes before C's
+        // exit handlers run; a status that is not 0 there ends the job.
+        static bool registered = false;
+        if (!registered) {
+          registered = true;
+          on_exit([](int status, void*) { jaxcomm::SayGoodbye(status); }, nullptr);
+        }
+      },
+      py::arg("fds"), py::arg("ranks"), py::arg("hosts"), py::arg("me"),
+      "Watch connected sockets to peer ranks (world ranks, host names) from a "
+      "thread of the library; `me` names this rank in reports. Once.");
+  m.def("set_peer_silence", &jaxcomm::SetPeerSilence, py::arg("seconds"),
+        "Seconds without a byte from a watched peer before it counts as unreachable.");
+  m.def("set_announce_failures", &jaxcomm::SetAnnounceFailures, py::arg("enabled"),
+        "Whether a non-zero exit status is announced to the peers as a failure.");
+  m.def(
+      "interface_addresses",
+      []() {
+        py::list out;
+        for (const std::string& address : jaxcomm::InterfaceAddresses()) out.append(address);
+        return out;
+      },
+      "This host's IPv4 interface addresses, loopback last.");
+  m.def(
+      "abort_or_exit",
+      [](int status) {
+        py::gil_scoped_release release;
+        jaxcomm::AbortOrExit(status);
+      },
+      py::arg("status"),
+      "MPI_Abort on MPI_COMM_WORLD; where it returns, end this process with "
+      "`status` after a bounded wait. Never returns.");
   m.def("calls_in_flight", &jaxcomm::CallsInFlight, "How many handler calls are running now.");
   m.def("latest_site", &jaxcomm::LatestSite, "The call site of the latest handler call to start.");
   m.def("monitor_flags", &jaxcomm::MonitorFlags, "1: checking calls, 2: watching them (bits).");

@@ -15,6 +15,8 @@
 // timeout, after printing what that call was.
 #include "monitor.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -31,6 +33,7 @@
 #include "datatypes.h"
 #include "errors.h"
 #include "handles.h"
+#include "peers.h"
 #include "reduce_ops.h"
 
 namespace jaxcomm {
@@ -74,6 +77,7 @@ thread_local int64_t current_site = -1;
 // interrupt reports (always kept: two relaxed atomic operations a call).
 std::atomic<int> calls_in_flight{0};
 std::atomic<int64_t> latest_site{-1};
+std::atomic<const char*> latest_op{"an MPI call"};
 
 // What one call waits in, since when.
 struct Watched {
@@ -116,15 +120,17 @@ void WatchdogLoop() {
       if (!slot.busy) continue;
       const double waited = std::chrono::duration<double>(now - slot.start).count();
       if (waited <= dog.timeout_s) continue;
+      char host[256] = "?";
+      gethostname(host, sizeof host - 1);
       std::fprintf(stderr,
-                   "jaxcomm watchdog: rank %d has waited %.1f s in %s, longer "
-                   "than the timeout of %g s (JAXCOMM_TIMEOUT, "
+                   "jaxcomm watchdog: rank %d on host %s has waited %.1f s in %s, "
+                   "longer than the timeout of %g s (JAXCOMM_TIMEOUT, "
                    "jaxcomm.set_timeout): aborting the job\n",
-                   WorldRank(), waited, slot.what.c_str(), dog.timeout_s);
+                   WorldRank(), host, waited, slot.what.c_str(), dog.timeout_s);
       std::fflush(stderr);
       // mpiexec may drop what a rank wrote just before it aborts the job.
       std::this_thread::sleep_for(std::chrono::milliseconds(500));
-      MPI_Abort(MPI_COMM_WORLD, kTimeoutExit);
+      AbortOrExit(kTimeoutExit);
     }
   }
 }
@@ -319,6 +325,20 @@ void SetTimeout(double seconds) {
 
 int CallsInFlight() { return calls_in_flight.load(std::memory_order_relaxed); }
 
+std::string CallInFlightText() {
+  {
+    Watchdog& dog = TheWatchdog();
+    std::lock_guard<std::mutex> lock(dog.mutex);
+    for (const Watched& slot : dog.slots) {
+      if (slot.busy) return slot.what;
+    }
+  }
+  if (CallsInFlight() > 0) {
+    return std::string(latest_op.load(std::memory_order_relaxed)) + " at " + LatestSite();
+  }
+  return "no MPI call (its latest was made at " + LatestSite() + ")";
+}
+
 std::string LatestSite() { return SiteTextOf(latest_site.load(std::memory_order_relaxed)); }
 
 int64_t RegisterSite(const std::string& text) {
@@ -343,9 +363,10 @@ void SetCheckComm(int64_t handle, MPI_Fint check) {
   }
 }
 
-CallScope::CallScope(int64_t site) {
+CallScope::CallScope(int64_t site, const char* op) {
   current_site = site;
   latest_site.store(site, std::memory_order_relaxed);
+  latest_op.store(op, std::memory_order_relaxed);
   calls_in_flight.fetch_add(1, std::memory_order_relaxed);
 }
 

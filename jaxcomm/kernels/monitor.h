@@ -36,15 +36,21 @@ int64_t RegisterSite(const std::string& text);
 int CallsInFlight();
 std::string LatestSite();
 
+// What this rank waits in now, for a report: the watchdog's description of
+// the call when it is on, otherwise the operation and call site of the
+// latest handler call still running, or that none is running.
+std::string CallInFlightText();
+
 // The private communicator the checker exchanges signatures on, for the
 // communicator behind `handle` (MPI_COMM_NULL: none).
 void SetCheckComm(int64_t handle, MPI_Fint check);
 
 // The call a handler is in, for its whole run: made by the platform layer
-// (handlers.cc) around each handler body with the call's "site" attribute.
+// (handlers.cc) around each handler body with the call's "site" attribute
+// and its operation's name (a string that lives as long as the program).
 class CallScope {
  public:
-  explicit CallScope(int64_t site);
+  CallScope(int64_t site, const char* op);
   ~CallScope();
   CallScope(const CallScope&) = delete;
   CallScope& operator=(const CallScope&) = delete;
