@@ -38,16 +38,31 @@ def new_cache() -> collections.OrderedDict:
     return collections.OrderedDict()
 
 
+# Types of concrete jax.Arrays met so far (jaxlib's ArrayImpl). Whether a value
+# is a jax.Array and not a tracer depends on its type alone, and an exact type
+# lookup costs far less than isinstance against jax.Array, which every eager
+# call would otherwise pay for each of its arrays.
+_ARRAY_TYPES: set[type] = set()
+
+
+def _is_concrete_leaf(leaf: Any) -> bool:
+    if type(leaf) in _ARRAY_TYPES:
+        return True
+    if isinstance(leaf, jax.Array) and not isinstance(leaf, jax.core.Tracer):
+        _ARRAY_TYPES.add(type(leaf))
+        return True
+    return isinstance(leaf, (int, float, complex)) or (
+        # JAX cannot pass NumPy values of other dtypes, and its error would not name them.
+        isinstance(leaf, (np.ndarray, np.generic)) and leaf.dtype in SUPPORTED_DTYPES
+    )
+
+
 def _is_concrete(x: Any) -> bool:
     """Whether ``x`` is a non-empty pytree of concrete arrays or scalars."""
+    if type(x) in _ARRAY_TYPES:
+        return True
     leaves = jax.tree_util.tree_leaves(x)
-    return bool(leaves) and all(
-        isinstance(leaf, (int, float, complex))
-        # JAX cannot pass NumPy values of other dtypes, and its error would not name them.
-        or (isinstance(leaf, (np.ndarray, np.generic)) and leaf.dtype in SUPPORTED_DTYPES)
-        or (isinstance(leaf, jax.Array) and not isinstance(leaf, jax.core.Tracer))
-        for leaf in leaves
-    )
+    return bool(leaves) and all(map(_is_concrete_leaf, leaves))
 
 
 # Static arguments of these types are their own key. Tested first, by exact
@@ -71,8 +86,15 @@ def _static_key(value: Any) -> Any:
     return (type(value), value)
 
 
+_NO_STATIC = _static_key(())
+_NO_KWARGS = _static_key([])
+
+
 def _call_key(name, static, kwargs):
     """The cache key of a call's static arguments, or None if they cannot make one."""
+    if not static and not kwargs:
+        # The common eager call (jc.allreduce(x)): its key, without the work.
+        return (name, _NO_STATIC, _NO_KWARGS)
     try:
         return (name, _static_key(static), _static_key(sorted(kwargs.items())))
     except TypeError:

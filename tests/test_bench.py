@@ -35,6 +35,7 @@ FIELDS = {
     "repeats",
     "time_s",
     "min_s",
+    "call_s",
     "bandwidth",
     "match",
     "ratios",
@@ -94,6 +95,10 @@ def test_every_op_and_mode_measured_and_checked(jc, records):
                 assert record.error is None, record
                 assert record.match is True, record
                 assert record.time_s > 0 and 0 < record.min_s <= record.time_s, record
+                # Whole calls: the differenced loop figure leaves each call's own cost out.
+                assert record.call_s > 0, record
+                if mode != "loop":
+                    assert record.call_s == pytest.approx(record.time_s), record
                 assert 1 <= record.iters <= TINY["max_iters"] and record.repeats == 2
                 assert record.nbytes == (8 if op.sized and not op.split else record.nbytes)
                 if op.sized:
@@ -275,6 +280,27 @@ def test_one_table_printer_for_text_and_markdown():
         "| allreduce | 8 B | 12.5 |",
         "| bcast | 1 MiB | 7 |",
     ]
+
+
+def test_the_table_shows_whole_calls_beside_the_differenced_loop_figure():
+    def rec(impl, mode, us, call_us):
+        return bench.Record("allreduce", mode, 8, impl, 2, time_s=us * 1e-6, call_s=call_us * 1e-6)
+
+    records = [
+        rec("mpi4py", "loop", 1.0, 1.0),
+        rec("jaxcomm", "loop", 1.5, 6.0),  # each jitted call's own cost, spread over its ops
+        rec("mpi4py", "jit", 2.0, 2.0),
+        rec("jaxcomm", "jit", 8.0, 8.0),
+    ]
+    records[1].ratios, records[3].ratios = {"mpi4py": 1.5}, {"mpi4py": 4.0}
+    text = bench.table(records, ["mpi4py", "jaxcomm"], [("jaxcomm", "mpi4py")], markdown=True)
+    lines = text.splitlines()
+    assert lines[0] == (
+        "| op | size | mode | mpi4py us | jaxcomm us | jaxcomm/mpi4py "
+        "| mpi4py call us | jaxcomm call us | jaxcomm/mpi4py call |"
+    )
+    assert lines[2] == "| allreduce | 8 B | loop | 1 | 1.5 | 1.50 | 1 | 6 | 6.00 |"
+    assert lines[3] == "| allreduce | 8 B | jit | 2 | 8 | 4.00 | 2 | 8 | 4.00 |"
 
 
 def test_json_is_written_by_one_writer(tmp_path):

@@ -62,6 +62,7 @@ COMMANDS = [
     "ranks",
     "scaling",
     "soak",
+    "user_timing",
 ]
 
 

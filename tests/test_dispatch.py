@@ -74,6 +74,29 @@ def test_dispatch_ahead_keeps_every_rank_in_program_order(jc, seed):
     assert numbers == list(range(len(numbers)))
 
 
+@pytest.mark.mpi
+def test_eager_calls_recognise_arrays_by_type_and_still_refuse_tracers(jc):
+    # An eager call notes the type of a concrete array it takes; a tracer of
+    # a transformation that comes afterwards must still take the traced path.
+    x = jnp.arange(1.0, 4.0)
+    np.testing.assert_array_equal(jc.allreduce(x), jc.size * x)
+    assert type(x) in jaxcomm._eager._ARRAY_TYPES
+    assert not any(issubclass(t, jax.core.Tracer) for t in jaxcomm._eager._ARRAY_TYPES)
+    programs = len(jc._eager)
+    grad = jax.grad(lambda v: jc.allreduce(v).sum())(x)
+    np.testing.assert_array_equal(grad, np.ones(3))  # allreduce(SUM) transposes to the identity
+    np.testing.assert_array_equal(jax.jit(jc.allreduce)(x), jc.size * x)
+    np.testing.assert_array_equal(jax.vmap(jc.allreduce)(x[:, None]), jc.size * x[:, None])
+    # The transformations' calls kept no eager program; the eager call's key is the one it had.
+    np.testing.assert_array_equal(jc.allreduce(x), jc.size * x)
+    assert len(jc._eager) == programs
+    assert jaxcomm._eager._call_key("allreduce", (), {}) == (
+        "allreduce",
+        jaxcomm._eager._static_key(()),
+        jaxcomm._eager._static_key([]),
+    )
+
+
 @spawns_own_mpi
 def test_dispatch_ahead_without_order_between_devices_is_caught():
     # The negative control: the same stress, its sends spread over two

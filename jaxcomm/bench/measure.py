@@ -41,6 +41,11 @@ class Record:
         time_s: median over repeats of seconds per op (the slowest rank's
             time in each repeat); None when not timed.
         min_s: the fastest repeat's seconds per op.
+        call_s: what a user's stopwatch around whole calls sees: the median
+            over repeats of the n-op repeat's seconds per op. In loop mode
+            it keeps the jitted call's own cost (dispatch, copying the carry
+            in, allocating the result) that ``time_s``, the difference of
+            the 2n and n calls, leaves out; otherwise it is ``time_s``.
         bandwidth: ``nbytes / time_s`` in bytes per second (None for barrier).
         match: whether the result equalled mpi4py's on every rank (None for
             the plain reference, which does no MPI).
@@ -58,6 +63,7 @@ class Record:
     repeats: int = 0
     time_s: float | None = None
     min_s: float | None = None
+    call_s: float | None = None
     bandwidth: float | None = None
     match: bool | None = None
     ratios: dict[str, float] = dataclasses.field(default_factory=dict)
@@ -197,6 +203,7 @@ def measure(
         per_op = _per_op(record, row)
         record.time_s = float(np.median(per_op))
         record.min_s = float(np.min(per_op))
+        record.call_s = float(np.median(row[:, 0] / record.iters))
         record.bandwidth = size_bytes / record.time_s if op.sized else None
     for record, _ in runners:
         record.ratios = {

@@ -82,6 +82,13 @@ def _by_measurement(records: Sequence[Record]) -> dict[tuple[str, int, str], dic
     return rows
 
 
+def _call_seconds(record: Record | None) -> float | None:
+    """A record's whole-call seconds per op, or None where it has no (trustworthy) time."""
+    if record is None or record.match is False or record.time_s is None:
+        return None
+    return record.time_s if record.call_s is None else record.call_s
+
+
 def table(
     records: Sequence[Record],
     impls: Sequence[str],
@@ -100,7 +107,9 @@ def table(
         markdown: a Markdown table instead of aligned text.
 
     Returns:
-        The table, with a header line.
+        The table, with a header line. After the times and ratios, the same
+        as whole calls (``call``: :attr:`Record.call_s`), which differ from
+        them in loop mode only.
     """
     rows = _by_measurement(records)
 
@@ -114,6 +123,8 @@ def table(
     header = ["op", "size", "mode"]
     header += [f"{name} us" for name in impls]
     header += [f"{a}/{b}" for a, b in ratios]
+    header += [f"{name} call us" for name in impls]
+    header += [f"{a}/{b} call" for a, b in ratios]
     header += [f"{name} MB/s" for name in bandwidth]
     lines = []
     for (op, nbytes, mode), by_impl in rows.items():
@@ -122,6 +133,11 @@ def table(
         for a, b in ratios:
             ratio = by_impl[a].ratios.get(b) if a in by_impl else None
             line.append("" if ratio is None else f"{ratio:.2f}")
+        calls = {name: _call_seconds(by_impl.get(name)) for name in (*impls, *sum(ratios, ()))}
+        line += ["" if calls[name] is None else _format_time(calls[name]) for name in impls]
+        for a, b in ratios:
+            known = calls[a] is not None and calls[b] is not None
+            line.append(f"{calls[a] / calls[b]:.2f}" if known else "")
         line += [
             _format_bandwidth(by_impl[name].bandwidth) if name in by_impl else ""
             for name in bandwidth
