@@ -35,11 +35,12 @@ PY313=$(python_for 3.13)
 
 # A PATH with the few programs the cells run and no compiler: each venv's bin
 # goes first (python, pip, mpiexec and the MPI wheel's helpers; an MPI
-# wheel's mpicc wrapper there finds no compiler to run).
+# wheel's mpicc wrapper there finds no compiler to run). Debian's Open MPI
+# 4.1 launcher refuses to start without ssh on PATH, even on one host.
 SAFE="$WORK/safe-bin"
 rm -rf "$SAFE" && mkdir -p "$SAFE"
 for tool in bash sh env timeout uname dirname basename cat grep sed awk rm mkdir mktemp ls \
-  cp ln readlink realpath tr cut head tail wc sleep id hostname ps kill nproc date; do
+  cp ln readlink realpath tr cut head tail wc sleep id hostname ps kill nproc date ssh; do
   found=$(command -v "$tool") && ln -sf "$found" "$SAFE/$tool"
 done
 if PATH="$SAFE" command -v gcc cc c++ g++ clang cmake; then
