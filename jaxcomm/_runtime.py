@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 import weakref
+from typing import NamedTuple
 
 import jax
 import numpy as np
@@ -75,22 +76,140 @@ def _check_mpi_matches():
         )
 
 
-# A binary wheel's kernels link the libmpi of their MPI ABI family by soname,
-# and any library of that family runs them (MPICH's ABI is shared by Intel
-# MPI, MVAPICH and Cray MPICH).
+# A binary wheel's kernels are compiled once per MPI ABI family against that
+# family's headers (the sonames name the family in build_info) and link no
+# libmpi: they take MPI's symbols from the library mpi4py loaded, whatever its
+# file name. MPICH's ABI is shared by Intel MPI, MVAPICH, Cray MPICH and
+# distribution builds such as Debian's libmpich.so.12.
 MPI_ABI_SONAMES = {"mpich": "libmpi.so.12", "openmpi": "libmpi.so.40"}
 
+# Symbols that only one family's library defines: Open MPI's predefined
+# handles are the addresses of objects its library exports (MPI_COMM_WORLD is
+# &ompi_mpi_comm_world, which the openmpi kernels refer to); MPICH's ABI names
+# MPI_DUP_FN MPIR_Dup_fn, and the MPI-5 standard ABI library (libmpi_abi)
+# has no such symbol.
+_OPENMPI_SYMBOL = "ompi_mpi_comm_world"
+_MPICH_SYMBOL = "MPIR_Dup_fn"
+# MPI_COMM_WORLD in MPICH's ABI: an int handle with this value.
+_MPICH_COMM_WORLD = 0x44000000
 
-def _loaded_mpi_abis():
-    """The MPI ABI families whose libmpi this process has loaded (mpi4py loaded it)."""
-    loaded = []
-    for abi, soname in MPI_ABI_SONAMES.items():
+
+class MpiLibrary(NamedTuple):
+    """What the import found out about the MPI library this process runs.
+
+    Attributes:
+        paths: the files that define ``MPI_Get_library_version`` among those
+            the process has mapped (one, unless two MPIs are loaded).
+        exports: which of ``ompi_mpi_comm_world`` (Open MPI's) and
+            ``MPIR_Dup_fn`` (MPICH's ABI) the library defines.
+        abi_version: ``MPI_Abi_get_version``'s ``(major, minor)``, whose major is
+            positive for the MPI-5 standard ABI; None where the library lacks it.
+        handle_size: ``sizeof(MPI_Comm)`` in the headers mpi4py was built with.
+        comm_world: mpi4py's ``MPI_COMM_WORLD`` handle.
+        library: the first line of ``MPI_Get_library_version``'s text.
+    """
+
+    paths: tuple
+    exports: frozenset
+    abi_version: tuple | None
+    handle_size: int
+    comm_world: int
+    library: str
+
+
+def _mapped_files():
+    """The address ranges of the files this process has mapped, from ``/proc/self/maps``."""
+    ranges = []
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and fields[5].startswith("/"):
+                start, end = (int(part, 16) for part in fields[0].split("-"))
+                ranges.append((start, end, fields[5].rstrip("\n")))
+    return ranges
+
+
+def _loaded_mpi_library():
+    """Find the MPI library mpi4py loaded, by what it exports, whatever its file name."""
+    ranges = _mapped_files()
+    paths = {}
+    handles = {}
+    for path in dict.fromkeys(path for _, _, path in ranges):
         try:
-            ctypes.CDLL(soname, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
-        except OSError:
+            handle = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+            address = ctypes.cast(handle.MPI_Get_library_version, ctypes.c_void_p).value
+        except (OSError, AttributeError):
             continue
-        loaded.append(abi)
-    return loaded
+        # dlsym also searches the file's dependencies (mpi4py's module finds
+        # libmpi's symbol): the file defines it if its own pages hold it.
+        owner = next((p for start, end, p in ranges if start <= address < end), path)
+        paths.setdefault(os.path.realpath(owner), None)
+        if os.path.realpath(owner) == os.path.realpath(path):
+            handles[os.path.realpath(owner)] = handle
+    exports = set()
+    abi_version = None
+    if len(paths) == 1:
+        handle = handles.get(next(iter(paths)))
+        if handle is not None:
+            exports = {name for name in (_OPENMPI_SYMBOL, _MPICH_SYMBOL) if hasattr(handle, name)}
+            abi_version = _abi_version(handle)
+    return MpiLibrary(
+        paths=tuple(paths),
+        exports=frozenset(exports),
+        abi_version=abi_version,
+        handle_size=MPI._sizeof(MPI.Comm),
+        comm_world=MPI._handleof(MPI.COMM_WORLD),
+        library=_library_line() or "an MPI of unknown version",
+    )
+
+
+def _abi_version(handle):
+    """``MPI_Abi_get_version`` of the library (MPI-5, callable at any time), or None."""
+    get_version = getattr(handle, "MPI_Abi_get_version", None)
+    if get_version is None:
+        return None
+    major, minor = ctypes.c_int(0), ctypes.c_int(0)
+    get_version.restype = ctypes.c_int
+    get_version.argtypes = [ctypes.POINTER(ctypes.c_int)] * 2
+    if get_version(ctypes.byref(major), ctypes.byref(minor)) != 0:
+        return None
+    return major.value, minor.value
+
+
+def mpi_abi_family(found):
+    """The MPI ABI family of the library ``found`` describes, or None if it is neither.
+
+    Args:
+        found: an ``MpiLibrary``.
+
+    Returns:
+        ``"mpich"``, ``"openmpi"``, ``"mpiabi"`` (the MPI-5 standard ABI) or None.
+    """
+    if found.abi_version is not None and found.abi_version[0] > 0:
+        return "mpiabi"
+    if _OPENMPI_SYMBOL in found.exports and _MPICH_SYMBOL not in found.exports:
+        # Open MPI keeps its ABI from 3.0 (soname 40) on; 1.x and 2.x differ.
+        old = re.search(r"Open MPI v([0-9]+)\.", found.library)
+        return "openmpi" if found.handle_size == 8 and not (old and int(old[1]) < 3) else None
+    if _MPICH_SYMBOL in found.exports and _OPENMPI_SYMBOL not in found.exports:
+        mpich_handles = (
+            found.handle_size == 4 and found.comm_world & 0xFFFFFFFF == _MPICH_COMM_WORLD
+        )
+        return "mpich" if mpich_handles else None
+    return None
+
+
+def _evidence(found):
+    """What the family was chosen from, for an error message."""
+    version = "absent" if found.abi_version is None else "{}.{}".format(*found.abi_version)
+    return (
+        f"{found.paths[0] if found.paths else 'no loaded library'} "
+        f"{'defines' if _OPENMPI_SYMBOL in found.exports else 'lacks'} {_OPENMPI_SYMBOL} "
+        f"(Open MPI's) and {'defines' if _MPICH_SYMBOL in found.exports else 'lacks'} "
+        f"{_MPICH_SYMBOL} (MPICH's ABI), MPI_Abi_get_version: {version}; mpi4py's MPI_Comm "
+        f"is {found.handle_size} bytes, MPI_COMM_WORLD {found.comm_world:#x} (Open MPI's ABI "
+        "is that of 3.0 and newer)"
+    )
 
 
 def _mpi4py_abi():
@@ -99,56 +218,74 @@ def _mpi4py_abi():
     return parts[1] if len(parts) > 2 and parts[1] in ("mpich", "openmpi", "mpiabi") else None
 
 
-def select_mpi_abi(available, loaded, mpi4py_abi, library):
+def select_mpi_abi(available, found, mpi4py_abi, override=""):
     """The MPI ABI family whose kernels a binary wheel loads into this process.
 
-    Loading kernels linked against one family's libmpi into a process that
-    runs the other would load a second MPI beside the first and crash at the
-    first call, so every doubt is an ``ImportError`` instead.
+    The family is what the library mpi4py loaded is (its exports and handles),
+    never its file name. Kernels of one family in a process that runs another
+    would crash at the first call, so every doubt is an ``ImportError``.
 
     Args:
         available: the families the wheel has kernels for (``_build_info.MPI_ABIS``).
-        loaded: the families whose libmpi the process has loaded, by soname.
+        found: the ``MpiLibrary`` the process runs.
         mpi4py_abi: the family mpi4py's binary wheel says it chose, or None
             (an mpi4py built from source says nothing).
-        library: the first line of ``MPI.Get_library_version()``, for the message.
+        override: ``JAXCOMM_MPI_ABI``, a family the user says the library has
+            ("" to tell it from the library).
 
     Returns:
         One of ``available``.
 
     Raises:
-        ImportError: if the process runs an MPI of neither family, both, one
-            the wheel has no kernels for, or one other than mpi4py's.
+        ImportError: if the process runs two MPIs, one of neither family or one
+            the wheel has no kernels for, or one other than mpi4py's; or if
+            ``override`` names no family the wheel has.
     """
-    sonames = " or ".join(f"{MPI_ABI_SONAMES[abi]} ({abi})" for abi in MPI_ABI_SONAMES)
     rebuild = (
         "Build jaxcomm from source against the MPI that mpi4py uses instead: with that "
         "MPI's mpicc first on PATH, 'pip install --no-binary jaxcomm jaxcomm' (or "
         "'pip install .' in the jaxcomm source tree)."
     )
-    if not loaded:
+    if override:
+        if override not in available:
+            raise ImportError(
+                f"JAXCOMM_MPI_ABI={override}, but this jaxcomm wheel has kernels for the "
+                f"{' and '.join(available)} MPI ABI families only (mpi4py runs "
+                f"'{found.library}')."
+            )
+        return override
+    if len(found.paths) > 1:
         raise ImportError(
-            f"mpi4py runs '{library}', whose library is neither of the MPI ABI families "
-            f"this jaxcomm wheel has kernels for: no {sonames} is loaded (MPICH's ABI "
-            f"covers MPICH, Intel MPI, MVAPICH and Cray MPICH). {rebuild}"
-        )
-    if len(loaded) > 1:
-        raise ImportError(
-            f"this process has loaded the libraries of two MPIs ({', '.join(loaded)}), "
-            f"so jaxcomm cannot tell which one mpi4py runs ('{library}'). Load one MPI "
+            f"this process has loaded two MPI libraries ({', '.join(found.paths)}), so "
+            f"jaxcomm cannot tell which one mpi4py runs ('{found.library}'). Load one MPI "
             "only, for example by leaving the other's lib directory off LD_LIBRARY_PATH."
         )
-    abi = loaded[0]
+    abi = mpi_abi_family(found)
+    if abi == "mpiabi":
+        raise ImportError(
+            f"mpi4py runs '{found.library}' through the MPI-5 standard ABI "
+            f"({found.paths[0] if found.paths else 'libmpi_abi'}), which this jaxcomm wheel has "
+            "no kernels for yet. Let mpi4py load the MPI's own library instead (for "
+            "MPICH, libmpi.so.12: unset MPI4PY_MPIABI and MPI4PY_LIBMPI), or: " + rebuild
+        )
+    if abi is None:
+        raise ImportError(
+            f"mpi4py runs '{found.library}', whose library is of neither MPI ABI family "
+            f"this jaxcomm wheel has kernels for (MPICH's, which covers MPICH, Intel MPI, "
+            f"MVAPICH and Cray MPICH, and Open MPI's). Checked: {_evidence(found)}. If you "
+            "know that this MPI has one of those ABIs, set JAXCOMM_MPI_ABI=mpich or "
+            f"JAXCOMM_MPI_ABI=openmpi. {rebuild}"
+        )
     if mpi4py_abi is not None and mpi4py_abi != abi:
         raise ImportError(
             f"mpi4py's MPI module was built for the {mpi4py_abi} MPI ABI, but the library "
-            f"loaded is {MPI_ABI_SONAMES[abi]} ({abi}): '{library}'. Make mpi4py load the "
-            "MPI it was built for (MPI4PY_MPIABI, MPI4PY_LIBMPI) or reinstall mpi4py."
+            f"loaded, {found.paths[0]}, has the {abi} ABI: '{found.library}'. Make mpi4py "
+            "load the MPI it was built for (MPI4PY_MPIABI, MPI4PY_LIBMPI) or reinstall mpi4py."
         )
     if abi not in available:
         raise ImportError(
             f"this jaxcomm has kernels for the {', '.join(available)} MPI ABI only, but "
-            f"mpi4py runs '{library}' ({abi}). {rebuild}"
+            f"mpi4py runs '{found.library}' ({abi}). {rebuild}"
         )
     return abi
 
@@ -160,8 +297,14 @@ def _library_line():
 
 
 def _select_mpi_abi():
-    library = _library_line() or "an unknown MPI"
-    return select_mpi_abi(_build_info.MPI_ABIS, _loaded_mpi_abis(), _mpi4py_abi(), library)
+    found = _loaded_mpi_library()
+    override = os.environ.get("JAXCOMM_MPI_ABI", "").strip().lower()
+    abi = select_mpi_abi(_build_info.MPI_ABIS, found, _mpi4py_abi(), override)
+    # The kernels link no libmpi: their MPI symbols come from the global scope,
+    # where mpi4py's library (loaded RTLD_LOCAL with its module) is promoted.
+    for path in found.paths:
+        ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_GLOBAL | os.RTLD_LAZY)
+    return abi
 
 
 # The MPI ABI family of a binary wheel's kernels for this process ("" for a

