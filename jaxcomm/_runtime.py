@@ -42,9 +42,14 @@ except ImportError:
     ) from None
 
 
+def _library_version():
+    """``MPI_Get_library_version``'s text, without the NUL bytes Open MPI leaves at its end."""
+    return MPI.Get_library_version().replace("\x00", "")
+
+
 def _runtime_mpi():
     """Vendor and version of the MPI library mpi4py has loaded."""
-    text = MPI.Get_library_version()
+    text = _library_version()
     match = re.search(r"MPICH Version:\s*([0-9][0-9.]*)", text)
     if match:
         return "MPICH", match.group(1)
@@ -292,7 +297,7 @@ def select_mpi_abi(available, found, mpi4py_abi, override=""):
 
 def _library_line():
     """The first line of the MPI library's own version string, spaces collapsed ("" if none)."""
-    text = MPI.Get_library_version()
+    text = _library_version()
     return " ".join(text.splitlines()[0].split()) if text else ""
 
 

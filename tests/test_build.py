@@ -504,3 +504,15 @@ def test_jaxcomm_mpi_abi_is_honoured_at_import_and_a_bad_one_refused(tmp_path):
 def test_the_mpi_abi_of_mpi4py_is_read_from_its_module_file(monkeypatch, filename, abi):
     monkeypatch.setattr(_runtime.MPI, "__file__", f"/site-packages/mpi4py/{filename}")
     assert _runtime._mpi4py_abi() == abi
+
+
+def test_the_library_line_has_no_nul_bytes(monkeypatch):
+    # Open MPI's MPI_Get_library_version counts the string's terminating NUL,
+    # which mpi4py hands on: build_info() and the bench report showed it.
+    text = "Open MPI v5.0.11, package: Open MPI user@localhost Distribution\x00"
+    monkeypatch.setattr(_runtime.MPI, "Get_library_version", lambda: text)
+    assert (
+        _runtime._library_line()
+        == "Open MPI v5.0.11, package: Open MPI user@localhost Distribution"
+    )
+    assert _runtime._runtime_mpi() == ("Open MPI", "5.0.11")
