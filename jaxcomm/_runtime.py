@@ -164,7 +164,7 @@ def _loaded_mpi_library():
         abi_version=abi_version,
         handle_size=MPI._sizeof(MPI.Comm),
         comm_world=MPI._handleof(MPI.COMM_WORLD),
-        library=_library_line() or "an MPI of unknown version",
+        library=library_line() or "an MPI of unknown version",
     )
 
 
@@ -295,7 +295,7 @@ def select_mpi_abi(available, found, mpi4py_abi, override=""):
     return abi
 
 
-def _library_line():
+def library_line():
     """The first line of the MPI library's own version string, spaces collapsed ("" if none)."""
     text = _library_version()
     return " ".join(text.splitlines()[0].split()) if text else ""
@@ -423,7 +423,7 @@ def build_info() -> dict:
         "mpi_built": f"{_build_info.MPI_VENDOR} {_build_info.MPI_VERSION}".strip(),
         "mpi_compiler": _build_info.MPI_C_COMPILER,
         "mpi_runtime": f"{vendor} {version}",
-        "mpi_library": _library_line(),
+        "mpi_library": library_line(),
         "cuda": CUDA_BUILT,
         "jaxlib_built": f"{_build_info.JAXLIB_VERSION} (XLA FFI API "
         f"{'.'.join(map(str, _build_info.FFI_API))})",

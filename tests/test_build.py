@@ -512,7 +512,6 @@ def test_the_library_line_has_no_nul_bytes(monkeypatch):
     text = "Open MPI v5.0.11, package: Open MPI user@localhost Distribution\x00"
     monkeypatch.setattr(_runtime.MPI, "Get_library_version", lambda: text)
     assert (
-        _runtime._library_line()
-        == "Open MPI v5.0.11, package: Open MPI user@localhost Distribution"
+        _runtime.library_line() == "Open MPI v5.0.11, package: Open MPI user@localhost Distribution"
     )
     assert _runtime._runtime_mpi() == ("Open MPI", "5.0.11")

@@ -296,7 +296,7 @@ def metadata(comm: MPI.Intracomm, **extra: Any) -> dict[str, Any]:
         "numpy": np.__version__,
         "python": platform.python_version(),
         "mpi_standard": "{}.{}".format(*MPI.Get_version()),
-        "mpi_library": _runtime._library_line(),
+        "mpi_library": _runtime.library_line(),
     }
     if "mpi4jax" in sys.modules:
         versions["mpi4jax"] = sys.modules["mpi4jax"].__version__
