@@ -213,11 +213,12 @@ def abort_on_exception(enabled: bool = True) -> None:
         _previous_thread = None
 
 
-def _from_environment():
-    text = os.environ.get(ENVIRONMENT_VARIABLE) or "1"
+def switched_on(variable: str) -> bool:
+    """Whether the environment ``variable`` leaves a failure handler on: unset or 1, not 0."""
+    text = os.environ.get(variable) or "1"
     if text not in ("0", "1"):
-        raise ValueError(f"{ENVIRONMENT_VARIABLE} must be 0 (off) or 1 (on), got {text!r}")
+        raise ValueError(f"{variable} must be 0 (off) or 1 (on), got {text!r}")
     return text == "1"
 
 
-abort_on_exception(_from_environment())
+abort_on_exception(switched_on(ENVIRONMENT_VARIABLE))

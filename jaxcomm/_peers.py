@@ -24,6 +24,8 @@ import sys
 
 from mpi4py import MPI
 
+from . import _abort
+
 ENVIRONMENT_VARIABLE = "JAXCOMM_PEER_WATCH"
 # Seconds of silence from a peer before it counts as cut off, when the
 # watchdog's JAXCOMM_TIMEOUT does not say.
@@ -38,10 +40,7 @@ _started = False
 
 def enabled() -> bool:
     """Whether the peer watch is switched on (``JAXCOMM_PEER_WATCH``, default on)."""
-    text = os.environ.get(ENVIRONMENT_VARIABLE) or "1"
-    if text not in ("0", "1"):
-        raise ValueError(f"{ENVIRONMENT_VARIABLE} must be 0 (off) or 1 (on), got {text!r}")
-    return text == "1"
+    return _abort.switched_on(ENVIRONMENT_VARIABLE)
 
 
 def _receive_exactly(sock, count):
