@@ -19,12 +19,19 @@ differencing. Three parts:
   into the next input: one jitted ``fori_loop`` against mpi4py's
   ``Sendrecv`` and ``np.multiply`` on preallocated arrays.
 
+The header says whether the launcher bound the ranks to cores: unbound, each
+rank's XLA sizes its thread pool to every core of the machine and splits a
+large elementwise step over it (``docs/benchmarks.md``), which the ring's
+switches column shows.
+
 Run it with ``-m`` from the repository root (the benchmarks package keeps
 the source tree's jaxcomm, which has no compiled kernels, off the path) or
 from outside the source tree.
 """
 
 import argparse
+import os
+import resource
 import statistics
 import sys
 import time
@@ -45,17 +52,27 @@ LEVELS = {
 }
 
 
+def _switches():
+    """Context switches so far of every thread of this process (voluntary and not)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_nvcsw + usage.ru_nivcsw
+
+
 def _slowest(comm, run):
-    """The slowest rank's wall and CPU seconds for ``run()``, started together.
+    """The slowest rank's wall and CPU seconds and context switches for ``run()``, started together.
 
     CPU time is the process's (every thread's): on a loaded machine it leaves
-    out the time a rank waited for a core, which wall time includes.
+    out the time a rank waited for a core, which wall time includes. Context
+    switches count each time one of the process's threads went to sleep or
+    was preempted: a thread handing work to another and waiting for it shows
+    there.
     """
     comm.Barrier()
-    wall, cpu = time.perf_counter(), time.process_time()
+    wall, cpu, switches = time.perf_counter(), time.process_time(), _switches()
     run()
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    return comm.allreduce(wall, op=MPI.MAX), comm.allreduce(cpu, op=MPI.MAX)
+    switches = _switches() - switches
+    return tuple(comm.allreduce(v, op=MPI.MAX) for v in (wall, cpu, switches))
 
 
 def _interleaved(comm, variants, rounds, per):
@@ -68,7 +85,7 @@ def _interleaved(comm, variants, rounds, per):
         per: the units one callable runs (iterations or calls).
 
     Returns:
-        name -> (median wall seconds, median CPU seconds) per unit.
+        name -> (median wall seconds, median CPU seconds, median context switches) per unit.
     """
     for run in variants.values():  # compile and warm up
         run()
@@ -77,7 +94,7 @@ def _interleaved(comm, variants, rounds, per):
         for name, run in variants.items():
             times[name].append(_slowest(comm, run))
     return {
-        name: tuple(statistics.median(t[k] for t in values) / per for k in (0, 1))
+        name: tuple(statistics.median(t[k] for t in values) / per for k in range(3))
         for name, values in times.items()
     }
 
@@ -88,14 +105,25 @@ def _report(title, medians, unit, reference):
     label = "us" if unit == 1e6 else "ms"
     print(
         f"\n{title}\n  {'':<34} {'wall ' + label:>10} {'ratio':>7}  {'CPU ' + label:>10} {'ratio':>7}"
+        f"  {'switches':>9}"
     )
     base = medians.get(reference)
     for name, times in medians.items():
         cells = [
-            f"{t * unit:10.3f} {t / b if b else 0:6.2f}x" for t, b in zip(times, base or (0, 0))
+            f"{t * unit:10.3f} {t / b if b else 0:6.2f}x"
+            for t, b in zip(times[:2], base[:2] if base else (0, 0))
         ]
-        print(f"  {name:<34} {'  '.join(cells)}")
-    print(f"  (ratios to {reference})")
+        print(f"  {name:<34} {'  '.join(cells)}  {times[2]:9.2f}")
+    print(f"  (ratios to {reference}; switches: the process's context switches, as wall and CPU)")
+
+
+def _binding(comm):
+    """How this job's ranks may use the cores: one line for the report."""
+    cpus = comm.allgather(sorted(os.sched_getaffinity(0)))
+    widest = max(map(len, cpus))
+    if widest == os.cpu_count():
+        return f"ranks unbound (each may run on all {widest} CPUs)"
+    return f"ranks bound to {widest} CPU{'s' if widest > 1 else ''} each"
 
 
 def thread_part(jc, comm, rounds, iters):
@@ -206,9 +234,10 @@ def main(argv=None) -> int:
     level = MPI.Query_thread()
     runs = level >= MPI.THREAD_SERIALIZED
     jc = jaxcomm.JaxComm(comm) if runs else None
+    binding = _binding(comm)
     if comm.Get_rank() == 0:
         print(
-            f"{comm.Get_size()} ranks, MPI_THREAD_{LEVELS[level].upper()}, jaxcomm "
+            f"{comm.Get_size()} ranks, {binding}, MPI_THREAD_{LEVELS[level].upper()}, jaxcomm "
             f"{jaxcomm.__version__} at {jaxcomm.__file__}, jax {jax.__version__}, "
             f"{MPI.Get_library_version().splitlines()[0]}; load average "
             + " ".join(open("/proc/loadavg").read().split()[:3])

@@ -86,15 +86,8 @@ def _static_key(value: Any) -> Any:
     return (type(value), value)
 
 
-_NO_STATIC = _static_key(())
-_NO_KWARGS = _static_key([])
-
-
 def _call_key(name, static, kwargs):
     """The cache key of a call's static arguments, or None if they cannot make one."""
-    if not static and not kwargs:
-        # The common eager call (jc.allreduce(x)): its key, without the work.
-        return (name, _NO_STATIC, _NO_KWARGS)
     try:
         return (name, _static_key(static), _static_key(sorted(kwargs.items())))
     except TypeError:
@@ -125,32 +118,45 @@ def eager_cached(*, arrays: tuple[str, ...]) -> Callable:
                 f"{method.__name__}'s leading parameters are {leading}, not the arrays {arrays}"
             )
         count = len(arrays)
+        # The common eager call's (jc.allreduce(x)) key, made once.
+        plain_key = _call_key(method.__name__, (), {})
 
-        # An eager call works on this process's arrays, whatever mesh the
-        # program set (jax.set_mesh) for its own computations.
+        # One wrapper, not two: every layer of Python an eager call passes
+        # through costs about as much as a check of its own.
         @functools.wraps(method)
-        @_compat.eager_outside_mesh
         def call(self, *args, **kwargs):
-            cache = self._eager
-            given, static = args[:count], args[count:]
-            if cache is None or not all(map(_is_concrete, given)):
-                return method(self, *args, **kwargs)
             if _compat.tracing():
                 # Inside a trace, concrete arrays (constants, or none: barrier)
                 # still make a call of the traced function; a jitted function
                 # nested there would also hide the user's frames from the call
                 # site the checker and the watchdog report.
                 return method(self, *args, **kwargs)
-            key = _call_key(method.__name__, static, kwargs)
-            if key is None:
+            # An eager call works on this process's arrays, whatever mesh the
+            # program set (jax.set_mesh) for its own computations.
+            if _compat.in_mesh_context():
+                with _compat.outside_mesh():
+                    return eager(self, args, kwargs)
+            return eager(self, args, kwargs)
+
+        def eager(self, args, kwargs):
+            cache = self._eager
+            given = args[:count]
+            if cache is None or not all(map(_is_concrete, given)):
                 return method(self, *args, **kwargs)
+            if len(args) == count and not kwargs:
+                key = plain_key
+            else:
+                key = _call_key(method.__name__, args[count:], kwargs)
+                if key is None:
+                    return method(self, *args, **kwargs)
             if monitoring():
                 # The checker, the watchdog and the recorder name each call's own site, which
                 # the compiled function keeps from its first call.
-                caller = sys._getframe(2)  # the user's, above eager_outside_mesh
+                caller = sys._getframe(2)  # the user's, above call
                 key = (key, caller.f_code.co_filename, caller.f_lineno)
             jitted = cache.get(key)
             if jitted is None:
+                static = args[count:]
                 jitted = jax.jit(
                     lambda *a, _static=static, _kwargs=kwargs: method(self, *a, *_static, **_kwargs)
                 )
