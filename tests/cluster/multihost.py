@@ -41,6 +41,27 @@ CLUSTER = HERE / "cluster.sh"
 DIR = Path(os.environ.get("JAXCOMM_CLUSTER_DIR", "/var/tmp/jaxcomm-cluster"))
 
 
+# What describes the shell or the host that starts a job, and a launcher's
+# own variables: not passed on to the ranks. Open MPI's MCA settings
+# (OMPI_MCA_*) are, as the user meant them for the ranks.
+NOT_FORWARDED = re.compile(
+    r"(HOSTNAME|PWD|OLDPWD|SHLVL|_|PS[1-4]|TERM|DISPLAY|SSH_\w*|OMPI_(?!MCA_)\w*|PRTE_\w*|PMIX_\w*"
+    r"|PMI_\w*|HYDRA_\w*|SLURM_\w*|BASH_FUNC_\S*)"
+)
+
+
+def forwarded(environment: dict[str, str]) -> list[str]:
+    """The variables of ``environment`` that ``mpirun`` must name (``-x``) for the ranks to see.
+
+    ``srun`` and MPICH's ``mpiexec`` give the ranks the caller's environment;
+    Open MPI's ``mpirun`` only the variables named with ``-x``. Naming all
+    of them but the caller's shell's and the launchers' own makes the three
+    launchers alike (a program run through ``run`` finds its PYTHONPATH,
+    JAXCOMM_ and XLA settings under each).
+    """
+    return sorted(name for name in environment if not NOT_FORWARDED.fullmatch(name))
+
+
 def launch_command(
     launcher: str, hosts: int, per_host: int, argv: list[str], env: dict[str, str]
 ) -> list[str]:
@@ -52,7 +73,8 @@ def launch_command(
         per_host: ranks per host.
         argv: the program and its arguments.
         env: variables the ranks need beyond the caller's environment (set
-            in the launcher's environment too; Open MPI is told to pass them).
+            in the launcher's environment too). Open MPI is told to pass
+            these and the caller's (see ``forwarded``).
 
     Returns:
         The command line.
@@ -79,7 +101,7 @@ def launch_command(
         login = "node1"
         command = ["mpirun", "--host", ",".join(f"{name}:{per_host}" for name in names)]
         command += ["--mca", "plm_rsh_agent", str(DIR / "ssh"), "--map-by", f"ppr:{per_host}:node"]
-        for name in ("PATH", *env):
+        for name in forwarded({**os.environ, **env}):
             command += ["-x", name]
         command += ["-n", ranks, *argv]
     else:
