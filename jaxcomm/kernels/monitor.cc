@@ -352,10 +352,10 @@ int64_t RegisterSite(const std::string& text) {
   return id;
 }
 
-void SetCheckComm(int64_t handle, MPI_Fint check) {
+void SetCheckComm(int64_t handle, IntHandle check) {
   CheckCommTable& table = TheCheckComms();
   std::lock_guard<std::mutex> lock(table.mutex);
-  const MPI_Comm comm = MPI_Comm_f2c(check);
+  const MPI_Comm comm = CommFromInt(check);
   if (comm == MPI_COMM_NULL) {
     table.comms.erase(handle);
   } else {

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <string>
 
+#include "handles.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jaxcomm {
@@ -43,7 +44,7 @@ std::string CallInFlightText();
 
 // The private communicator the checker exchanges signatures on, for the
 // communicator behind `handle` (MPI_COMM_NULL: none).
-void SetCheckComm(int64_t handle, MPI_Fint check);
+void SetCheckComm(int64_t handle, IntHandle check);
 
 // The call a handler is in, for its whole run: made by the platform layer
 // (handlers.cc) around each handler body with the call's "site" attribute
