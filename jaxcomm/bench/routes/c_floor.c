@@ -112,7 +112,12 @@ static void halve_into(float* send, int64_t send_count, const float* from, int64
  */
 int jaxcomm_floor(int64_t handle, const char* op, int loop, float* send, int64_t send_count,
                   float* recv, int64_t recv_count, int64_t iters) {
+#if defined(MPI_ABI_VERSION) && MPI_ABI_VERSION >= 1
+  /* The MPI-5 standard ABI has no Fortran handles: mpi4py's py2f() is MPI_Comm_toint. */
+  MPI_Comm comm = MPI_Comm_fromint((int)handle);
+#else
   MPI_Comm comm = MPI_Comm_f2c((MPI_Fint)handle);
+#endif
   int rank, size;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
@@ -130,3 +135,7 @@ int jaxcomm_floor(int64_t handle, const char* op, int loop, float* send, int64_t
 void jaxcomm_floor_mpi_library(char* version, int* length) {
   MPI_Get_library_version(version, length);
 }
+
+/* The size of a communicator handle in the ABI this was built for: MPICH's
+ * own ABI and the standard ABI of the same MPICH print the same version line. */
+int jaxcomm_floor_comm_size(void) { return (int)sizeof(MPI_Comm); }
