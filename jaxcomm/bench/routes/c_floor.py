@@ -56,11 +56,11 @@ def load_floor(
     if not comm.allreduce(built == running, op=MPI.LAND):
         return None, f"mpicc's MPI is not mpi4py's ({built!r}, mpi4py runs {running!r})"
     lib.jaxcomm_floor_comm_size.restype = ctypes.c_int
-    handle, mpi4py_handle = lib.jaxcomm_floor_comm_size(), MPI._sizeof(MPI.Comm)
-    if not comm.allreduce(handle == mpi4py_handle, op=MPI.LAND):
+    built_size, mpi4py_size = lib.jaxcomm_floor_comm_size(), MPI._sizeof(MPI.Comm)
+    if not comm.allreduce(built_size == mpi4py_size, op=MPI.LAND):
         return None, (
-            f"mpicc's MPI ABI is not mpi4py's ({handle}-byte communicators, mpi4py's are "
-            f"{mpi4py_handle}: build mpi4py and the floor with the same wrapper, mpicc_abi for "
+            f"mpicc's MPI ABI is not mpi4py's ({built_size}-byte communicators, mpi4py's are "
+            f"{mpi4py_size}: build mpi4py and the floor with the same wrapper, mpicc_abi for "
             "the MPI-5 standard ABI)"
         )
     return lib, None
